@@ -1,0 +1,16 @@
+#pragma once
+// Embedding lookup and its scatter-add backward.
+#include <cstdint>
+
+namespace redco::cpu {
+
+// out[i, :] = table[ids[i], :] for i < n; table is [V, D]. An id outside [0, V)
+// throws redco::Error naming the position and the id.
+void embedding_forward(const float* table, const int64_t* ids, float* out, int64_t n, int64_t V,
+                       int64_t D);
+// dtable[ids[i], :] += dout[i, :]. dtable is accumulated into (caller zeroes it).
+// Deterministic: the result does not depend on thread scheduling.
+void embedding_backward(const float* dout, const int64_t* ids, float* dtable, int64_t n,
+                        int64_t V, int64_t D);
+
+}  // namespace redco::cpu

@@ -1,0 +1,24 @@
+#pragma once
+// Single-precision GEMM on the CPU, row-major, BLAS semantics.
+// The one place redco calls into a GEMM library; every matmul, linear layer and
+// convolution ends up here.
+#include <cstdint>
+
+namespace redco::cpu {
+
+// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C[M,N]   (all row-major)
+// op(A) = A stored [M,K] with row stride lda, or A^T when trans_a (A stored [K,M]).
+// op(B) = B stored [K,N] with row stride ldb, or B^T when trans_b (B stored [N,K]).
+// beta == 0 means C is write-only (its old contents may be NaN).
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc);
+
+// `batch` independent GEMMs; matrix i uses A + i*stride_a etc. A stride of 0
+// broadcasts one matrix across the batch (e.g. a weight shared by every head).
+void sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const float* A, int64_t lda, int64_t stride_a, const float* B,
+                   int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                   int64_t stride_c);
+
+}  // namespace redco::cpu

@@ -1,1 +1,293 @@
-// (being written)
+#include "redco/core/tensor.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "redco/autodiff/node.hpp"
+#include "redco/core/allocator.hpp"
+#include "redco/core/philox.hpp"
+
+namespace redco {
+
+Storage::~Storage() {
+  if (owned && data) CachingAllocator::cpu().deallocate(data, capacity);
+}
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < rank_; ++i) s += (i ? ", " : "") + std::to_string(dims_[i]);
+  return s + "]";
+}
+
+void Shape::assign(std::span<const int64_t> dims) {
+  REDCO_CHECK(dims.size() <= size_t(kMaxRank), "a tensor has at most {} dimensions, got {}",
+              kMaxRank, dims.size());
+  rank_ = int(dims.size());
+  for (int i = 0; i < rank_; ++i) {
+    REDCO_CHECK(dims[i] >= 0, "negative dimension {} in a shape", dims[i]);
+    dims_[i] = dims[i];
+  }
+}
+
+Shape Shape::drop(int i) const {
+  const int a = axis(i);
+  Shape s;
+  for (int j = 0; j < rank_; ++j)
+    if (j != a) s.dims_[s.rank_++] = dims_[j];
+  return s;
+}
+
+Shape Shape::insert(int i, int64_t v) const {
+  REDCO_CHECK(i >= 0 && i <= rank_ && rank_ < kMaxRank, "cannot insert axis {} into {}", i, str());
+  Shape s;
+  for (int j = 0; j < i; ++j) s.dims_[s.rank_++] = dims_[j];
+  s.dims_[s.rank_++] = v;
+  for (int j = i; j < rank_; ++j) s.dims_[s.rank_++] = dims_[j];
+  return s;
+}
+
+TensorImpl& Tensor::impl() const {
+  REDCO_CHECK(impl_, "use of an undefined (default-constructed) Tensor");
+  return *impl_;
+}
+
+void Tensor::check_dtype(DType t) const {
+  REDCO_CHECK(dtype() == t, "tensor{} holds {} but was read as {}",
+              name().empty() ? "" : " '" + name() + "'", dtype_name(dtype()), dtype_name(t));
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  REDCO_CHECK(device.is_cpu(), "device {} has no allocator in this build (built without CUDA?)",
+              device.str());
+  auto st = std::make_shared<Storage>();
+  st->device = device;
+  st->data = CachingAllocator::cpu().allocate(size_t(shape.numel()) * dtype_size(dtype),
+                                              &st->capacity);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(st);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill(value);
+  return t;
+}
+
+template <typename T>
+Tensor Tensor::from(std::span<const T> values, const Shape& shape) {
+  REDCO_CHECK(int64_t(values.size()) == shape.numel(), "{} values cannot fill a tensor of shape {}",
+              values.size(), shape);
+  Tensor t = empty(shape, dtype_of<T>());
+  std::copy(values.begin(), values.end(), t.data<T>());
+  return t;
+}
+template Tensor Tensor::from<float>(std::span<const float>, const Shape&);
+template Tensor Tensor::from<int32_t>(std::span<const int32_t>, const Shape&);
+template Tensor Tensor::from<int64_t>(std::span<const int64_t>, const Shape&);
+template Tensor Tensor::from<uint8_t>(std::span<const uint8_t>, const Shape&);
+
+Tensor Tensor::arange(int64_t n, DType dtype) {
+  Tensor t = empty(Shape{n}, DType::i64);
+  for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = i;
+  return t.to(dtype);
+}
+
+Tensor Tensor::uniform(const Shape& shape, uint64_t seed, uint64_t stream, float lo, float hi) {
+  Tensor t = empty(shape);
+  philox_uniform(t.data<float>(), t.numel(), seed, stream, 0, lo, hi);
+  return t;
+}
+
+Tensor Tensor::normal(const Shape& shape, uint64_t seed, uint64_t stream, float mean, float std) {
+  Tensor t = empty(shape);
+  philox_normal(t.data<float>(), t.numel(), seed, stream, 0, mean, std);
+  return t;
+}
+
+Tensor Tensor::truncated_normal(const Shape& shape, uint64_t seed, uint64_t stream, float std,
+                                float bound) {
+  Tensor t = empty(shape);
+  philox_truncated_normal(t.data<float>(), t.numel(), seed, stream, 0, 0.f, std, -bound, bound);
+  return t;
+}
+
+Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner) {
+  auto st = std::make_shared<Storage>();
+  st->data = data;
+  st->capacity = size_t(shape.numel()) * dtype_size(dtype);
+  st->owned = false;
+  st->keep_alive = std::move(owner);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(st);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+namespace {
+// Reads element i of any dtype as float.
+float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32: return float(static_cast<const int32_t*>(p)[i]);
+    case DType::i64: return float(static_cast<const int64_t*>(p)[i]);
+    case DType::u8: return float(static_cast<const uint8_t*>(p)[i]);
+  }
+  return 0;
+}
+void store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
+    case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+    case DType::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+  }
+}
+}  // namespace
+
+float Tensor::item() const {
+  REDCO_CHECK(numel() == 1, "item() needs a one-element tensor, got shape {}", shape());
+  return load(raw(), dtype(), 0);
+}
+
+std::vector<float> Tensor::to_vector() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = load(raw(), dtype(), i);
+  return out;
+}
+
+Tensor Tensor::view(const Shape& s) const {
+  Shape target = s;
+  int infer = -1;
+  int64_t known = 1;
+  for (int i = 0; i < target.rank(); ++i) {
+    if (target[i] == -1) infer = i;
+    else known *= target[i];
+  }
+  if (infer >= 0) {
+    REDCO_CHECK(known > 0 && numel() % known == 0, "cannot view {} as {}", shape(), s);
+    target[infer] = numel() / known;
+  }
+  REDCO_CHECK(target.numel() == numel(), "cannot view a tensor of shape {} ({} elements) as {}",
+              shape(), numel(), s);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->shape = target;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::slice0(int64_t begin, int64_t end) const {
+  REDCO_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0),
+              "slice [{}, {}) is out of range for dim 0 of shape {}", begin, end, shape());
+  const int64_t row = dim(0) ? numel() / dim(0) : 0;
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset + size_t(begin * row) * dtype_size(dtype());
+  impl->shape = shape().with(0, end - begin);
+  impl->dtype = dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::operator[](int64_t i) const {
+  Tensor row = slice0(i, i + 1);
+  return row.view(shape().drop(0));
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape(), dtype(), device());
+  std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
+              src.shape(), shape());
+  if (src.dtype() == dtype()) {
+    std::memcpy(raw(), src.raw(), nbytes());
+    return;
+  }
+  void* dst = raw();
+  const void* s = src.raw();
+  const DType sd = src.dtype(), dd = dtype();
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), 1 << 16), [&](auto r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) store(dst, dd, i, load(s, sd, i));
+  });
+}
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype()) return *this;
+  Tensor out = empty(shape(), t, device());
+  out.copy_from(*this);
+  return out;
+}
+
+void Tensor::fill(float value) {
+  if (dtype() == DType::f32) {
+    std::fill_n(data<float>(), numel(), value);
+    return;
+  }
+  for (int64_t i = 0; i < numel(); ++i) store(raw(), dtype(), i, value);
+}
+
+std::string Tensor::str(int max_elems) const {
+  if (!defined()) return "Tensor(undefined)";
+  std::string s = fmt::format("{}{} {{", dtype_name(dtype()), shape().str());
+  const int64_t n = std::min<int64_t>(numel(), max_elems);
+  for (int64_t i = 0; i < n; ++i) s += fmt::format("{}{:.6g}", i ? ", " : "", load(raw(), dtype(), i));
+  if (numel() > n) s += ", ...";
+  return s + "}";
+}
+
+Tensor& Tensor::set_requires_grad(bool r) {
+  REDCO_CHECK(!r || is_floating(dtype()), "only floating-point tensors can require gradients ({})",
+              dtype_name(dtype()));
+  REDCO_CHECK(is_leaf() || r, "cannot clear requires_grad of a non-leaf tensor; use detach()");
+  impl().requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl().grad ? *impl().grad : Tensor(); }
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined()) impl().grad = std::make_unique<Tensor>(g);
+  else impl().grad.reset();
+}
+void Tensor::zero_grad() { impl().grad.reset(); }
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->shape = impl_->shape;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+const std::shared_ptr<Node>& Tensor::leaf_node() const {
+  auto& i = impl();
+  if (!i.leaf_node) i.leaf_node = Node::make_leaf(impl_);
+  return i.leaf_node;
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  REDCO_CHECK(a.shape() == b.shape(), "{}: shapes {} and {} do not match", op, a.shape(),
+              b.shape());
+}
+
+}  // namespace redco

@@ -1,0 +1,77 @@
+// Graph recording: grad mode, nodes, SavedOutput. The engine that runs the
+// graph backwards is in engine.cpp.
+#include <algorithm>
+
+#include "redco/autodiff/node.hpp"
+
+namespace redco {
+namespace {
+thread_local bool grad_mode_enabled = true;
+std::atomic<uint64_t> next_sequence{1};
+}  // namespace
+
+bool GradMode::enabled() { return grad_mode_enabled; }
+void GradMode::set(bool on) { grad_mode_enabled = on; }
+
+std::shared_ptr<Node> Node::make_leaf(const std::shared_ptr<TensorImpl>& leaf) {
+  auto n = std::make_shared<Node>();
+  n->is_leaf_ = true;
+  n->leaf_ = leaf;
+  n->output_meta_ = {{leaf->shape, leaf->dtype}};
+  return n;
+}
+
+bool needs_graph(const TensorList& inputs) {
+  if (!GradMode::enabled()) return false;
+  return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); });
+}
+
+Edge edge_of(const Tensor& t) {
+  if (!t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
+  return {t.leaf_node(), 0};
+}
+
+TensorList record(const char* name, const TensorList& inputs, TensorList outputs,
+                  Node::Backward backward) {
+  if (!needs_graph(inputs)) return outputs;
+  auto node = std::make_shared<Node>();
+  node->name_ = name;
+  node->seq_ = next_sequence.fetch_add(1);
+  node->backward_ = std::move(backward);
+  for (const Tensor& in : inputs) {
+    node->inputs_.push_back(edge_of(in));
+    node->input_meta_.push_back(in.defined() ? TensorMeta{in.shape(), in.dtype()}
+                                             : TensorMeta{Shape{}, DType::f32});
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl& impl = outputs[i].impl();
+    REDCO_CHECK(!impl.grad_fn && !impl.requires_grad,
+                "op '{}' returned a tensor that already has autograd history", name);
+    impl.grad_fn = node;
+    impl.output_nr = int(i);
+    impl.requires_grad = is_floating(impl.dtype);
+    node->output_meta_.push_back({impl.shape, impl.dtype});
+  }
+  return outputs;
+}
+
+Tensor record(const char* name, const TensorList& inputs, Tensor output, Node::Backward backward) {
+  return record(name, inputs, TensorList{std::move(output)}, std::move(backward))[0];
+}
+
+SavedOutput::SavedOutput(const Tensor& out)
+    : data_(out.detach()), node_(out.defined() ? out.grad_fn() : nullptr),
+      slot_(out.defined() ? out.output_nr() : 0) {}
+
+Tensor SavedOutput::get() const {
+  auto node = node_.lock();
+  if (!node || !GradMode::enabled()) return data_;
+  Tensor t = data_.detach();
+  t.impl().grad_fn = node;
+  t.impl().output_nr = slot_;
+  t.impl().requires_grad = true;
+  return t;
+}
+
+}  // namespace redco

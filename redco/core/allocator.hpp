@@ -1,0 +1,46 @@
+#pragma once
+// Caching allocator: page faults are very expensive on the VMs redco targets
+// (a framework that allocates fresh activations every step spends a large part
+// of the step in the kernel), so freed blocks are kept in size-class free
+// lists and handed out again; large blocks are 2 MiB aligned and advised as
+// transparent huge pages. After the first training step, a step allocates
+// nothing new from the OS: `stats().system_allocs` stops growing.
+#include <cstddef>
+#include <cstdint>
+
+namespace redco {
+
+struct AllocatorStats {
+  size_t bytes_in_use = 0;       // handed out and not yet returned (rounded sizes)
+  size_t peak_bytes_in_use = 0;  // high-water mark of bytes_in_use
+  size_t bytes_cached = 0;       // free blocks kept for reuse
+  size_t system_allocs = 0;      // blocks obtained from the OS so far
+  size_t cache_hits = 0;         // requests served from the free lists
+};
+
+class CachingAllocator {
+ public:
+  static CachingAllocator& cpu();  // the process-wide CPU allocator
+
+  // Returns a 64-byte aligned block of at least `bytes`; *capacity receives
+  // the rounded size, which must be passed back to deallocate.
+  void* allocate(size_t bytes, size_t* capacity);
+  void deallocate(void* p, size_t capacity);
+  AllocatorStats stats() const;
+  void reset_peak();
+  // Returns every cached block to the OS (e.g. between phases of a program).
+  void empty_cache();
+  // Rounding used for size classes (exposed for tests).
+  static size_t round_size(size_t bytes);
+
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+  ~CachingAllocator();
+
+ private:
+  CachingAllocator();
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace redco

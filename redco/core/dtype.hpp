@@ -1,0 +1,50 @@
+#pragma once
+// Element types and the reduced-precision conversions. bf16/f16 are storage
+// formats: kernels compute in f32 and convert at the edges.
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace redco {
+
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+std::string_view dtype_name(DType t);
+constexpr bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+
+// bf16 = the top 16 bits of an f32; round to nearest even, NaN stays NaN.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// IEEE binary16 (round to nearest even; overflow -> inf; subnormals kept).
+uint16_t float_to_f16(float f);
+float f16_to_float(uint16_t h);
+
+}  // namespace redco

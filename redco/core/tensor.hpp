@@ -1,0 +1,148 @@
+#pragma once
+// Tensor: a dense, row-major n-d array with a dtype and a device, over
+// refcounted storage. Copies of a Tensor share data (like a shared_ptr);
+// `clone()` copies. Views (`view`, `slice0`, `operator[]`) share storage and
+// are free. Every tensor is contiguous: transposes are explicit copies, which
+// keeps every kernel simple and fast.
+//
+// Autograd state lives here too (requires_grad, the node that produced the
+// tensor, the accumulated gradient of a leaf); the differentiable functions
+// are in redco/autodiff.
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "redco/core/device.hpp"
+#include "redco/core/dtype.hpp"
+#include "redco/core/shape.hpp"
+
+namespace redco {
+
+class Node;
+class Tensor;
+
+// A block of device memory. Returned to its allocator's cache when the last
+// tensor using it goes away.
+struct Storage {
+  void* data = nullptr;
+  size_t capacity = 0;  // bytes, as rounded by the allocator
+  Device device;
+  bool owned = true;    // false: borrowed memory (e.g. a mapped file), not freed here
+  std::shared_ptr<void> keep_alive;  // for borrowed memory: whatever owns it
+  ~Storage();
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  size_t offset = 0;  // bytes from storage->data
+  Shape shape;
+  DType dtype = DType::f32;
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  int output_nr = 0;              // which output of grad_fn this is
+  std::shared_ptr<Node> leaf_node;  // a leaf's gradient sink, created on demand
+  std::unique_ptr<Tensor> grad;     // a leaf's accumulated gradient
+  std::string name;                 // optional, used in error messages
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // ---- construction -------------------------------------------------------
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, float value, DType dtype = DType::f32);
+  static Tensor ones(const Shape& shape) { return full(shape, 1.f); }
+  static Tensor scalar(float value) { return full(Shape{}, value); }
+  template <typename T>
+  static Tensor from(std::span<const T> values, const Shape& shape);
+  static Tensor from(std::initializer_list<float> values, const Shape& shape) {
+    return from<float>(std::span(values.begin(), values.size()), shape);
+  }
+  static Tensor arange(int64_t n, DType dtype = DType::f32);
+  // Random tensors: element i depends only on (seed, stream, i); see philox.hpp.
+  static Tensor uniform(const Shape& shape, uint64_t seed, uint64_t stream, float lo, float hi);
+  static Tensor normal(const Shape& shape, uint64_t seed, uint64_t stream, float mean, float std);
+  static Tensor truncated_normal(const Shape& shape, uint64_t seed, uint64_t stream, float std,
+                                 float bound = 2.f);
+  // Wraps memory owned by someone else (kept alive by `owner`).
+  static Tensor borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
+
+  // ---- metadata -----------------------------------------------------------
+  bool defined() const { return bool(impl_); }
+  const Shape& shape() const { return impl().shape; }
+  int rank() const { return shape().rank(); }
+  int64_t dim(int i) const { return shape()[i]; }
+  int64_t numel() const { return shape().numel(); }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device; }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
+  std::string str(int max_elems = 8) const;  // "f32[2, 3] {1, 2, ...}"
+  const std::string& name() const { return impl().name; }
+  Tensor& set_name(std::string n) {
+    impl().name = std::move(n);
+    return *this;
+  }
+
+  // ---- data access (checked dtype) ----------------------------------------
+  template <typename T> T* data() {
+    check_dtype(dtype_of<T>());
+    return static_cast<T*>(raw());
+  }
+  template <typename T> const T* data() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<const T*>(raw());
+  }
+  void* raw() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
+  float item() const;                    // a one-element tensor's value as float
+  std::vector<float> to_vector() const;  // any floating dtype, converted to float
+  template <typename T> std::vector<T> values() const {
+    const T* p = data<T>();
+    return std::vector<T>(p, p + numel());
+  }
+
+  // ---- views and copies (no autograd; see redco/autodiff for differentiable ones)
+  Tensor view(const Shape& shape) const;  // same data, new shape (same numel; one dim may be -1)
+  Tensor slice0(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0
+  Tensor operator[](int64_t i) const;               // row i of dim 0, rank - 1
+  Tensor clone() const;                             // deep copy, no autograd history
+  Tensor to(DType dtype) const;                     // converted copy (or *this if same)
+  void copy_from(const Tensor& src);                // same shape; converts dtype
+  void fill(float value);
+  bool shares_storage_with(const Tensor& other) const {
+    return defined() && other.defined() && impl_->storage == other.impl_->storage;
+  }
+  bool same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // ---- autograd -------------------------------------------------------------
+  bool requires_grad() const { return defined() && impl_->requires_grad; }
+  Tensor& set_requires_grad(bool r = true);
+  bool is_leaf() const { return !impl().grad_fn; }
+  const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
+  int output_nr() const { return impl().output_nr; }
+  // The gradient accumulated into a leaf by backward(); undefined before.
+  Tensor grad() const;
+  void set_grad(const Tensor& g);
+  void zero_grad();  // drops the gradient (the buffer returns to the cache)
+  // Same data, no history, requires_grad = false.
+  Tensor detach() const;
+  // internal: the gradient sink of a leaf (created on demand).
+  const std::shared_ptr<Node>& leaf_node() const;
+  TensorImpl& impl() const;
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  void check_dtype(DType t) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+using TensorList = std::vector<Tensor>;
+
+// Throws a message naming both shapes and the op when they differ.
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op);
+
+}  // namespace redco

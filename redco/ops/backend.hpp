@@ -1,0 +1,153 @@
+#pragma once
+// The dispatch table: one Backend per device kind, each implementing every
+// kernel redco needs on Tensors. Differentiable ops (redco/autodiff) call the
+// free functions in `redco::kernels`, which pick the backend of their first
+// argument's device. The CPU backend is always registered; the CUDA backend
+// registers itself when built.
+#include <span>
+#include <vector>
+
+#include "redco/core/tensor.hpp"
+
+namespace redco {
+
+enum class UnaryOp {
+  neg, exp, log, tanh, sqrt, rsqrt, sigmoid, relu, erf, abs, square, reciprocal,
+  step,  // 1 where x > 0 else 0 (the derivative of relu)
+};
+// Comparisons (eq, gt) yield 1.f / 0.f in the output dtype (f32).
+enum class BinaryOp { add, sub, mul, div, max, min, pow, eq, gt };
+enum class ReduceOp { sum, max };
+
+struct LayerNormSaved {
+  Tensor mean, rstd;  // [rows] each; mean undefined for RMS norm
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
+  virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;  // broadcasting
+  virtual Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) = 0;  // a op s
+  virtual void add_inplace(Tensor& a, const Tensor& b) = 0;                  // a += b, same shape
+  // Reduces over `axes` (sorted, distinct); the result keeps them as size-1 dims.
+  virtual Tensor reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) = 0;
+  virtual Tensor argmax(const Tensor& x, int axis) = 0;                      // i64, axis dropped
+  virtual Tensor broadcast_to(const Tensor& x, const Shape& shape) = 0;
+  virtual Tensor permute(const Tensor& x, std::span<const int> perm) = 0;
+  // out[..., start:start+len, ...] along `axis` (a copy).
+  virtual Tensor slice(const Tensor& x, int axis, int64_t start, int64_t len) = 0;
+  // dst[..., start:start+src.dim(axis), ...] = src along `axis`.
+  virtual void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) = 0;
+  // op(a)[..., M, K] x op(b)[..., K, N]; batch dims broadcast.
+  virtual Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
+
+  virtual Tensor softmax(const Tensor& x) = 0;  // over the last axis
+  virtual Tensor softmax_backward(const Tensor& y, const Tensor& dy) = 0;
+  virtual Tensor log_softmax(const Tensor& x) = 0;
+  virtual Tensor log_softmax_backward(const Tensor& y, const Tensor& dy) = 0;
+  virtual Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                            LayerNormSaved& saved) = 0;
+  // Returns {dx, dgamma, dbeta (if beta was given)}.
+  virtual TensorList layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                         bool has_beta, const LayerNormSaved& saved) = 0;
+  virtual Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps, LayerNormSaved& saved) = 0;
+  virtual TensorList rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                       const LayerNormSaved& saved) = 0;
+  virtual Tensor gelu(const Tensor& x, bool tanh_approx) = 0;
+  virtual Tensor gelu_backward(const Tensor& x, const Tensor& dy, bool tanh_approx) = 0;
+  virtual Tensor silu(const Tensor& x) = 0;
+  virtual Tensor silu_backward(const Tensor& x, const Tensor& dy) = 0;
+  // Per-row losses [rows] and the saved log-sum-exp [rows].
+  virtual Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                               Tensor& lse) = 0;
+  virtual Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels,
+                                        const Tensor& lse, const Tensor& dloss,
+                                        int64_t ignore_index) = 0;
+  virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
+  virtual Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) = 0;
+  virtual Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) = 0;
+  // q [B,Hq,Tq,D], k/v [B,Hkv,Tk,D] -> o [B,Hq,Tq,D], lse [B,Hq,Tq].
+  virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                           float scale, Tensor& lse) = 0;
+  virtual TensorList attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& o, const Tensor& lse, const Tensor& dout,
+                                        bool causal, float scale) = 0;
+  virtual Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
+                        int64_t pad) = 0;
+  virtual TensorList conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                     bool has_bias, int64_t stride, int64_t pad) = 0;
+  virtual Tensor max_pool2d(const Tensor& x, int64_t k, int64_t stride, Tensor& argmax) = 0;
+  virtual Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x) = 0;
+  virtual Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) = 0;
+  virtual Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k,
+                                     int64_t stride) = 0;
+  // 1/(1-p) where a Philox draw keeps the element, else 0: element i depends
+  // only on (seed, stream, i).
+  virtual Tensor dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) = 0;
+};
+
+Backend& backend(Device device);
+void register_backend(DeviceKind kind, Backend* backend);
+
+// Shape that a and b broadcast to (numpy rules); throws naming both shapes and the op.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// Kernel entry points: dispatch on the device of the first tensor argument.
+namespace kernels {
+#define REDCO_KERNEL(name)                                                       \
+  template <typename... A>                                                       \
+  auto name(const Tensor& first, A&&... rest) {                                  \
+    return backend(first.device()).name(first, std::forward<A>(rest)...);        \
+  }
+inline Tensor unary(UnaryOp op, const Tensor& x) { return backend(x.device()).unary(op, x); }
+inline Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  return backend(a.device()).binary(op, a, b);
+}
+inline Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
+  return backend(a.device()).binary_scalar(op, a, s);
+}
+inline void add_inplace(Tensor& a, const Tensor& b) { backend(a.device()).add_inplace(a, b); }
+inline Tensor reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) {
+  return backend(x.device()).reduce(op, x, axes);
+}
+inline Tensor dropout_mask(const Shape& s, float p, uint64_t seed, uint64_t stream, Device d) {
+  return backend(d).dropout_mask(s, p, seed, stream);
+}
+inline void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) {
+  backend(dst.device()).slice_assign(dst, src, axis, start);
+}
+REDCO_KERNEL(argmax)
+REDCO_KERNEL(broadcast_to)
+REDCO_KERNEL(permute)
+REDCO_KERNEL(slice)
+REDCO_KERNEL(matmul)
+REDCO_KERNEL(softmax)
+REDCO_KERNEL(softmax_backward)
+REDCO_KERNEL(log_softmax)
+REDCO_KERNEL(log_softmax_backward)
+REDCO_KERNEL(layer_norm)
+REDCO_KERNEL(layer_norm_backward)
+REDCO_KERNEL(rms_norm)
+REDCO_KERNEL(rms_norm_backward)
+REDCO_KERNEL(gelu)
+REDCO_KERNEL(gelu_backward)
+REDCO_KERNEL(silu)
+REDCO_KERNEL(silu_backward)
+REDCO_KERNEL(cross_entropy)
+REDCO_KERNEL(cross_entropy_backward)
+REDCO_KERNEL(embedding)
+REDCO_KERNEL(embedding_backward)
+REDCO_KERNEL(rotary)
+REDCO_KERNEL(attention)
+REDCO_KERNEL(attention_backward)
+REDCO_KERNEL(conv2d)
+REDCO_KERNEL(conv2d_backward)
+REDCO_KERNEL(max_pool2d)
+REDCO_KERNEL(max_pool2d_backward)
+REDCO_KERNEL(avg_pool2d)
+REDCO_KERNEL(avg_pool2d_backward)
+#undef REDCO_KERNEL
+}  // namespace kernels
+
+}  // namespace redco

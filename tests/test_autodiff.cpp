@@ -1,1 +1,185 @@
-#include <catch2/catch.hpp>
+// The autograd engine: accumulation, grad modes, graph lifetime, function
+// transforms, and higher-order gradients (Hessian-vector products, a MAML
+// step) checked against finite differences.
+#include "gradcheck.hpp"
+#include "redco/autodiff/value_and_grad.hpp"
+
+using namespace redco;
+using redco::test::randn;
+
+namespace {
+// A two-layer MLP with a smooth activation: loss = mean((tanh(x W1^T + b1) W2^T - y)^2).
+Tensor mlp_loss(const ParamTree& p, const Tensor& x, const Tensor& y) {
+  Tensor h = tanh(linear(x, p.at("fc1.weight"), p.at("fc1.bias")));
+  return mean(square(linear(h, p.at("fc2.weight"), p.at("fc2.bias")) - y));
+}
+ParamTree mlp_params() {
+  return {{"fc1.weight", randn({6, 4}, 1, 0.5f)}, {"fc1.bias", randn({6}, 2, 0.1f)},
+          {"fc2.weight", randn({3, 6}, 3, 0.5f)}, {"fc2.bias", randn({3}, 4, 0.1f)}};
+}
+}  // namespace
+
+TEST_CASE("backward accumulates into leaves' grad buffers", "[autodiff]") {
+  Tensor w = Tensor::from({1.f, 2.f, 3.f}, {3});
+  w.set_requires_grad(true);
+  backward(sum(w * w));
+  CHECK(w.grad().to_vector() == std::vector<float>{2.f, 4.f, 6.f});
+  const void* buffer = w.grad().raw();
+  backward(sum(w * 3.f));  // accumulates in place: same buffer, summed values
+  CHECK(w.grad().to_vector() == std::vector<float>{5.f, 7.f, 9.f});
+  CHECK(w.grad().raw() == buffer);
+  w.zero_grad();
+  CHECK_FALSE(w.grad().defined());
+}
+
+TEST_CASE("a shared subexpression receives the sum of its uses", "[autodiff]") {
+  Tensor x = Tensor::from({2.f}, {1});
+  x.set_requires_grad(true);
+  Tensor y = x * x;                      // y = x^2
+  Tensor z = y * 3.f + exp(y) + y * y;   // dz/dx = (3 + e^y + 2y) 2x
+  const float expect = (3.f + std::exp(4.f) + 8.f) * 4.f;
+  CHECK(grad({sum(z)}, {x})[0].item() == Approx(expect).epsilon(1e-5));
+}
+
+TEST_CASE("no-grad scopes and detach record nothing", "[autodiff]") {
+  Tensor w = randn({3}, 5);
+  w.set_requires_grad(true);
+  {
+    NoGradGuard off;
+    Tensor y = w * 2.f;
+    CHECK_FALSE(y.requires_grad());
+    CHECK_FALSE(bool(y.grad_fn()));
+  }
+  Tensor y = w.detach() * 2.f;
+  CHECK_FALSE(y.requires_grad());
+  Tensor z = sum(w * w.detach());  // the detached factor is a constant
+  CHECK(grad({z}, {w})[0].to_vector() == w.to_vector());
+}
+
+TEST_CASE("graph lifetime and errors name the fix", "[autodiff]") {
+  Tensor w = randn({3}, 6);
+  w.set_requires_grad(true);
+  Tensor loss = sum(exp(w));
+  backward(loss);
+  CHECK_THROWS_WITH(backward(loss), Catch::Contains("retain_graph"));
+  Tensor loss2 = sum(exp(w));
+  backward(loss2, {}, {.retain_graph = true});
+  backward(loss2);  // allowed once more: the graph was retained
+  Tensor v = randn({3}, 7);
+  v.set_requires_grad(true);
+  CHECK_THROWS_WITH(grad({sum(w * 2.f)}, {v}), Catch::Contains("allow_unused"));
+  CHECK_FALSE(grad({sum(w * 2.f)}, {v}, {}, {.allow_unused = true})[0].defined());
+  CHECK_THROWS_WITH(grad({w * 2.f}, {w}), Catch::Contains("grad_outputs"));
+  Tensor c = randn({3}, 8);
+  CHECK_THROWS_WITH(grad({sum(c)}, {w}), Catch::Contains("does not require grad"));
+}
+
+TEST_CASE("the gradient with respect to an intermediate leaves the graph usable", "[autodiff]") {
+  Tensor w = randn({4}, 9);
+  w.set_requires_grad(true);
+  Tensor h = tanh(w);
+  Tensor loss = sum(h * h);
+  Tensor dh = grad({loss}, {h}, {}, {.retain_graph = true})[0];
+  CHECK(dh.to_vector() == (h.detach() * 2.f).to_vector());
+  backward(loss);  // the part of the graph below h was not consumed
+  Tensor expect = h.detach() * 2.f * (1.f - square(h.detach()));
+  auto a = w.grad().to_vector(), b = expect.to_vector();
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).epsilon(1e-5));
+}
+
+TEST_CASE("value_and_grad over a parameter tree matches finite differences", "[autodiff]") {
+  ParamTree params = mlp_params();
+  Tensor x = randn({5, 4}, 10), y = randn({5, 3}, 11);
+  auto f = [&](const ParamTree& p) { return mlp_loss(p, x, y); };
+  auto [loss, grads] = value_and_grad(f, params);
+  CHECK_FALSE(loss.requires_grad());
+  CHECK(grads.size() == params.size());
+  CHECK_FALSE(params.at("fc1.weight").requires_grad());  // the caller's tensors are untouched
+  for (auto& [name, p] : params) {
+    INFO(name);
+    REQUIRE(grads.at(name).shape() == p.shape());
+    float* v = p.data<float>();
+    for (int64_t j = 0; j < p.numel(); ++j) {
+      const float orig = v[j];
+      v[j] = orig + 1e-2f;
+      const double up = f(params).item();
+      v[j] = orig - 1e-2f;
+      const double down = f(params).item();
+      v[j] = orig;
+      test::expect_close(grads.at(name).data<float>()[j], (up - down) / 2e-2, 1e-4, 1e-2, name);
+    }
+  }
+}
+
+TEST_CASE("Hessian-vector product of an MLP matches finite differences", "[autodiff]") {
+  ParamTree params = mlp_params();
+  Tensor x = randn({5, 4}, 12), y = randn({5, 3}, 13);
+  // v: a random direction in parameter space.
+  ParamTree v;
+  for (auto& [name, p] : params) v.emplace(name, randn(p.shape(), 100 + p.numel()));
+  // Hv = d/dp <grad L(p), v>, with the inner gradient recorded (create_graph).
+  auto grad_dot_v = [&](const ParamTree& p) {
+    ParamTree g = grad_of([&](const ParamTree& q) { return mlp_loss(q, x, y); }, p,
+                          {.create_graph = true});
+    Tensor dot = Tensor::scalar(0.f);
+    for (auto& [name, gi] : g) dot = dot + sum(gi * v.at(name));
+    return dot;
+  };
+  ParamTree hv = grad_of(grad_dot_v, params);
+  // Finite differences of the gradient along v: (g(p + eps v) - g(p - eps v)) / 2 eps.
+  const float eps = 1e-2f;
+  auto shifted = [&](float s) {
+    ParamTree q;
+    for (auto& [name, p] : params) q.emplace(name, p + v.at(name) * s);
+    return grad_of([&](const ParamTree& t) { return mlp_loss(t, x, y); }, q);
+  };
+  ParamTree up = shifted(eps), down = shifted(-eps);
+  for (auto& [name, h] : hv) {
+    auto a = h.to_vector(), u = up.at(name).to_vector(), d = down.at(name).to_vector();
+    for (size_t j = 0; j < a.size(); ++j)
+      test::expect_close(a[j], (u[j] - d[j]) / (2 * eps), 2e-3, 2e-2, name);
+  }
+}
+
+TEST_CASE("a MAML step differentiates through the inner update", "[autodiff]") {
+  ParamTree params = mlp_params();
+  Tensor xs = randn({4, 4}, 14), ys = randn({4, 3}, 15);  // support set
+  Tensor xq = randn({4, 4}, 16), yq = randn({4, 3}, 17);  // query set
+  const float lr = 0.3f;
+  // meta_loss(p) = L_query(p - lr * grad L_support(p))
+  auto meta_loss = [&](const ParamTree& p) {
+    ParamTree g = grad_of([&](const ParamTree& q) { return mlp_loss(q, xs, ys); }, p,
+                          {.create_graph = true});
+    ParamTree adapted;
+    for (auto& [name, w] : p) adapted.emplace(name, w - g.at(name) * lr);
+    return mlp_loss(adapted, xq, yq);
+  };
+  ParamTree g = grad_of(meta_loss, params);
+  // First-order MAML (dropping the second-order term) must differ: the test
+  // would not notice a missing create_graph otherwise.
+  double diff_from_first_order = 0;
+  for (auto& [name, p] : params) {
+    float* w = p.data<float>();
+    for (int64_t j = 0; j < p.numel(); j += 3) {
+      const float orig = w[j];
+      w[j] = orig + 1e-2f;
+      const double up = meta_loss(params).item();
+      w[j] = orig - 1e-2f;
+      const double down = meta_loss(params).item();
+      w[j] = orig;
+      test::expect_close(g.at(name).data<float>()[j], (up - down) / 2e-2, 2e-4, 2e-2, name);
+    }
+  }
+  ParamTree first_order;
+  {
+    ParamTree gs = grad_of([&](const ParamTree& q) { return mlp_loss(q, xs, ys); }, params);
+    ParamTree adapted;
+    for (auto& [name, w] : params) adapted.emplace(name, w - gs.at(name) * lr);
+    first_order = grad_of([&](const ParamTree& q) { return mlp_loss(q, xq, yq); }, adapted);
+  }
+  for (auto& [name, gi] : g) {
+    auto a = gi.to_vector(), b = first_order.at(name).to_vector();
+    for (size_t j = 0; j < a.size(); ++j) diff_from_first_order += std::abs(a[j] - b[j]);
+  }
+  CHECK(diff_from_first_order > 1e-3);
+}

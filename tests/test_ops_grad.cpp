@@ -1,1 +1,206 @@
-#include <catch2/catch.hpp>
+// Every differentiable op: gradient vs central finite differences, and for
+// the ops with a separate higher-order path, the second-order gradient too.
+#include "gradcheck.hpp"
+
+using namespace redco;
+using redco::test::check_gradients;
+using redco::test::check_second_order;
+using redco::test::randn;
+
+namespace {
+Tensor positive(const Shape& s, uint64_t stream) {  // in [0.5, 2]: safe for log, sqrt, div
+  return Tensor::uniform(s, 7, stream, 0.5f, 2.f);
+}
+Tensor ids(std::vector<int64_t> v, const Shape& s) { return Tensor::from<int64_t>(v, s); }
+}  // namespace
+
+TEST_CASE("binary ops with broadcasting", "[grad]") {
+  const Shape a{2, 3, 4};
+  for (Shape b : {Shape{2, 3, 4}, Shape{4}, Shape{3, 1}, Shape{2, 1, 4}, Shape{}}) {
+    INFO("b = " << b.str());
+    TensorList in{randn(a, 1), positive(b, 2)};
+    check_gradients([](const TensorList& x) { return x[0] + x[1]; }, in, {0, 1});
+    check_gradients([](const TensorList& x) { return x[0] - x[1]; }, in, {0, 1});
+    check_gradients([](const TensorList& x) { return x[0] * x[1]; }, in, {0, 1});
+    check_gradients([](const TensorList& x) { return x[0] / x[1]; }, in, {0, 1});
+    check_gradients([](const TensorList& x) { return maximum(x[0], x[1]); }, in, {0, 1});
+  }
+}
+
+TEST_CASE("scalar and unary ops", "[grad]") {
+  TensorList in{randn({3, 5}, 3)}, pos{positive({3, 5}, 4)};
+  check_gradients([](const TensorList& x) { return x[0] * 3.f + 1.f; }, in, {0});
+  check_gradients([](const TensorList& x) { return 2.f - x[0] / 4.f; }, in, {0});
+  check_gradients([](const TensorList& x) { return pow(x[0], 3.f); }, in, {0});
+  check_gradients([](const TensorList& x) { return pow(x[0], -1.5f); }, pos, {0});
+  check_gradients([](const TensorList& x) { return 2.f / x[0]; }, pos, {0});
+  check_gradients([](const TensorList& x) { return -x[0]; }, in, {0});
+  check_gradients([](const TensorList& x) { return exp(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return log(x[0]); }, pos, {0});
+  check_gradients([](const TensorList& x) { return tanh(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return sqrt(x[0]); }, pos, {0});
+  check_gradients([](const TensorList& x) { return rsqrt(x[0]); }, pos, {0});
+  check_gradients([](const TensorList& x) { return sigmoid(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return erf(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return square(x[0]); }, in, {0});
+  // relu and abs are checked away from their kink (|x| >= 0.5 > eps).
+  check_gradients([](const TensorList& x) { return relu(x[0]); }, pos, {0});
+  check_gradients([](const TensorList& x) { return relu(-x[0]); }, pos, {0});
+  check_gradients([](const TensorList& x) { return abs(x[0] - 3.f) + abs(x[0]); }, pos, {0});
+}
+
+TEST_CASE("reductions and broadcasts", "[grad]") {
+  TensorList in{randn({2, 3, 4}, 5)};
+  check_gradients([](const TensorList& x) { return sum(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return sum(x[0], {0, 2}); }, in, {0});
+  check_gradients([](const TensorList& x) { return sum(x[0], {-1}, true); }, in, {0});
+  check_gradients([](const TensorList& x) { return mean(x[0], {1}); }, in, {0});
+  check_gradients([](const TensorList& x) { return mean(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return max(x[0], 1); }, in, {0});
+  check_gradients([](const TensorList& x) { return max(x[0], -1, true); }, in, {0});
+  check_gradients([](const TensorList& x) { return broadcast_to(x[0], {5, 2, 3, 4}); }, in, {0});
+  check_gradients([](const TensorList& x) { return sum_to(x[0], {3, 1}); }, in, {0});
+}
+
+TEST_CASE("max sends the gradient to the maximum, shared on ties", "[grad]") {
+  Tensor x = Tensor::from({1.f, 5.f, 5.f, 2.f}, {1, 4});
+  x.set_requires_grad(true);
+  Tensor g = grad({sum(max(x, 1))}, {x})[0];
+  CHECK(g.to_vector() == std::vector<float>{0.f, 0.5f, 0.5f, 0.f});
+  CHECK(argmax(x, 1).values<int64_t>() == std::vector<int64_t>{1});
+}
+
+TEST_CASE("shape ops", "[grad]") {
+  TensorList in{randn({2, 3, 4}, 6)};
+  check_gradients([](const TensorList& x) { return reshape(x[0], {4, -1}); }, in, {0});
+  check_gradients([](const TensorList& x) { return flatten(x[0]); }, in, {0});
+  check_gradients([](const TensorList& x) { return transpose(x[0], 0, 2); }, in, {0});
+  check_gradients([](const TensorList& x) { return permute(x[0], {1, 2, 0}); }, in, {0});
+  check_gradients([](const TensorList& x) { return slice(x[0], 1, 1, 3); }, in, {0});
+  check_gradients([](const TensorList& x) { return slice(x[0], -1, 0, -1); }, in, {0});
+  TensorList two{randn({2, 3}, 7), randn({2, 5}, 8)};
+  check_gradients([](const TensorList& x) { return concat(x, 1); }, two, {0, 1});
+  check_gradients(
+      [](const TensorList& x) {
+        TensorList p = split(x[0], {1, 3}, 2);
+        return p[1] * 2.f + sum(p[0], {-1}, true);
+      },
+      in, {0});
+}
+
+TEST_CASE("matmul with transpose flags and broadcast batches; linear", "[grad]") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      INFO("ta " << ta << " tb " << tb);
+      const Shape a = ta ? Shape{2, 4, 3} : Shape{2, 3, 4};
+      const Shape b = tb ? Shape{5, 4} : Shape{4, 5};  // broadcast over the batch
+      check_gradients([ta, tb](const TensorList& x) { return matmul(x[0], x[1], ta, tb); },
+                      {randn(a, 9), randn(b, 10)}, {0, 1});
+      check_second_order([ta, tb](const TensorList& x) { return matmul(x[0], x[1], ta, tb); },
+                         {randn(a, 9), randn(b, 10)}, 0, {0, 1});
+    }
+  check_gradients([](const TensorList& x) { return linear(x[0], x[1], x[2]); },
+                  {randn({2, 3, 4}, 11), randn({5, 4}, 12), randn({5}, 13)}, {0, 1, 2});
+}
+
+TEST_CASE("softmax family and norms, first and second order", "[grad]") {
+  TensorList in{randn({3, 6}, 14)};
+  for (auto f : {+[](const TensorList& x) { return softmax(x[0]); },
+                 +[](const TensorList& x) { return log_softmax(x[0]); }}) {
+    check_gradients(f, in, {0});
+    check_second_order(f, in, 0, {0});
+  }
+  TensorList ln{randn({4, 6}, 15), Tensor::uniform({6}, 1, 16, 0.5f, 1.5f), randn({6}, 17)};
+  auto layer = [](const TensorList& x) { return layer_norm(x[0], x[1], x[2]); };
+  auto layer_nobias = [](const TensorList& x) { return layer_norm(x[0], x[1]); };
+  auto rms = [](const TensorList& x) { return rms_norm(x[0], x[1]); };
+  check_gradients(layer, ln, {0, 1, 2});
+  check_gradients(layer_nobias, ln, {0, 1});
+  check_gradients(rms, ln, {0, 1});
+  check_second_order(layer, ln, 0, {0, 1, 2});
+  check_second_order(rms, ln, 1, {0, 1});
+}
+
+TEST_CASE("activations, first and second order", "[grad]") {
+  TensorList in{randn({3, 7}, 18)};
+  for (auto f : {+[](const TensorList& x) { return gelu(x[0], true); },
+                 +[](const TensorList& x) { return gelu(x[0], false); },
+                 +[](const TensorList& x) { return silu(x[0]); }}) {
+    check_gradients(f, in, {0});
+    check_second_order(f, in, 0, {0});
+  }
+}
+
+TEST_CASE("cross entropy with an ignored label", "[grad]") {
+  Tensor labels = ids({2, -100, 0, 4}, {2, 2});
+  auto f = [labels](const TensorList& x) { return cross_entropy(x[0], labels); };
+  TensorList in{randn({2, 2, 5}, 19)};
+  check_gradients(f, in, {0});
+  check_second_order(f, in, 0, {0});
+  // The mean is over the three counted rows; the ignored row gets no gradient.
+  Tensor x = in[0].detach().set_requires_grad(true);
+  Tensor g = grad({f({x})}, {x})[0];
+  for (float v : g.slice0(0, 1)[1].to_vector()) CHECK(v == 0.f);
+  Tensor all_ignored = ids({-100, -100}, {2});
+  CHECK(cross_entropy(randn({2, 5}, 20), all_ignored).item() == 0.f);
+}
+
+TEST_CASE("embedding, rotary, dropout", "[grad]") {
+  Tensor tok = ids({1, 3, 1, 0, 2, 3}, {2, 3});
+  auto emb = [tok](const TensorList& x) { return embedding(x[0], tok); };
+  check_gradients(emb, {randn({4, 5}, 21)}, {0});
+  check_second_order([tok](const TensorList& x) { return square(embedding(x[0], tok)); },
+                     {randn({4, 5}, 21)}, 0, {0});
+  auto rot = [](const TensorList& x) { return rotary(x[0], 3); };
+  check_gradients(rot, {randn({1, 2, 5, 4}, 22)}, {0});
+  auto drop = [](const TensorList& x) { return dropout(x[0], 0.3f, 5, 6); };
+  check_gradients(drop, {randn({4, 8}, 23)}, {0});
+}
+
+TEST_CASE("fused attention equals the unfused composition, values and gradients", "[grad]") {
+  struct Case {
+    int64_t Hq, Hkv, Tq, Tk;
+    bool causal;
+  };
+  for (Case c : {Case{2, 2, 5, 5, true}, Case{2, 2, 4, 6, false}, Case{4, 2, 3, 7, true},
+                 Case{4, 1, 6, 6, true}}) {
+    INFO("Hq " << c.Hq << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk);
+    TensorList in{randn({2, c.Hq, c.Tq, 8}, 24), randn({2, c.Hkv, c.Tk, 8}, 25),
+                  randn({2, c.Hkv, c.Tk, 8}, 26)};
+    for (auto& t : in) t.set_requires_grad(true);
+    Tensor fused = attention(in[0], in[1], in[2], c.causal);
+    Tensor ref = attention_reference(in[0], in[1], in[2], c.causal);
+    Tensor r = randn(fused.shape(), 27);
+    TensorList gf = grad({sum(fused * r)}, in), gr = grad({sum(ref * r)}, in);
+    auto close = [](const Tensor& a, const Tensor& b) {
+      auto x = a.to_vector(), y = b.to_vector();
+      for (size_t i = 0; i < x.size(); ++i) CHECK(std::abs(x[i] - y[i]) < 1e-4f);
+    };
+    close(fused, ref);
+    for (int i = 0; i < 3; ++i) close(gf[size_t(i)], gr[size_t(i)]);
+    auto f = [c](const TensorList& x) { return attention(x[0], x[1], x[2], c.causal); };
+    check_gradients(f, in, {0, 1, 2});
+  }
+  auto f = [](const TensorList& x) { return attention(x[0], x[1], x[2], true); };
+  check_second_order(f, {randn({1, 2, 3, 4}, 28), randn({1, 2, 3, 4}, 29), randn({1, 2, 3, 4}, 30)},
+                     0, {0, 1, 2});
+}
+
+TEST_CASE("conv2d and pooling, first and second order", "[grad]") {
+  TensorList in{randn({2, 2, 5, 5}, 31), randn({3, 2, 3, 3}, 32, 0.5f), randn({3}, 33)};
+  for (auto [stride, pad] : {std::pair{1, 0}, std::pair{2, 1}}) {
+    auto f = [s = stride, p = pad](const TensorList& x) { return conv2d(x[0], x[1], x[2], s, p); };
+    check_gradients(f, in, {0, 1, 2});
+    check_second_order(f, in, 0, {0, 1});
+    check_second_order(f, in, 1, {0, 1});
+  }
+  TensorList img{randn({2, 3, 6, 6}, 34)};
+  auto maxp = [](const TensorList& x) { return max_pool2d(x[0], 2); };
+  auto avgp = [](const TensorList& x) { return avg_pool2d(x[0], 3, 2); };
+  check_gradients(maxp, img, {0}, 1e-3f);
+  check_gradients(avgp, img, {0});
+  check_second_order([](const TensorList& x) { return square(max_pool2d(x[0], 2)); }, img, 0, {0},
+                     1e-3f);
+  check_second_order([](const TensorList& x) { return square(avg_pool2d(x[0], 3, 2)); }, img, 0,
+                     {0});
+}

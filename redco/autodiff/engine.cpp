@@ -131,6 +131,12 @@ TensorList Engine::run(const std::vector<Edge>& roots, const TensorList& root_gr
       if (targets.empty()) accumulate_leaf(n, std::move(gouts[0]));
       continue;
     }
+    // A target whose inputs lead to no other target: its gradient is all we
+    // wanted, and running (and freeing) its backward would be wasted work.
+    const auto& ins = n->inputs();
+    if (std::none_of(ins.begin(), ins.end(),
+                     [&](const Edge& e) { return e.node && needed_.count(e.node.get()); }))
+      continue;
     execute(n, gouts);
   }
   return result;

@@ -1,1 +1,46 @@
-// (being written)
+// Matrix products. For C = op(A) op(B) the gradients are again products with
+// transpose flags, so no transposed copy is ever made:
+//   C = A B     : dA = dC B^T        dB = A^T dC
+//   C = A^T B   : dA = B dC^T        dB = A dC
+//   C = A B^T   : dA = dC B          dB = dC^T A
+//   C = A^T B^T : dA = B^T dC^T      dB = dC^T A^T
+// Batch dimensions that were broadcast are summed back.
+#include "redco/autodiff/recording.hpp"
+#include "redco/ops/backend.hpp"
+
+namespace redco {
+using detail::unbroadcast;
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  return record("matmul", {a, b}, kernels::matmul(a, b, ta, tb),
+                [a, b, ta, tb](const Node& self, const TensorList& grads) {
+                  const Tensor& g = grads[0];
+                  Tensor ga, gb;
+                  if (self.needs_grad(0)) {
+                    ga = ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb);
+                    ga = unbroadcast(ga, a.shape());
+                  }
+                  if (self.needs_grad(1)) {
+                    gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
+                    gb = unbroadcast(gb, b.shape());
+                  }
+                  return TensorList{ga, gb};
+                });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  REDCO_CHECK(w.rank() == 2 && x.rank() >= 1 && x.shape().last() == w.dim(1),
+              "linear: input {} does not match weight {} (stored [out, in])", x.shape(), w.shape());
+  // Fold every leading dim into the GEMM's M: one [tokens, in] x [in, out]
+  // product forward, and dW = dY^T X is a single GEMM too (no batch to sum).
+  const Shape out_shape = x.shape().with(-1, w.dim(0));
+  Tensor y = matmul(reshape(x, {-1, w.dim(1)}), w, false, true);
+  if (bias.defined()) {
+    REDCO_CHECK(bias.shape() == Shape{w.dim(0)}, "linear: bias {} must be [{}] for weight {}",
+                bias.shape(), w.dim(0), w.shape());
+    y = add(y, bias);
+  }
+  return reshape(y, out_shape);
+}
+
+}  // namespace redco

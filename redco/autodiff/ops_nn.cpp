@@ -1,1 +1,175 @@
-// (being written)
+// Fused neural-network ops: softmax family, norms, activations, cross entropy.
+// First-order gradients use the fused backward kernels. When the backward pass
+// is itself being recorded (create_graph), the gradient is taken through an
+// equivalent composition of primitive ops, which can be differentiated again.
+#include <cmath>
+#include <numbers>
+
+#include "redco/autodiff/recording.hpp"
+#include "redco/ops/backend.hpp"
+
+namespace redco {
+namespace detail {
+
+TensorList reference_vjp(const Node& self, const TensorList& inputs, const Tensor& grad_out,
+                         const std::function<Tensor(const TensorList&)>& reference) {
+  TensorList wrt, result(inputs.size());
+  std::vector<size_t> where;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!self.needs_grad(int(i)) || !inputs[i].requires_grad()) continue;
+    wrt.push_back(inputs[i]);
+    where.push_back(i);
+  }
+  if (wrt.empty()) return result;
+  Tensor y = reference(inputs);
+  TensorList g = grad({y}, wrt, {grad_out}, {.create_graph = true, .allow_unused = true});
+  for (size_t j = 0; j < where.size(); ++j) result[where[j]] = g[j];
+  return result;
+}
+
+}  // namespace detail
+
+using detail::building_higher_order;
+using detail::record_with_output;
+using detail::reference_vjp;
+
+// ---- softmax family: the gradient needs only the output y --------------------------
+Tensor softmax(const Tensor& x) {
+  return record_with_output("softmax", {x}, kernels::softmax(x),
+                            [](const Node&, const Tensor& y, const TensorList& g) {
+                              if (!building_higher_order())
+                                return TensorList{kernels::softmax_backward(y, g[0])};
+                              // dx = y * (g - sum(g * y))
+                              return TensorList{mul(y, g[0] - sum(mul(g[0], y), {-1}, true))};
+                            });
+}
+
+Tensor log_softmax(const Tensor& x) {
+  return record_with_output("log_softmax", {x}, kernels::log_softmax(x),
+                            [](const Node&, const Tensor& y, const TensorList& g) {
+                              if (!building_higher_order())
+                                return TensorList{kernels::log_softmax_backward(y, g[0])};
+                              // dx = g - exp(y) * sum(g)
+                              return TensorList{g[0] - mul(exp(y), sum(g[0], {-1}, true))};
+                            });
+}
+
+// ---- norms ------------------------------------------------------------------------------
+namespace {
+Tensor layer_norm_reference(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  Tensor centered = x - mean(x, {-1}, true);
+  Tensor y = centered * rsqrt(mean(square(centered), {-1}, true) + eps) * gamma;
+  return beta.defined() ? y + beta : y;
+}
+Tensor rms_norm_reference(const Tensor& x, const Tensor& gamma, float eps) {
+  return x * rsqrt(mean(square(x), {-1}, true) + eps) * gamma;
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  auto saved = std::make_shared<LayerNormSaved>();
+  Tensor y = kernels::layer_norm(x, gamma, beta, eps, *saved);
+  return record("layer_norm", {x, gamma, beta}, y,
+                [x, gamma, beta, eps, saved](const Node& self, const TensorList& g) {
+                  if (building_higher_order())
+                    return reference_vjp(self, {x, gamma, beta}, g[0], [eps](const TensorList& in) {
+                      return layer_norm_reference(in[0], in[1], in[2], eps);
+                    });
+                  return kernels::layer_norm_backward(g[0], x, gamma, beta.defined(), *saved);
+                });
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
+  auto saved = std::make_shared<LayerNormSaved>();
+  Tensor y = kernels::rms_norm(x, gamma, eps, *saved);
+  return record("rms_norm", {x, gamma}, y,
+                [x, gamma, eps, saved](const Node& self, const TensorList& g) {
+                  if (building_higher_order())
+                    return reference_vjp(self, {x, gamma}, g[0], [eps](const TensorList& in) {
+                      return rms_norm_reference(in[0], in[1], eps);
+                    });
+                  return kernels::rms_norm_backward(g[0], x, gamma, *saved);
+                });
+}
+
+// ---- activations ----------------------------------------------------------------------------
+namespace {
+Tensor gelu_reference(const Tensor& x, bool tanh_approx) {
+  if (!tanh_approx) return 0.5f * x * (1.f + erf(x * float(1.0 / std::numbers::sqrt2)));
+  const float c = float(std::sqrt(2.0 / std::numbers::pi));
+  return 0.5f * x * (1.f + tanh(c * (x + 0.044715f * pow(x, 3.f))));
+}
+}  // namespace
+
+Tensor gelu(const Tensor& x, bool tanh_approx) {
+  return record("gelu", {x}, kernels::gelu(x, tanh_approx),
+                [x, tanh_approx](const Node& self, const TensorList& g) {
+                  if (building_higher_order())
+                    return reference_vjp(self, {x}, g[0], [tanh_approx](const TensorList& in) {
+                      return gelu_reference(in[0], tanh_approx);
+                    });
+                  return TensorList{kernels::gelu_backward(x, g[0], tanh_approx)};
+                });
+}
+
+Tensor silu(const Tensor& x) {
+  return record("silu", {x}, kernels::silu(x), [x](const Node& self, const TensorList& g) {
+    if (building_higher_order())
+      return reference_vjp(self, {x}, g[0],
+                           [](const TensorList& in) { return in[0] * sigmoid(in[0]); });
+    return TensorList{kernels::silu_backward(x, g[0])};
+  });
+}
+
+// ---- cross entropy ----------------------------------------------------------------------------
+namespace {
+// onehot[r, labels[r]] = 1, rows with the ignored label all zero. [rows, V]
+Tensor one_hot(const Tensor& labels, int64_t vocab, int64_t ignore_index) {
+  Tensor out = Tensor::zeros({labels.numel(), vocab});
+  const int64_t* l = labels.data<int64_t>();
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < labels.numel(); ++r)
+    if (l[r] != ignore_index && l[r] >= 0 && l[r] < vocab) o[r * vocab + l[r]] = 1.f;
+  return out;
+}
+
+// Per-row losses [rows]: logsumexp(logits[r]) - logits[r, label[r]]; 0 where ignored.
+Tensor cross_entropy_rows(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
+  auto lse = std::make_shared<Tensor>();
+  Tensor rows = kernels::cross_entropy(logits, labels, ignore_index, *lse);
+  return record("cross_entropy", {logits}, rows,
+                [logits, labels, ignore_index, lse](const Node& self, const TensorList& g) {
+                  if (!building_higher_order())
+                    return TensorList{kernels::cross_entropy_backward(logits, labels, *lse, g[0],
+                                                                      ignore_index)};
+                  const int64_t vocab = logits.shape().last();
+                  Tensor target = one_hot(labels, vocab, ignore_index).view(logits.shape());
+                  return reference_vjp(self, {logits}, g[0], [&](const TensorList& in) {
+                    return neg(sum(mul(log_softmax(in[0]), target), {-1}));
+                  });
+                });
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
+  REDCO_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be i64, got {}{}",
+              dtype_name(labels.dtype()), labels.shape());
+  REDCO_CHECK(logits.rank() >= 1 && labels.shape() == logits.shape().drop(-1),
+              "cross_entropy: logits {} need labels of shape {}, got {}", logits.shape(),
+              logits.shape().drop(-1), labels.shape());
+  int64_t counted = 0;
+  const int64_t* l = labels.data<int64_t>();
+  for (int64_t r = 0; r < labels.numel(); ++r) counted += l[r] != ignore_index;
+  // All rows ignored: the loss is 0 (and so is its gradient), not 0/0.
+  return mul(sum(cross_entropy_rows(logits, labels, ignore_index)),
+             1.f / float(std::max<int64_t>(counted, 1)));
+}
+
+// ---- dropout --------------------------------------------------------------------------------
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream) {
+  if (p == 0.f) return x;
+  // The mask is a constant: the gradient is g * mask, and so on to any order.
+  return mul(x, kernels::dropout_mask(x.shape(), p, seed, stream, x.device()));
+}
+
+}  // namespace redco

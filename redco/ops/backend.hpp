@@ -78,7 +78,10 @@ class Backend {
   virtual TensorList conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                      bool has_bias, int64_t stride, int64_t pad) = 0;
   virtual Tensor max_pool2d(const Tensor& x, int64_t k, int64_t stride, Tensor& argmax) = 0;
-  virtual Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x) = 0;
+  virtual Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x,
+                                     int64_t k, int64_t stride) = 0;
+  // The adjoint of max_pool2d_backward: out[n, c, p] = dx[n, c, argmax[n, c, p]].
+  virtual Tensor max_pool2d_gather(const Tensor& dx, const Tensor& argmax) = 0;
   virtual Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) = 0;
   virtual Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k,
                                      int64_t stride) = 0;
@@ -145,6 +148,7 @@ REDCO_KERNEL(conv2d)
 REDCO_KERNEL(conv2d_backward)
 REDCO_KERNEL(max_pool2d)
 REDCO_KERNEL(max_pool2d_backward)
+REDCO_KERNEL(max_pool2d_gather)
 REDCO_KERNEL(avg_pool2d)
 REDCO_KERNEL(avg_pool2d_backward)
 #undef REDCO_KERNEL

@@ -1,1 +1,396 @@
-// (being written)
+// CpuBackend: checks shapes, allocates outputs from the caching allocator and
+// forwards to the raw-pointer kernels in redco/ops/cpu. Half-precision inputs
+// are upcast to f32 here (compute is f32; outputs are f32).
+#include <cmath>
+
+#include "redco/core/philox.hpp"
+#include "redco/ops/cpu/activation.hpp"
+#include "redco/ops/cpu/attention.hpp"
+#include "redco/ops/cpu/backend_cpu.hpp"
+#include "redco/ops/cpu/conv.hpp"
+#include "redco/ops/cpu/embedding.hpp"
+#include "redco/ops/cpu/norm.hpp"
+#include "redco/ops/cpu/rotary.hpp"
+#include "redco/ops/cpu/softmax.hpp"
+#include "redco/ops/cpu/tensor_ops.hpp"
+
+namespace redco {
+namespace {
+
+// The f32 data of `t`, converting half-precision storage on the way in.
+Tensor f32(const Tensor& t, const char* op) {
+  REDCO_CHECK(t.defined(), "{}: an input tensor is undefined", op);
+  if (t.dtype() == DType::f32) return t;
+  REDCO_CHECK(is_floating(t.dtype()), "{}: expected a floating tensor, got {}{}", op,
+              dtype_name(t.dtype()), t.shape());
+  return t.to(DType::f32);
+}
+
+const int64_t* ids_of(const Tensor& t, const char* op) {
+  REDCO_CHECK(t.dtype() == DType::i64, "{}: indices must be i64, got {}{}", op,
+              dtype_name(t.dtype()), t.shape());
+  return t.data<int64_t>();
+}
+
+Tensor like(const Tensor& x) { return Tensor::empty(x.shape()); }
+
+void check_last_dim(const Tensor& x, const Tensor& v, const char* op, const char* what) {
+  REDCO_CHECK(v.rank() == 1 && v.dim(0) == x.shape().last(),
+              "{}: {} has shape {} but the input {} needs [{}]", op, what, v.shape(), x.shape(),
+              x.shape().last());
+}
+
+}  // namespace
+
+// ---- generic kernels ---------------------------------------------------------
+Tensor CpuBackend::unary(UnaryOp op, const Tensor& x) { return cpu::unary(op, x); }
+Tensor CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  return cpu::binary(op, a, b);
+}
+Tensor CpuBackend::binary_scalar(BinaryOp op, const Tensor& a, float s) {
+  return cpu::binary_scalar(op, a, s);
+}
+void CpuBackend::add_inplace(Tensor& a, const Tensor& b) { cpu::add_inplace(a, b); }
+Tensor CpuBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) {
+  return cpu::reduce(op, x, axes);
+}
+Tensor CpuBackend::argmax(const Tensor& x, int axis) { return cpu::argmax(x, axis); }
+Tensor CpuBackend::broadcast_to(const Tensor& x, const Shape& shape) {
+  return cpu::broadcast_to(x, shape);
+}
+Tensor CpuBackend::permute(const Tensor& x, std::span<const int> perm) {
+  return cpu::permute(x, perm);
+}
+Tensor CpuBackend::slice(const Tensor& x, int axis, int64_t start, int64_t len) {
+  return cpu::slice(x, axis, start, len);
+}
+void CpuBackend::slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) {
+  cpu::slice_assign(dst, src, axis, start);
+}
+Tensor CpuBackend::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  return cpu::matmul(a, b, ta, tb);
+}
+
+// ---- softmax family ------------------------------------------------------------
+Tensor CpuBackend::softmax(const Tensor& x_in) {
+  Tensor x = f32(x_in, "softmax"), y = like(x);
+  cpu::softmax_forward(x.data<float>(), y.data<float>(), x.shape().rows(), x.shape().last());
+  return y;
+}
+Tensor CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy_in) {
+  Tensor dy = f32(dy_in, "softmax backward"), dx = like(y);
+  check_same_shape(y, dy, "softmax backward");
+  cpu::softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.shape().rows(),
+                        y.shape().last());
+  return dx;
+}
+Tensor CpuBackend::log_softmax(const Tensor& x_in) {
+  Tensor x = f32(x_in, "log_softmax"), y = like(x);
+  cpu::log_softmax_forward(x.data<float>(), y.data<float>(), x.shape().rows(), x.shape().last());
+  return y;
+}
+Tensor CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy_in) {
+  Tensor dy = f32(dy_in, "log_softmax backward"), dx = like(y);
+  check_same_shape(y, dy, "log_softmax backward");
+  cpu::log_softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(),
+                            y.shape().rows(), y.shape().last());
+  return dx;
+}
+Tensor CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& labels,
+                                 int64_t ignore_index, Tensor& lse) {
+  Tensor logits = f32(logits_in, "cross_entropy");
+  const int64_t rows = logits.shape().rows(), vocab = logits.shape().last();
+  REDCO_CHECK(labels.numel() == rows,
+              "cross_entropy: logits {} need {} labels (one per row), got labels {}",
+              logits.shape(), rows, labels.shape());
+  Tensor losses = Tensor::empty(labels.shape());
+  lse = Tensor::empty(labels.shape());
+  cpu::cross_entropy_forward(logits.data<float>(), ids_of(labels, "cross_entropy"),
+                             losses.data<float>(), lse.data<float>(), rows, vocab, ignore_index);
+  return losses;
+}
+Tensor CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& labels,
+                                          const Tensor& lse, const Tensor& dloss_in,
+                                          int64_t ignore_index) {
+  Tensor logits = f32(logits_in, "cross_entropy backward");
+  Tensor dloss = f32(dloss_in, "cross_entropy backward"), dlogits = like(logits);
+  check_same_shape(labels, dloss, "cross_entropy backward");
+  cpu::cross_entropy_backward(logits.data<float>(), ids_of(labels, "cross_entropy"),
+                              lse.data<float>(), dloss.data<float>(), dlogits.data<float>(),
+                              logits.shape().rows(), logits.shape().last(), ignore_index);
+  return dlogits;
+}
+
+// ---- norms ------------------------------------------------------------------------
+Tensor CpuBackend::layer_norm(const Tensor& x_in, const Tensor& gamma_in, const Tensor& beta_in,
+                              float eps, LayerNormSaved& saved) {
+  Tensor x = f32(x_in, "layer_norm"), gamma = f32(gamma_in, "layer_norm");
+  check_last_dim(x, gamma, "layer_norm", "gamma");
+  Tensor beta;
+  if (beta_in.defined()) {
+    beta = f32(beta_in, "layer_norm");
+    check_last_dim(x, beta, "layer_norm", "beta");
+  }
+  const int64_t rows = x.shape().rows();
+  saved.mean = Tensor::empty({rows});
+  saved.rstd = Tensor::empty({rows});
+  Tensor y = like(x);
+  cpu::layer_norm_forward(x.data<float>(), gamma.data<float>(),
+                          beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
+                          saved.mean.data<float>(), saved.rstd.data<float>(), rows,
+                          x.shape().last(), eps);
+  return y;
+}
+TensorList CpuBackend::layer_norm_backward(const Tensor& dy_in, const Tensor& x_in,
+                                           const Tensor& gamma_in, bool has_beta,
+                                           const LayerNormSaved& saved) {
+  Tensor dy = f32(dy_in, "layer_norm backward"), x = f32(x_in, "layer_norm backward");
+  Tensor gamma = f32(gamma_in, "layer_norm backward");
+  check_same_shape(x, dy, "layer_norm backward");
+  Tensor dx = like(x), dgamma = like(gamma), dbeta = has_beta ? like(gamma) : Tensor();
+  cpu::layer_norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
+                           saved.mean.data<float>(), saved.rstd.data<float>(), dx.data<float>(),
+                           dgamma.data<float>(), has_beta ? dbeta.data<float>() : nullptr,
+                           x.shape().rows(), x.shape().last());
+  return {dx, dgamma, dbeta};
+}
+Tensor CpuBackend::rms_norm(const Tensor& x_in, const Tensor& gamma_in, float eps,
+                            LayerNormSaved& saved) {
+  Tensor x = f32(x_in, "rms_norm"), gamma = f32(gamma_in, "rms_norm");
+  check_last_dim(x, gamma, "rms_norm", "gamma");
+  const int64_t rows = x.shape().rows();
+  saved.rstd = Tensor::empty({rows});
+  Tensor y = like(x);
+  cpu::rms_norm_forward(x.data<float>(), gamma.data<float>(), y.data<float>(),
+                        saved.rstd.data<float>(), rows, x.shape().last(), eps);
+  return y;
+}
+TensorList CpuBackend::rms_norm_backward(const Tensor& dy_in, const Tensor& x_in,
+                                         const Tensor& gamma_in, const LayerNormSaved& saved) {
+  Tensor dy = f32(dy_in, "rms_norm backward"), x = f32(x_in, "rms_norm backward");
+  Tensor gamma = f32(gamma_in, "rms_norm backward");
+  check_same_shape(x, dy, "rms_norm backward");
+  Tensor dx = like(x), dgamma = like(gamma);
+  cpu::rms_norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
+                         saved.rstd.data<float>(), dx.data<float>(), dgamma.data<float>(),
+                         x.shape().rows(), x.shape().last());
+  return {dx, dgamma};
+}
+
+// ---- activations -------------------------------------------------------------------
+Tensor CpuBackend::gelu(const Tensor& x_in, bool tanh_approx) {
+  Tensor x = f32(x_in, "gelu"), y = like(x);
+  cpu::gelu_forward(x.data<float>(), y.data<float>(), x.numel(), tanh_approx);
+  return y;
+}
+Tensor CpuBackend::gelu_backward(const Tensor& x_in, const Tensor& dy_in, bool tanh_approx) {
+  Tensor x = f32(x_in, "gelu backward"), dy = f32(dy_in, "gelu backward"), dx = like(x);
+  check_same_shape(x, dy, "gelu backward");
+  cpu::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel(),
+                     tanh_approx);
+  return dx;
+}
+Tensor CpuBackend::silu(const Tensor& x_in) {
+  Tensor x = f32(x_in, "silu"), y = like(x);
+  cpu::silu_forward(x.data<float>(), y.data<float>(), x.numel());
+  return y;
+}
+Tensor CpuBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
+  Tensor x = f32(x_in, "silu backward"), dy = f32(dy_in, "silu backward"), dx = like(x);
+  check_same_shape(x, dy, "silu backward");
+  cpu::silu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+  return dx;
+}
+
+// ---- embedding and positions -----------------------------------------------------------
+Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
+  Tensor table = f32(table_in, "embedding");
+  REDCO_CHECK(table.rank() == 2, "embedding: the table must be [vocab, dim], got {}",
+              table.shape());
+  Tensor out = Tensor::empty(ids.shape().append(table.dim(1)));
+  cpu::embedding_forward(table.data<float>(), ids_of(ids, "embedding"), out.data<float>(),
+                         ids.numel(), table.dim(0), table.dim(1));
+  return out;
+}
+Tensor CpuBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab) {
+  Tensor dout = f32(dout_in, "embedding backward");
+  const int64_t dim = dout.shape().last();
+  REDCO_CHECK(dout.numel() == ids.numel() * dim,
+              "embedding backward: gradient {} does not match ids {} x dim {}", dout.shape(),
+              ids.shape(), dim);
+  Tensor dtable = Tensor::zeros({vocab, dim});
+  cpu::embedding_backward(dout.data<float>(), ids_of(ids, "embedding"), dtable.data<float>(),
+                          ids.numel(), vocab, dim);
+  return dtable;
+}
+Tensor CpuBackend::rotary(const Tensor& x_in, int64_t pos_offset, float base, bool inverse) {
+  Tensor x = f32(x_in, "rotary"), y = like(x);
+  REDCO_CHECK(x.rank() == 4 && x.dim(3) % 2 == 0,
+              "rotary: expected x [batch, heads, seq, head_dim] with an even head_dim, got {}",
+              x.shape());
+  cpu::rotary_apply(x.data<float>(), y.data<float>(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
+                    pos_offset, base, inverse);
+  return y;
+}
+
+// ---- attention ------------------------------------------------------------------------
+namespace {
+cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal, float scale) {
+  REDCO_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape() == v.shape() && q.dim(0) == k.dim(0) &&
+                  q.dim(3) == k.dim(3) && k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0,
+              "attention: expected q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D] with Hq a multiple "
+              "of Hkv; got q {}, k {}, v {}",
+              q.shape(), k.shape(), v.shape());
+  REDCO_CHECK(!causal || q.dim(2) <= k.dim(2),
+              "attention: causal attention needs Tq <= Tk (queries are the last Tq positions); "
+              "got q {}, k {}",
+              q.shape(), k.shape());
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal};
+}
+}  // namespace
+
+Tensor CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                             bool causal, float scale, Tensor& lse) {
+  Tensor q = f32(q_in, "attention"), k = f32(k_in, "attention"), v = f32(v_in, "attention");
+  const auto s = attention_shape(q, k, v, causal, scale);
+  Tensor o = like(q);
+  lse = Tensor::empty({s.B, s.Hq, s.Tq});
+  cpu::flash_attention_forward(s, q.data<float>(), k.data<float>(), v.data<float>(),
+                               o.data<float>(), lse.data<float>());
+  return o;
+}
+TensorList CpuBackend::attention_backward(const Tensor& q_in, const Tensor& k_in,
+                                          const Tensor& v_in, const Tensor& o, const Tensor& lse,
+                                          const Tensor& dout_in, bool causal, float scale) {
+  Tensor q = f32(q_in, "attention"), k = f32(k_in, "attention"), v = f32(v_in, "attention");
+  Tensor dout = f32(dout_in, "attention backward");
+  const auto s = attention_shape(q, k, v, causal, scale);
+  check_same_shape(o, dout, "attention backward");
+  Tensor dq = like(q), dk = like(k), dv = like(v);
+  cpu::flash_attention_backward(s, q.data<float>(), k.data<float>(), v.data<float>(),
+                                o.data<float>(), lse.data<float>(), dout.data<float>(),
+                                dq.data<float>(), dk.data<float>(), dv.data<float>());
+  return {dq, dk, dv};
+}
+
+// ---- convolution and pooling --------------------------------------------------------------
+namespace {
+cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, int64_t stride,
+                                  int64_t pad) {
+  REDCO_CHECK(x.rank() == 4 && w.rank() == 4 && x.dim(1) == w.dim(1),
+              "conv2d: expected x [N, C, H, W] and w [O, C, KH, KW] with matching C; got x {}, "
+              "w {}",
+              x.shape(), w.shape());
+  cpu::Conv2dGeometry g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3),
+                        stride, pad};
+  REDCO_CHECK(stride > 0 && pad >= 0 && g.out_h() > 0 && g.out_w() > 0,
+              "conv2d: kernel {}x{} (stride {}, pad {}) does not fit the input {}", g.KH, g.KW,
+              stride, pad, x.shape());
+  return g;
+}
+Tensor cols_scratch(const cpu::Conv2dGeometry& g) {
+  return Tensor::empty({g.N, g.C * g.KH * g.KW, g.out_h() * g.out_w()});
+}
+cpu::Pool2dGeometry pool_geometry(const Shape& x, int64_t k, int64_t stride, const char* op) {
+  REDCO_CHECK(x.rank() == 4 && k > 0 && stride > 0 && x[2] >= k && x[3] >= k,
+              "{}: expected x [N, C, H, W] at least {}x{} (stride {}), got {}", op, k, k, stride,
+              x);
+  return {x[0], x[1], x[2], x[3], k, stride};
+}
+}  // namespace
+
+Tensor CpuBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
+                          int64_t stride, int64_t pad) {
+  Tensor x = f32(x_in, "conv2d"), w = f32(w_in, "conv2d");
+  const auto g = conv_geometry(x, w, stride, pad);
+  Tensor bias;
+  if (bias_in.defined()) {
+    bias = f32(bias_in, "conv2d");
+    REDCO_CHECK(bias.shape() == Shape{g.O}, "conv2d: bias {} must be [{}] for weight {}",
+                bias.shape(), g.O, w.shape());
+  }
+  Tensor y = Tensor::empty({g.N, g.O, g.out_h(), g.out_w()}), cols = cols_scratch(g);
+  cpu::conv2d_forward(x.data<float>(), w.data<float>(),
+                      bias.defined() ? bias.data<float>() : nullptr, y.data<float>(),
+                      cols.data<float>(), g);
+  return y;
+}
+TensorList CpuBackend::conv2d_backward(const Tensor& dy_in, const Tensor& x_in,
+                                       const Tensor& w_in, bool has_bias, int64_t stride,
+                                       int64_t pad) {
+  Tensor x = f32(x_in, "conv2d"), w = f32(w_in, "conv2d"), dy = f32(dy_in, "conv2d backward");
+  const auto g = conv_geometry(x, w, stride, pad);
+  REDCO_CHECK(dy.shape() == (Shape{g.N, g.O, g.out_h(), g.out_w()}),
+              "conv2d backward: gradient {} does not match the output shape", dy.shape());
+  Tensor dx = like(x), dw = like(w), dbias = has_bias ? Tensor::empty({g.O}) : Tensor();
+  Tensor cols = cols_scratch(g);
+  cpu::conv2d_backward(dy.data<float>(), x.data<float>(), w.data<float>(), dx.data<float>(),
+                       dw.data<float>(), has_bias ? dbias.data<float>() : nullptr,
+                       cols.data<float>(), g);
+  return {dx, dw, dbias};
+}
+Tensor CpuBackend::max_pool2d(const Tensor& x_in, int64_t k, int64_t stride, Tensor& argmax) {
+  Tensor x = f32(x_in, "max_pool2d");
+  const auto g = pool_geometry(x.shape(), k, stride, "max_pool2d");
+  Tensor y = Tensor::empty({g.N, g.C, g.out_h(), g.out_w()});
+  argmax = Tensor::empty(y.shape(), DType::i32);
+  cpu::max_pool2d_forward(x.data<float>(), y.data<float>(), argmax.data<int32_t>(), g);
+  return y;
+}
+Tensor CpuBackend::max_pool2d_backward(const Tensor& dy_in, const Tensor& argmax,
+                                       const Shape& x, int64_t k, int64_t stride) {
+  Tensor dy = f32(dy_in, "max_pool2d backward"), dx = Tensor::empty(x);
+  check_same_shape(dy, argmax, "max_pool2d backward");
+  const auto g = pool_geometry(x, k, stride, "max_pool2d backward");
+  cpu::max_pool2d_backward(dy.data<float>(), argmax.data<int32_t>(), dx.data<float>(), g);
+  return dx;
+}
+Tensor CpuBackend::max_pool2d_gather(const Tensor& dx_in, const Tensor& argmax) {
+  Tensor dx = f32(dx_in, "max_pool2d gather"), out = Tensor::empty(argmax.shape());
+  REDCO_CHECK(dx.rank() == 4 && argmax.rank() == 4 && dx.dim(0) == argmax.dim(0) &&
+                  dx.dim(1) == argmax.dim(1),
+              "max_pool2d gather: input {} does not match the pooled indices {}", dx.shape(),
+              argmax.shape());
+  const int64_t planes = dx.dim(0) * dx.dim(1), hw = dx.dim(2) * dx.dim(3);
+  const int64_t ohw = argmax.dim(2) * argmax.dim(3);
+  const float* src = dx.data<float>();
+  const int32_t* idx = argmax.data<int32_t>();
+  float* o = out.data<float>();
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < ohw; ++i) o[p * ohw + i] = src[p * hw + idx[p * ohw + i]];
+  return out;
+}
+Tensor CpuBackend::avg_pool2d(const Tensor& x_in, int64_t k, int64_t stride) {
+  Tensor x = f32(x_in, "avg_pool2d");
+  const auto g = pool_geometry(x.shape(), k, stride, "avg_pool2d");
+  Tensor y = Tensor::empty({g.N, g.C, g.out_h(), g.out_w()});
+  cpu::avg_pool2d_forward(x.data<float>(), y.data<float>(), g);
+  return y;
+}
+Tensor CpuBackend::avg_pool2d_backward(const Tensor& dy_in, const Shape& x, int64_t k,
+                                       int64_t stride) {
+  Tensor dy = f32(dy_in, "avg_pool2d backward"), dx = Tensor::empty(x);
+  const auto g = pool_geometry(x, k, stride, "avg_pool2d backward");
+  REDCO_CHECK(dy.shape() == (Shape{g.N, g.C, g.out_h(), g.out_w()}),
+              "avg_pool2d backward: gradient {} does not match the pooled shape of {}",
+              dy.shape(), x);
+  cpu::avg_pool2d_backward(dy.data<float>(), dx.data<float>(), g);
+  return dx;
+}
+
+// ---- dropout ------------------------------------------------------------------------------
+Tensor CpuBackend::dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) {
+  REDCO_CHECK(p >= 0.f && p < 1.f, "dropout: probability must be in [0, 1), got {}", p);
+  const int64_t n = shape.numel();
+  Tensor keep = Tensor::empty(shape, DType::u8), mask = Tensor::empty(shape);
+  // philox_bernoulli marks element i with probability `1 - p` of being kept.
+  philox_bernoulli(keep.data<uint8_t>(), n, seed, stream, 0, 1.f - p);
+  const uint8_t* k = keep.data<uint8_t>();
+  float* m = mask.data<float>();
+  const float scale = 1.f / (1.f - p);
+  for (int64_t i = 0; i < n; ++i) m[i] = k[i] ? scale : 0.f;
+  return mask;
+}
+
+}  // namespace redco

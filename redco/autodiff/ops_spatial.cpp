@@ -1,0 +1,179 @@
+// Differentiable ops over positions and pixels: embedding, rotary positions,
+// attention, convolution and pooling. The linear ones (embedding's scatter,
+// rotary, pooling backward) form closed families: the gradient of each
+// backward op is the forward op again, so any order of derivative works.
+#include <cmath>
+
+#include "redco/autodiff/recording.hpp"
+#include "redco/ops/backend.hpp"
+
+namespace redco {
+using detail::building_higher_order;
+using detail::reference_vjp;
+
+// ---- embedding: gather forward, scatter-add backward -------------------------------------
+namespace {
+Tensor embedding_scatter(const Tensor& dout, const Tensor& ids, int64_t vocab) {
+  return record("embedding_scatter", {dout}, kernels::embedding_backward(dout, ids, vocab),
+                [ids](const Node&, const TensorList& g) {
+                  return TensorList{embedding(g[0], ids)};
+                });
+}
+}  // namespace
+
+Tensor embedding(const Tensor& table, const Tensor& ids) {
+  return record("embedding", {table}, kernels::embedding(table, ids),
+                [ids, vocab = table.dim(0)](const Node&, const TensorList& g) {
+                  return TensorList{embedding_scatter(g[0], ids, vocab)};
+                });
+}
+
+// ---- rotary: a rotation, so its adjoint is the inverse rotation ------------------------------
+namespace {
+Tensor rotate(const Tensor& x, int64_t pos_offset, float base, bool inverse) {
+  return record("rotary", {x}, kernels::rotary(x, pos_offset, base, inverse),
+                [pos_offset, base, inverse](const Node&, const TensorList& g) {
+                  return TensorList{rotate(g[0], pos_offset, base, !inverse)};
+                });
+}
+}  // namespace
+
+Tensor rotary(const Tensor& x, int64_t pos_offset, float base) {
+  return rotate(x, pos_offset, base, false);
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+namespace {
+float attention_scale(const Tensor& q, float scale) {
+  return scale < 0.f ? 1.f / std::sqrt(float(q.shape().last())) : scale;
+}
+}  // namespace
+
+Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                           float scale) {
+  REDCO_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape() == v.shape() && k.dim(1) > 0 &&
+                  q.dim(1) % k.dim(1) == 0,
+              "attention: expected q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D]; got q {}, k {}, v {}",
+              q.shape(), k.shape(), v.shape());
+  const int64_t B = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), Tq = q.dim(2), Tk = k.dim(2);
+  auto repeat_heads = [&](const Tensor& t) {  // [B, Hkv, Tk, D] -> [B, Hq, Tk, D]
+    if (Hq == Hkv) return t;
+    const int64_t D = t.dim(3);
+    Tensor r = broadcast_to(reshape(t, {B, Hkv, 1, Tk, D}), {B, Hkv, Hq / Hkv, Tk, D});
+    return reshape(r, {B, Hq, Tk, D});
+  };
+  Tensor scores = matmul(q, repeat_heads(k), false, true) * attention_scale(q, scale);  // [B,Hq,Tq,Tk]
+  if (causal) {
+    // Query i sits at position i + (Tk - Tq) and sees keys up to there.
+    Tensor mask = Tensor::zeros({Tq, Tk});
+    float* m = mask.data<float>();
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = i + (Tk - Tq) + 1; j < Tk; ++j) m[i * Tk + j] = -1e30f;
+    scores = scores + mask;
+  }
+  return matmul(softmax(scores), repeat_heads(v));
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale_in) {
+  const float scale = attention_scale(q, scale_in);
+  auto lse = std::make_shared<Tensor>();
+  Tensor o = kernels::attention(q, k, v, causal, scale, *lse);
+  auto saved_o = std::make_shared<Tensor>(o.detach());
+  return record("attention", {q, k, v}, o,
+                [q, k, v, causal, scale, lse, saved_o](const Node& self, const TensorList& g) {
+                  if (building_higher_order())
+                    return reference_vjp(self, {q, k, v}, g[0], [&](const TensorList& in) {
+                      return attention_reference(in[0], in[1], in[2], causal, scale);
+                    });
+                  return kernels::attention_backward(q, k, v, *saved_o, *lse, g[0], causal,
+                                                     scale);
+                });
+}
+
+// ---- convolution ----------------------------------------------------------------------------
+// conv2d is bilinear in (x, w); its two backward products are bilinear too,
+// and each one's gradients are the other two products:
+//   dx = conv_input_grad(dy, w)      dw = conv_weight_grad(x, dy)
+namespace {
+struct ConvArgs {
+  int64_t stride, pad;
+};
+Tensor conv_input_grad(const Tensor& dy, const Tensor& w, const Shape& x_shape, ConvArgs a);
+Tensor conv_weight_grad(const Tensor& x, const Tensor& dy, const Shape& w_shape, ConvArgs a);
+
+Tensor conv_input_grad(const Tensor& dy, const Tensor& w, const Shape& x_shape, ConvArgs a) {
+  // The kernel computes dx and dw together; with x = 0 only dx is wanted.
+  Tensor dx = kernels::conv2d_backward(dy, Tensor::zeros(x_shape), w, false, a.stride, a.pad)[0];
+  return record("conv2d_input_grad", {dy, w}, dx,
+                [dy, w, a](const Node& self, const TensorList& g) {
+                  return TensorList{
+                      self.needs_grad(0) ? conv2d(g[0], w, {}, a.stride, a.pad) : Tensor(),
+                      self.needs_grad(1) ? conv_weight_grad(g[0], dy, w.shape(), a) : Tensor()};
+                });
+}
+
+Tensor conv_weight_grad(const Tensor& x, const Tensor& dy, const Shape& w_shape, ConvArgs a) {
+  Tensor dw = kernels::conv2d_backward(dy, x, Tensor::zeros(w_shape), false, a.stride, a.pad)[1];
+  return record("conv2d_weight_grad", {x, dy}, dw,
+                [x, dy, a](const Node& self, const TensorList& g) {
+                  return TensorList{
+                      self.needs_grad(0) ? conv_input_grad(dy, g[0], x.shape(), a) : Tensor(),
+                      self.needs_grad(1) ? conv2d(x, g[0], {}, a.stride, a.pad) : Tensor()};
+                });
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t pad) {
+  Tensor y = kernels::conv2d(x, w, bias, stride, pad);
+  return record("conv2d", {x, w, bias}, y,
+                [x, w, has_bias = bias.defined(), stride, pad](const Node& self,
+                                                               const TensorList& g) {
+                  if (!building_higher_order())
+                    return kernels::conv2d_backward(g[0], x, w, has_bias, stride, pad);
+                  const ConvArgs a{stride, pad};
+                  return TensorList{
+                      self.needs_grad(0) ? conv_input_grad(g[0], w, x.shape(), a) : Tensor(),
+                      self.needs_grad(1) ? conv_weight_grad(x, g[0], w.shape(), a) : Tensor(),
+                      has_bias ? sum(g[0], {0, 2, 3}) : Tensor()};
+                });
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+namespace {
+// Routes dy to the argmax positions (the max-pool gradient); its adjoint reads
+// dx back at those positions.
+Tensor max_pool_scatter(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, int64_t k,
+                        int64_t stride) {
+  return record("max_pool2d_scatter", {dy},
+                kernels::max_pool2d_backward(dy, argmax, x_shape, k, stride),
+                [argmax](const Node&, const TensorList& g) {
+                  return TensorList{kernels::max_pool2d_gather(g[0], argmax)};
+                });
+}
+Tensor avg_pool_spread(const Tensor& dy, const Shape& x_shape, int64_t k, int64_t stride) {
+  return record("avg_pool2d_spread", {dy}, kernels::avg_pool2d_backward(dy, x_shape, k, stride),
+                [k, stride](const Node&, const TensorList& g) {
+                  return TensorList{avg_pool2d(g[0], k, stride)};
+                });
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, int64_t k, int64_t stride) {
+  if (stride < 0) stride = k;
+  auto argmax = std::make_shared<Tensor>();
+  Tensor y = kernels::max_pool2d(x, k, stride, *argmax);
+  return record("max_pool2d", {x}, y,
+                [argmax, xs = x.shape(), k, stride](const Node&, const TensorList& g) {
+                  return TensorList{max_pool_scatter(g[0], *argmax, xs, k, stride)};
+                });
+}
+
+Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) {
+  if (stride < 0) stride = k;
+  return record("avg_pool2d", {x}, kernels::avg_pool2d(x, k, stride),
+                [xs = x.shape(), k, stride](const Node&, const TensorList& g) {
+                  return TensorList{avg_pool_spread(g[0], xs, k, stride)};
+                });
+}
+
+}  // namespace redco

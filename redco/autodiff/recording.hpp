@@ -1,0 +1,42 @@
+#pragma once
+// Helpers shared by the differentiable ops in ops_*.cpp (internal header).
+#include <functional>
+#include <memory>
+
+#include "redco/autodiff/functional.hpp"
+#include "redco/autodiff/node.hpp"
+
+namespace redco::detail {
+
+// Records an op whose backward rule needs the op's own output y. The output
+// is handed to the rule through a SavedOutput (a plain capture would make the
+// output own the node that owns the output: a reference cycle).
+// rule: TensorList(const Node& self, const Tensor& y, const TensorList& grads)
+template <typename Rule>
+Tensor record_with_output(const char* name, const TensorList& inputs, Tensor out, Rule rule) {
+  if (!needs_graph(inputs)) return out;
+  auto saved = std::make_shared<SavedOutput>();
+  out = record(name, inputs, std::move(out),
+               [saved, rule = std::move(rule)](const Node& self, const TensorList& g) {
+                 return rule(self, saved->get(), g);
+               });
+  *saved = SavedOutput(out);
+  return out;
+}
+
+// Under create_graph, a fused op's gradient is taken through `reference`, an
+// equivalent composition of primitive ops applied to the op's (graph-connected)
+// inputs; the result is itself differentiable to any order.
+// Returns one gradient per input (undefined where self.needs_grad(i) is false).
+TensorList reference_vjp(const Node& self, const TensorList& inputs, const Tensor& grad_out,
+                         const std::function<Tensor(const TensorList&)>& reference);
+
+// True while a backward rule runs with create_graph (grad mode is then on).
+inline bool building_higher_order() { return GradMode::enabled(); }
+
+// Sums a broadcast gradient back to `shape` (a no-op when they already match).
+inline Tensor unbroadcast(const Tensor& g, const Shape& shape) {
+  return g.shape() == shape ? g : sum_to(g, shape);
+}
+
+}  // namespace redco::detail

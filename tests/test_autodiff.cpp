@@ -3,6 +3,7 @@
 // step) checked against finite differences.
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
+#include "redco/core/allocator.hpp"
 
 using namespace redco;
 using redco::test::randn;
@@ -182,4 +183,24 @@ TEST_CASE("a MAML step differentiates through the inner update", "[autodiff]") {
     for (size_t j = 0; j < a.size(); ++j) diff_from_first_order += std::abs(a[j] - b[j]);
   }
   CHECK(diff_from_first_order > 1e-3);
+}
+
+TEST_CASE("a training step allocates nothing new after the first", "[autodiff][memory]") {
+  ParamTree params = mlp_params();
+  params.emplace("fc0.weight", randn({4, 300}, 18, 0.05f));  // a block over 1 MiB of activations
+  Tensor x = randn({512, 300}, 19), y = randn({512, 3}, 20);
+  auto step = [&] {
+    auto [loss, grads] = value_and_grad(
+        [&](const ParamTree& p) { return mlp_loss(p, linear(x, p.at("fc0.weight")), y); }, params);
+    NoGradGuard off;
+    for (auto& [name, p] : params) p.copy_from(p - grads.at(name) * 0.1f);
+    return loss.item();
+  };
+  const float first = step();
+  step();
+  const size_t allocs = CachingAllocator::cpu().stats().system_allocs;
+  float last = 0;
+  for (int i = 0; i < 5; ++i) last = step();
+  CHECK(CachingAllocator::cpu().stats().system_allocs == allocs);
+  CHECK(last < first);
 }

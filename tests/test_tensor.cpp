@@ -1,1 +1,220 @@
+// Tensor basics: dtype conversions, views and copies, error messages, Philox
+// reproducibility, and the caching allocator's steady state.
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "redco/core/allocator.hpp"
+#include "redco/core/philox.hpp"
+#include "redco/core/tensor.hpp"
+
+namespace redco {
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// x converted to `t` and back to f32.
+std::vector<float> round_trip(const std::vector<float>& x, DType t) {
+  return Tensor::from<float>(x, {int64_t(x.size())}).to(t).to(DType::f32).to_vector();
+}
+
+TEST_CASE("bf16 round trip is exact on representable values", "[tensor][dtype]") {
+  const std::vector<float> exact = {0.f,
+                                    -0.f,
+                                    1.f,
+                                    -2.5f,
+                                    0.15625f,
+                                    1.0078125f,              // 1 + 2^-7
+                                    from_bits(0x7f7f0000u),  // the largest finite bf16
+                                    from_bits(0x00010000u),  // a subnormal
+                                    std::numeric_limits<float>::infinity()};
+  std::vector<float> want;
+  for (float v : exact) want.push_back(bf16_to_float(float_to_bf16(v)));
+  CHECK(want == exact);  // the values above are all representable
+  CHECK(round_trip(exact, DType::bf16) == exact);
+}
+
+TEST_CASE("bf16 rounds to nearest, ties to even", "[tensor][dtype]") {
+  const float ulp = std::ldexp(1.f, -7);  // spacing of bf16 in [1, 2)
+  const std::vector<float> in = {
+      1.f + ulp / 2,             // tie, 1.0 has the even mantissa -> 1
+      1.f + 3 * ulp / 2,         // tie between 1+ulp and 1+2ulp -> 1+2ulp (even)
+      1.f + ulp / 2 + ulp / 64,  // just above the tie -> up
+      1.f + ulp / 2 - ulp / 64,  // just below -> down
+      -(1.f + 3 * ulp / 2)};     // sign-symmetric
+  const std::vector<float> want = {1.f, 1.f + 2 * ulp, 1.f + ulp, 1.f, -(1.f + 2 * ulp)};
+  CHECK(round_trip(in, DType::bf16) == want);
+  CHECK(std::isnan(round_trip({std::nanf("")}, DType::bf16)[0]));
+}
+
+TEST_CASE("f16 round trip: exact values, ties to even, subnormals, overflow", "[tensor][dtype]") {
+  const float min_sub = std::ldexp(1.f, -24), min_norm = std::ldexp(1.f, -14);
+  const std::vector<float> exact = {0.f,      1.f,     -2.5f,       65504.f,
+                                    min_norm, min_sub, 3 * min_sub, 0.099975586f /* 0x2E66 */};
+  CHECK(round_trip(exact, DType::f16) == exact);
+
+  const float ulp = std::ldexp(1.f, -10);  // spacing of f16 in [1, 2)
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> in = {1.f + ulp / 2,      // tie -> 1 (even)
+                                 1.f + 3 * ulp / 2,  // tie -> 1 + 2ulp (even)
+                                 min_sub / 2,        // tie between 0 and min_sub -> 0 (even)
+                                 3 * min_sub / 4,    // above the tie -> min_sub
+                                 3 * min_sub / 2,    // tie between 1 and 2 min_sub -> 2 min_sub
+                                 65519.f,            // below the overflow threshold -> 65504
+                                 65520.f,            // the threshold rounds up to inf
+                                 -1e6f};
+  const std::vector<float> want = {1.f,         1.f + 2 * ulp, 0.f, min_sub,
+                                   2 * min_sub, 65504.f,       inf, -inf};
+  CHECK(round_trip(in, DType::f16) == want);
+  CHECK(std::isnan(round_trip({from_bits(0x7fc00001u)}, DType::f16)[0]));
+}
+
+TEST_CASE("integer dtypes convert through float", "[tensor][dtype]") {
+  const Tensor i = Tensor::from<int64_t>(std::vector<int64_t>{-3, 0, 7, 1 << 20}, {4});
+  CHECK(i.to(DType::f32).to_vector() == std::vector<float>{-3, 0, 7, 1 << 20});
+  CHECK(i.to(DType::i32).values<int32_t>() == std::vector<int32_t>{-3, 0, 7, 1 << 20});
+  const Tensor f = Tensor::from({0.f, 1.f, 200.f, 255.f}, {4});
+  CHECK(f.to(DType::u8).values<uint8_t>() == std::vector<uint8_t>{0, 1, 200, 255});
+  CHECK(Tensor::arange(5, DType::i32).values<int32_t>() == std::vector<int32_t>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("views along leading dims share storage; clone does not", "[tensor][views]") {
+  Tensor x = Tensor::arange(12).view({4, 3});
+  Tensor rows = x.slice0(1, 3);
+  CHECK(rows.shape() == Shape{2, 3});
+  CHECK(rows.shares_storage_with(x));
+  CHECK(rows.to_vector() == std::vector<float>{3, 4, 5, 6, 7, 8});
+  rows.fill(-1.f);  // writes through to x
+  CHECK(x.to_vector() == std::vector<float>{0, 1, 2, -1, -1, -1, -1, -1, -1, 9, 10, 11});
+
+  Tensor last = x[3];
+  CHECK(last.shape() == Shape{3});
+  last.data<float>()[0] = 42.f;
+  CHECK(x.data<float>()[9] == 42.f);
+
+  Tensor flat = x.view({-1});
+  CHECK(flat.shape() == Shape{12});
+  CHECK(flat.shares_storage_with(x));
+  CHECK(x.view({2, -1}).shape() == Shape{2, 6});
+
+  Tensor copy = x.clone();
+  CHECK_FALSE(copy.shares_storage_with(x));
+  copy.fill(0.f);
+  CHECK(x.data<float>()[0] == 0.f);
+  CHECK(x.data<float>()[1] == 1.f);
+  CHECK(x.to(DType::f32).same(x));  // same dtype: no copy
+}
+
+TEST_CASE("shape errors name the shapes involved", "[tensor][errors]") {
+  const Tensor x = Tensor::zeros({2, 3});
+  std::string msg = error_of([&] { x.view({4}); });
+  CHECK_THAT(msg, Catch::Contains("[2, 3]") && Catch::Contains("[4]"));
+  msg = error_of([&] { x.view({-1, 4}); });
+  CHECK_THAT(msg, Catch::Contains("[2, 3]"));
+  msg = error_of([&] { check_same_shape(x, Tensor::zeros({3, 2}), "my_op"); });
+  CHECK_THAT(msg,
+             Catch::Contains("my_op") && Catch::Contains("[2, 3]") && Catch::Contains("[3, 2]"));
+  msg = error_of([&] { Tensor::zeros({2, 2}).copy_from(x); });
+  CHECK_THAT(msg, Catch::Contains("[2, 3]") && Catch::Contains("[2, 2]"));
+  msg = error_of([&] { x.slice0(1, 3); });
+  CHECK_THAT(msg, Catch::Contains("[2, 3]"));
+  msg = error_of([&] { x.data<int32_t>(); });
+  CHECK_THAT(msg, Catch::Contains("f32") && Catch::Contains("i32"));
+  msg = error_of([&] { Tensor::empty({-1, 3}); });
+  CHECK_THAT(msg, Catch::Contains("[-1, 3]"));
+  msg = error_of([&] { Tensor::from({1.f, 2.f}, {3}); });
+  CHECK_THAT(msg, Catch::Contains("[3]"));
+}
+
+TEST_CASE("Philox draws are reproducible and index-pure", "[tensor][random]") {
+  const Tensor a = Tensor::uniform({1000}, 123, 5, -2.f, 3.f);
+  const Tensor b = Tensor::uniform({1000}, 123, 5, -2.f, 3.f);
+  CHECK(a.to_vector() == b.to_vector());
+  CHECK(a.to_vector() != Tensor::uniform({1000}, 123, 6, -2.f, 3.f).to_vector());
+  CHECK(a.to_vector() != Tensor::uniform({1000}, 124, 5, -2.f, 3.f).to_vector());
+  for (float v : a.to_vector()) {
+    CHECK(v >= -2.f);
+    CHECK(v < 3.f);
+  }
+  // The shape does not matter, only the flat index.
+  CHECK(Tensor::uniform({10, 100}, 123, 5, -2.f, 3.f).to_vector() == a.to_vector());
+
+  // A shard owning flat range [offset, offset + n) draws exactly those values
+  // (offsets not a multiple of 4 start mid Philox block).
+  for (int64_t offset : {0, 3, 250, 517}) {
+    const int64_t n = 101;
+    std::vector<float> shard(static_cast<size_t>(n));
+    philox_uniform(shard.data(), n, 123, 5, offset, -2.f, 3.f);
+    CHECK(shard == a.slice0(offset, offset + n).to_vector());
+  }
+
+  const Tensor big = Tensor::normal({4000}, 9, 1, 0.5f, 2.f);
+  CHECK(big.to_vector() == Tensor::normal({4000}, 9, 1, 0.5f, 2.f).to_vector());
+  std::vector<float> part(100);
+  philox_normal(part.data(), 100, 9, 1, 1001, 0.5f, 2.f);
+  CHECK(part == big.slice0(1001, 1101).to_vector());
+  double mean = 0, sq = 0;
+  for (float v : big.to_vector()) mean += v, sq += double(v) * v;
+  mean /= 4000;
+  const double sd = std::sqrt(sq / 4000 - mean * mean);
+  CHECK(mean == Approx(0.5).margin(0.15));  // 4 standard errors
+  CHECK(sd == Approx(2.0).margin(0.12));
+}
+
+// One "training step": activations of several sizes (some >= 1 MiB, served
+// by mmap) are allocated, some are freed early, some live to the end.
+void fake_step() {
+  std::vector<Tensor> keep;
+  for (int layer = 0; layer < 3; ++layer) {
+    Tensor act = Tensor::empty({512, 1024});     // 2 MiB
+    Tensor tmp = Tensor::zeros({300, 1000});     // ~1.2 MiB
+    Tensor small = Tensor::full({17, 33}, 1.f);  // small size class
+    Tensor ids = Tensor::empty({64}, DType::i64);
+    act.fill(float(layer));
+    keep.push_back(act);
+    keep.push_back(small.clone());
+    (void)tmp;
+    (void)ids;
+  }
+  keep.clear();
+}
+
+TEST_CASE("caching allocator: a repeated step allocates nothing new", "[tensor][allocator]") {
+  auto& alloc = CachingAllocator::cpu();
+  fake_step();  // warm-up fills the cache
+  const AllocatorStats before = alloc.stats();
+  for (int i = 0; i < 3; ++i) fake_step();
+  const AllocatorStats after = alloc.stats();
+  CHECK(after.system_allocs == before.system_allocs);
+  CHECK(after.cache_hits > before.cache_hits);
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+
+  for (size_t bytes :
+       {size_t(1), size_t(64), size_t(65), size_t(1000), size_t(1) << 20, (size_t(3) << 20) + 1}) {
+    const size_t cap = CachingAllocator::round_size(bytes);
+    CHECK(cap >= bytes);
+    if (bytes >= (size_t(1) << 20))
+      CHECK(cap % (size_t(2) << 20) == 0);  // huge pages
+    else
+      CHECK(cap <= std::max<size_t>(64, bytes + bytes / 4));  // <= 25% waste
+  }
+}
+
+}  // namespace
+}  // namespace redco

@@ -26,7 +26,8 @@ void Shape::assign(std::span<const int64_t> dims) {
               kMaxRank, dims.size());
   rank_ = int(dims.size());
   for (int i = 0; i < rank_; ++i) {
-    REDCO_CHECK(dims[i] >= 0, "negative dimension {} in a shape", dims[i]);
+    // -1 is allowed only as the dim that Tensor::view infers; empty() rejects it.
+    REDCO_CHECK(dims[i] >= -1, "negative dimension {} in a shape", dims[i]);
     dims_[i] = dims[i];
   }
 }
@@ -61,6 +62,9 @@ void Tensor::check_dtype(DType t) const {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   REDCO_CHECK(device.is_cpu(), "device {} has no allocator in this build (built without CUDA?)",
               device.str());
+  for (int64_t d : shape)
+    REDCO_CHECK(d >= 0, "cannot create a tensor of shape {}: -1 is only meaningful in view()",
+                shape);
   auto st = std::make_shared<Storage>();
   st->device = device;
   st->data = CachingAllocator::cpu().allocate(size_t(shape.numel()) * dtype_size(dtype),
@@ -123,6 +127,8 @@ Tensor Tensor::truncated_normal(const Shape& shape, uint64_t seed, uint64_t stre
 }
 
 Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner) {
+  for (int64_t d : shape)
+    REDCO_CHECK(d >= 0, "cannot borrow memory as shape {}: -1 is only meaningful in view()", shape);
   auto st = std::make_shared<Storage>();
   st->data = data;
   st->capacity = size_t(shape.numel()) * dtype_size(dtype);

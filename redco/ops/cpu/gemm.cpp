@@ -1,39 +1,261 @@
-// Interim correct GEMM on Eigen; replaced by the measured oneDNN path.
+// Single-precision GEMM on oneDNN, parallelised by oneTBB.
+//
+// Threading. Debian's oneDNN runs its kernels on OpenMP (libgomp), while the
+// rest of redco runs on oneTBB. Letting both pools loose on the same cores
+// oversubscribes them: a GEMM called from inside a TBB task (conv, attention)
+// would open one OpenMP team per calling worker, and after every OpenMP region
+// libgomp's threads keep spinning for a while, stealing the cores TBB is about
+// to use. So oneDNN is only ever called single-threaded (the calling thread's
+// OpenMP thread count is pinned to 1 around the call), and redco splits the
+// output into tiles that TBB schedules. The tile count follows the current
+// arena's max_concurrency(), so a user limiting TBB limits GEMM too, and
+// nested calls compose with the caller's parallel loops.
+//
+// Measured on the 2-core dev box (tools/bench/README.md): TBB tiles with
+// single-threaded oneDNN run the large transformer GEMMs as fast as oneDNN's
+// own 2-thread OpenMP path (within the run-to-run noise), so the composable
+// scheme costs nothing where the monolithic one would be at its best.
+//
+// Tiny products (a few hundred multiply-adds) cost more in oneDNN's dispatch
+// (~0.15-0.4 us) than in a plain loop, so they take an inline kernel.
 #include "redco/ops/cpu/gemm.hpp"
 
-#include <Eigen/Core>
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "redco/core/error.hpp"
 
 namespace redco::cpu {
 namespace {
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using CMap = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
-using Map = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
-}  // namespace
 
-void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  CMap a(A, ta ? K : M, ta ? M : K, Eigen::OuterStride<>(lda));
-  CMap b(B, tb ? N : K, tb ? K : N, Eigen::OuterStride<>(ldb));
-  Map c(C, M, N, Eigen::OuterStride<>(ldc));
-  if (beta == 0.f)
-    c.setZero();
-  else if (beta != 1.f)
-    c *= beta;
-  if (!ta && !tb)
-    c.noalias() += alpha * a * b;
-  else if (ta && !tb)
-    c.noalias() += alpha * a.transpose() * b;
-  else if (!ta && tb)
-    c.noalias() += alpha * a * b.transpose();
-  else
-    c.noalias() += alpha * a.transpose() * b.transpose();
+// At or below this many multiply-adds the inline loop beats oneDNN's call
+// overhead (crossover measured at ~8x8x8 for every transpose combination).
+constexpr int64_t kTinyMacs = 512;
+
+// A TBB tile should carry at least this many multiply-adds (~10 us of one
+// core), so the task and per-tile packing overheads stay small.
+constexpr int64_t kMinTileMacs = int64_t{1} << 19;
+
+// Tile edges are rounded to this many rows/columns: the micro-kernels work on
+// 8- and 16-wide panels, and 16 floats keep column tiles cache-line aligned.
+constexpr int64_t kTileAlign = 16;
+
+struct Problem {
+  bool ta, tb;
+  int64_t M, N, K;
+  float alpha;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+};
+
+// oneDNN takes its thread count from the caller's OpenMP ICV. The OpenMP
+// entry points are looked up at run time rather than linked: libgomp comes in
+// as oneDNN's own dependency, and a oneDNN built on another runtime (TBB,
+// sequential) has none, in which case there is nothing to pin.
+class OmpPin {
+ public:
+  OmpPin() {
+    static const Api api = load();
+    api_ = &api;
+    if (api_->set == nullptr) return;
+    saved_ = api_->get();
+    if (saved_ != 1) api_->set(1);
+  }
+  ~OmpPin() {
+    if (api_->set != nullptr && saved_ != 1) api_->set(saved_);
+  }
+  OmpPin(const OmpPin&) = delete;
+  OmpPin& operator=(const OmpPin&) = delete;
+
+ private:
+  struct Api {
+    void (*set)(int) = nullptr;
+    int (*get)() = nullptr;
+  };
+  static Api load() {
+    Api a;
+    a.set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    a.get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    if (a.set == nullptr || a.get == nullptr) a = Api{};
+    return a;
+  }
+  const Api* api_ = nullptr;
+  int saved_ = 1;
+};
+
+// C = beta * C, where beta == 0 overwrites (C may hold NaN).
+void scale_c(const Problem& p) {
+  for (int64_t i = 0; i < p.M; ++i) {
+    float* c = p.C + i * p.ldc;
+    if (p.beta == 0.f)
+      std::fill(c, c + p.N, 0.f);
+    else if (p.beta != 1.f)
+      for (int64_t j = 0; j < p.N; ++j) c[j] *= p.beta;
+  }
 }
 
-void sgemm_batched(int64_t batch, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                   const float* A, int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb,
-                   float beta, float* C, int64_t ldc, int64_t sc) {
-  for (int64_t i = 0; i < batch; ++i)
-    sgemm(ta, tb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
+// Plain loops for tiny products. Without trans_b the inner loop is an axpy
+// over a contiguous row of B; with trans_b it is a dot product over K.
+void tiny_gemm(const Problem& p) {
+  scale_c(p);
+  const int64_t a_row = p.ta ? 1 : p.lda, a_col = p.ta ? p.lda : 1;
+  for (int64_t i = 0; i < p.M; ++i) {
+    const float* a = p.A + i * a_row;
+    float* c = p.C + i * p.ldc;
+    if (!p.tb) {
+      for (int64_t k = 0; k < p.K; ++k) {
+        const float s = p.alpha * a[k * a_col];
+        const float* b = p.B + k * p.ldb;
+        for (int64_t j = 0; j < p.N; ++j) c[j] += s * b[j];
+      }
+    } else {
+      for (int64_t j = 0; j < p.N; ++j) {
+        const float* b = p.B + j * p.ldb;
+        float s = 0.f;
+        for (int64_t k = 0; k < p.K; ++k) s += a[k * a_col] * b[k];
+        c[j] += p.alpha * s;
+      }
+    }
+  }
+}
+
+// One product on the calling thread only.
+void serial_gemm(const Problem& p) {
+  if (p.M == 0 || p.N == 0) return;
+  if (p.K == 0 || p.alpha == 0.f) return scale_c(p);  // BLAS: A and B are not read
+  if (p.M * p.N * p.K <= kTinyMacs) return tiny_gemm(p);
+  OmpPin pin;
+  const dnnl_status_t st = dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.M, p.N, p.K, p.alpha,
+                                      p.A, p.lda, p.B, p.ldb, p.beta, p.C, p.ldc);
+  REDCO_CHECK(st == dnnl_success, "sgemm: oneDNN dnnl_sgemm failed (status {}) for M={} N={} K={}",
+              static_cast<int>(st), p.M, p.N, p.K);
+}
+
+// How the output of one product is cut: tm row tiles times tn column tiles.
+struct Grid {
+  int64_t tm = 1, tn = 1;
+  int64_t tiles() const { return tm * tn; }
+};
+
+// Uses at most `budget` tiles, each at least kMinTileMacs and kTileAlign wide;
+// among the grids with the most tiles, the one with the squarest tiles wins,
+// because each tile packs its own rows of op(A) and columns of op(B).
+Grid choose_grid(int64_t M, int64_t N, int64_t K, int64_t budget) {
+  const int64_t macs = M * N * K;
+  budget = std::clamp<int64_t>(std::min(budget, macs / kMinTileMacs), 1, budget);
+  const int64_t max_tm = std::max<int64_t>(1, M / kTileAlign);
+  const int64_t max_tn = std::max<int64_t>(1, N / kTileAlign);
+  Grid best;
+  double best_edge = static_cast<double>(M + N);
+  for (int64_t tm = 1; tm <= std::min(budget, max_tm); ++tm) {
+    const int64_t tn = std::min(budget / tm, max_tn);
+    const double edge = static_cast<double>(M) / tm + static_cast<double>(N) / tn;
+    if (tm * tn > best.tiles() || (tm * tn == best.tiles() && edge < best_edge)) {
+      best = Grid{tm, tn};
+      best_edge = edge;
+    }
+  }
+  return best;
+}
+
+// Boundary i of `parts` near-equal pieces of [0, n), rounded to kTileAlign.
+int64_t cut(int64_t n, int64_t parts, int64_t i) {
+  if (i >= parts) return n;
+  const int64_t x = n * i / parts;
+  return std::min(n, (x + kTileAlign / 2) / kTileAlign * kTileAlign);
+}
+
+// The sub-product that writes rows [m0, m1) and columns [n0, n1) of C.
+Problem tile(const Problem& p, const Grid& g, int64_t index) {
+  const int64_t im = index / g.tn, in = index % g.tn;
+  const int64_t m0 = cut(p.M, g.tm, im), m1 = cut(p.M, g.tm, im + 1);
+  const int64_t n0 = cut(p.N, g.tn, in), n1 = cut(p.N, g.tn, in + 1);
+  Problem t = p;
+  t.M = m1 - m0;
+  t.N = n1 - n0;
+  t.A = p.A + (p.ta ? m0 : m0 * p.lda);
+  t.B = p.B + (p.tb ? n0 * p.ldb : n0);
+  t.C = p.C + m0 * p.ldc + n0;
+  return t;
+}
+
+void check_problem(const Problem& p) {
+  REDCO_CHECK(p.M >= 0 && p.N >= 0 && p.K >= 0, "sgemm: negative size M={} N={} K={}", p.M, p.N,
+              p.K);
+  const int64_t a_cols = p.ta ? p.M : p.K, b_cols = p.tb ? p.K : p.N;
+  REDCO_CHECK(p.lda >= std::max<int64_t>(1, a_cols),
+              "sgemm: lda={} is smaller than the {} columns of A (trans_a={})", p.lda, a_cols,
+              p.ta);
+  REDCO_CHECK(p.ldb >= std::max<int64_t>(1, b_cols),
+              "sgemm: ldb={} is smaller than the {} columns of B (trans_b={})", p.ldb, b_cols,
+              p.tb);
+  REDCO_CHECK(p.ldc >= std::max<int64_t>(1, p.N), "sgemm: ldc={} is smaller than N={}", p.ldc, p.N);
+  const bool empty = p.M == 0 || p.N == 0;
+  REDCO_CHECK(empty || p.C != nullptr, "sgemm: C is null for a {}x{} output", p.M, p.N);
+  REDCO_CHECK(empty || p.K == 0 || p.alpha == 0.f || (p.A != nullptr && p.B != nullptr),
+              "sgemm: A or B is null for M={} N={} K={}", p.M, p.N, p.K);
+}
+
+// Tiles per batch entry such that batch * tiles splits evenly over the
+// threads (3 entries on 2 threads: 6 tiles, not 3 entries with one thread
+// idle for a third of the time). Large batches balance on their own.
+int64_t tiles_per_entry(int64_t batch, int64_t concurrency) {
+  if (batch >= 4 * concurrency) return 1;
+  return concurrency / std::gcd(batch, concurrency);
+}
+
+}  // namespace
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  sgemm_batched(1, trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
+}
+
+// Every (batch entry, tile) pair is one unit of work. Small entries are
+// grouped by the grain so that a TBB task still carries kMinTileMacs.
+void sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const float* A, int64_t lda, int64_t stride_a, const float* B,
+                   int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                   int64_t stride_c) {
+  const Problem p{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  REDCO_CHECK(batch >= 0, "sgemm_batched: negative batch {}", batch);
+  check_problem(p);
+  REDCO_CHECK(batch <= 1 || stride_c != 0 || M == 0 || N == 0,
+              "sgemm_batched: stride_c = 0 would make {} products write the same C", batch);
+  if (batch == 0 || M == 0 || N == 0) return;
+
+  const int64_t concurrency = tbb::this_task_arena::max_concurrency();
+  const Grid grid = choose_grid(M, N, K, tiles_per_entry(batch, concurrency));
+  const int64_t units = batch * grid.tiles();
+  auto run_unit = [&](int64_t u) {
+    const int64_t b = u / grid.tiles();
+    Problem q = p;  // A and B may be null when they are not read (K == 0, alpha == 0)
+    if (q.A != nullptr) q.A += b * stride_a;
+    if (q.B != nullptr) q.B += b * stride_b;
+    q.C += b * stride_c;
+    serial_gemm(tile(q, grid, u % grid.tiles()));
+  };
+  const int64_t unit_macs = std::max<int64_t>(1, M * N * K / grid.tiles());
+  if (concurrency <= 1 || units * unit_macs < 2 * kMinTileMacs) {
+    for (int64_t u = 0; u < units; ++u) run_unit(u);
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kMinTileMacs / unit_macs);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, units, grain), [&](const auto& r) {
+    for (int64_t u = r.begin(); u < r.end(); ++u) run_unit(u);
+  });
 }
 
 }  // namespace redco::cpu

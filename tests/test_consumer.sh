@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# tests/test_consumer.sh <repo-root> <scratch-dir>
+# Builds tests/consumer, a project outside redco that pulls redco in as a Meson
+# subproject, and runs it. This catches a redco/meson.build that only works as
+# the top-level project (source-root paths, option names, override_dependency).
+# The scratch build is kept between runs so only changed redco sources rebuild.
+set -euo pipefail
+[ $# -eq 2 ] || { echo "usage: $0 <repo-root> <scratch-dir>" >&2; exit 2; }
+root=$(realpath "$1")
+scratch=$(realpath -m "$2")
+
+mkdir -p "$scratch/src/subprojects"
+cp "$root"/tests/consumer/* "$scratch/src/"
+# A symlink, not a copy: the consumer must build the tree under test as it is.
+ln -sfn "$root" "$scratch/src/subprojects/redco"
+
+build="$scratch/build"
+if [ ! -f "$build/build.ninja" ]; then
+  rm -rf "$build"
+  # --force-fallback-for: use the subproject even if some redco is installed.
+  meson setup "$build" "$scratch/src" --force-fallback-for=redco \
+    -Dredco:tests=false -Dredco:benchmarks=false
+fi
+# Only the consumer and what it links (libredco), not redco's samples.
+ninja -C "$build" consumer
+"$build/consumer"

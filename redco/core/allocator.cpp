@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "redco/core/allocator.hpp"
 
 #include <sys/mman.h>
@@ -55,10 +56,11 @@ CachingAllocator& CachingAllocator::cpu() {
 size_t CachingAllocator::round_size(size_t bytes) {
   if (bytes <= 64) return 64;
   if (bytes >= kLargeBlock) return (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  // Below 1 MiB: four classes per power of two, so at most 25% is wasted.
+  // Below 1 MiB: four classes per power of two, so at most 25% is wasted;
+  // every class is a multiple of the 64-byte alignment aligned_alloc needs.
   size_t pow2 = 64;
   while (pow2 * 2 < bytes) pow2 *= 2;
-  const size_t step = pow2 / 4;
+  const size_t step = std::max<size_t>(pow2 / 4, 64);
   return (bytes + step - 1) / step * step;
 }
 

@@ -7,9 +7,7 @@
 #include <numeric>
 #include <random>
 
-#include "redco/autodiff/value_and_grad.hpp"
-#include "redco/core/philox.hpp"
-#include "redco/data/idx.hpp"
+#include "redco/redco.hpp"
 
 using namespace redco;
 

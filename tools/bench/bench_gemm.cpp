@@ -3,7 +3,7 @@
 // threads. Also measures the tiny-GEMM crossover and what each threading
 // scheme costs when GEMMs share the machine with TBB work.
 //
-//   bench_gemm [--reps N] [--lm-rows M]
+//   bench_gemm [--reps N] [--lm-rows M] [--only big|small|mix]
 //
 // Every contender of a row runs once to warm up, then the contenders take
 // turns for N repetitions and each keeps its best time, so a burst of noise on
@@ -290,9 +290,11 @@ const char* env_or(const char* name, const char* fallback) {
 int main(int argc, char** argv) {
   int reps = 5;
   int64_t lm_rows = 1024;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
     if (std::strcmp(argv[i], "--lm-rows") == 0) lm_rows = std::max(1L, std::atol(argv[i + 1]));
+    if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
   }
   const dnnl_version_t* v = dnnl_version();
   std::printf("bench_gemm: GFLOP/s, best of %d after a warm-up; %u hardware threads\n", reps,
@@ -308,8 +310,8 @@ int main(int argc, char** argv) {
   std::printf("OPENBLAS_CORETYPE=%s (OpenBLAS kernels: %s) OMP_NUM_THREADS=%s\n\n",
               env_or("OPENBLAS_CORETYPE", "(unset)"), corename,
               env_or("OMP_NUM_THREADS", "(unset)"));
-  throughput_table(lm_rows, reps);
-  small_table(reps);
-  composition_table(reps);
+  if (only.empty() || only == "big") throughput_table(lm_rows, reps);
+  if (only.empty() || only == "small") small_table(reps);
+  if (only.empty() || only == "mix") composition_table(reps);
   return 0;
 }

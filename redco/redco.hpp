@@ -1,0 +1,8 @@
+#pragma once
+// Everything a redco program needs, in one include.
+#include "redco/autodiff/functional.hpp"
+#include "redco/autodiff/value_and_grad.hpp"
+#include "redco/core/allocator.hpp"
+#include "redco/core/philox.hpp"
+#include "redco/core/tensor.hpp"
+#include "redco/data/idx.hpp"

@@ -56,8 +56,9 @@ TEST_CASE("reductions and broadcasts", "[grad]") {
   check_gradients([](const TensorList& x) { return sum(x[0], {-1}, true); }, in, {0});
   check_gradients([](const TensorList& x) { return mean(x[0], {1}); }, in, {0});
   check_gradients([](const TensorList& x) { return mean(x[0]); }, in, {0});
-  check_gradients([](const TensorList& x) { return max(x[0], 1); }, in, {0});
-  check_gradients([](const TensorList& x) { return max(x[0], -1, true); }, in, {0});
+  // max is piecewise linear: a small step keeps the finite difference on one piece.
+  check_gradients([](const TensorList& x) { return max(x[0], 1); }, in, {0}, 1e-3f);
+  check_gradients([](const TensorList& x) { return max(x[0], -1, true); }, in, {0}, 1e-3f);
   check_gradients([](const TensorList& x) { return broadcast_to(x[0], {5, 2, 3, 4}); }, in, {0});
   check_gradients([](const TensorList& x) { return sum_to(x[0], {3, 1}); }, in, {0});
 }
@@ -140,7 +141,7 @@ TEST_CASE("cross entropy with an ignored label", "[grad]") {
   // The mean is over the three counted rows; the ignored row gets no gradient.
   Tensor x = in[0].detach().set_requires_grad(true);
   Tensor g = grad({f({x})}, {x})[0];
-  for (float v : g.slice0(0, 1)[1].to_vector()) CHECK(v == 0.f);
+  for (float v : g[0][1].to_vector()) CHECK(v == 0.f);
   Tensor all_ignored = ids({-100, -100}, {2});
   CHECK(cross_entropy(randn({2, 5}, 20), all_ignored).item() == 0.f);
 }

@@ -7,6 +7,7 @@
 // tensor is split across devices.
 #include <array>
 #include <cstdint>
+#include <string_view>
 
 namespace redco {
 
@@ -54,9 +55,9 @@ void philox_bernoulli(uint8_t* out, int64_t n, uint64_t seed, uint64_t stream, i
 
 // A stable 64-bit stream id from a name (FNV-1a), e.g. a parameter's dotted
 // name, so "h.3.attn.q_proj.weight" is initialised the same way everywhere.
-constexpr uint64_t stream_of(const char* name) {
+constexpr uint64_t stream_of(std::string_view name) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (; *name; ++name) h = (h ^ uint8_t(*name)) * 0x100000001b3ull;
+  for (char c : name) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
   return h;
 }
 

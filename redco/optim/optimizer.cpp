@@ -1,1 +1,442 @@
-// (being written)
+#include "redco/optim/optimizer.hpp"
+
+#include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
+
+#include <array>
+#include <cmath>
+#include <functional>
+#include <string_view>
+#include <utility>
+
+#include "redco/core/error.hpp"
+
+namespace redco::optim {
+namespace {
+
+// Elements per task: large enough that a task's memory traffic (~200 KiB for
+// Adam's four streams) dwarfs the scheduling cost; smaller tensors run inline.
+constexpr int64_t kGrain = 1 << 14;
+
+template <typename F>
+void for_range(int64_t n, F&& f) {
+  if (n <= 2 * kGrain) {
+    f(int64_t{0}, n);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain),
+                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
+}
+
+// Sum of squares in double. Eight independent accumulators break the add
+// dependency chain (and let the compiler vectorise without reassociating);
+// the deterministic reduce keeps the result bit-identical from run to run.
+double sum_squares_serial(const float* x, int64_t begin, int64_t end) {
+  double acc[8] = {};
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += double(x[i + j]) * double(x[i + j]);
+  for (; i < end; ++i) acc[0] += double(x[i]) * double(x[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+double sum_squares(const float* x, int64_t n) {
+  if (n <= 2 * kGrain) return sum_squares_serial(x, 0, n);
+  return tbb::parallel_deterministic_reduce(
+      tbb::blocked_range<int64_t>(0, n, kGrain), 0.0,
+      [x](const tbb::blocked_range<int64_t>& r, double acc) {
+        return acc + sum_squares_serial(x, r.begin(), r.end());
+      },
+      std::plus<double>());
+}
+
+// The data of an f32 CPU tensor, with an error naming it otherwise.
+const float* f32_of(const Tensor& t, const char* what, const std::string& name) {
+  REDCO_CHECK(t.defined(), "optimizer: the {} '{}' is an undefined tensor", what, name);
+  REDCO_CHECK(t.dtype() == DType::f32 && t.device().is_cpu(),
+              "optimizer: the {} '{}' must be f32 on the CPU, got {} on {}", what, name,
+              dtype_name(t.dtype()), t.device().str());
+  return t.data<float>();
+}
+float* f32_of(Tensor& t, const char* what, const std::string& name) {
+  return const_cast<float*>(f32_of(std::as_const(t), what, name));
+}
+
+[[noreturn]] void fail_non_finite(const std::string& name, const Tensor& g) {
+  const float* x = g.data<float>();
+  int64_t i = 0;
+  while (i < g.numel() && std::isfinite(x[i])) ++i;
+  fail(
+      "optimizer: the gradient of '{}' (shape {}) is not finite: element {} is {}, so the global "
+      "gradient norm is undefined. No parameter, gradient or optimizer state was modified; "
+      "lower the learning rate or look for an overflow in the loss",
+      name, g.shape(), i, i < g.numel() ? x[i] : 0.f);
+}
+
+bool is_norm_component(std::string_view c) {
+  if (c == "bias" || c.find("norm") != std::string_view::npos) return true;
+  if (!c.starts_with("ln")) return false;
+  return c.size() == 2 || c[2] == '_' || (c[2] >= '0' && c[2] <= '9');
+}
+
+}  // namespace
+
+bool default_decay_mask(const std::string& name, const Shape& shape) {
+  if (shape.rank() < 2) return false;
+  std::string_view rest = name;
+  while (true) {
+    const size_t dot = rest.find('.');
+    if (is_norm_component(rest.substr(0, dot))) return false;
+    if (dot == std::string_view::npos) return true;
+    rest.remove_prefix(dot + 1);
+  }
+}
+
+double global_norm(const ParamTree& grads) {
+  double total = 0.0;
+  for (const auto& [name, g] : grads) {
+    const double ss = sum_squares(f32_of(g, "gradient", name), g.numel());
+    // A double sum of squared floats cannot overflow, so this is non-finite
+    // exactly when some element is NaN or infinite.
+    if (!std::isfinite(ss)) fail_non_finite(name, g);
+    total += ss;
+  }
+  return std::sqrt(total);
+}
+
+float clip_by_global_norm(ParamTree& grads, float max_norm) {
+  REDCO_CHECK(max_norm > 0.f, "clip_by_global_norm: max_norm must be > 0, got {}", max_norm);
+  const double norm = global_norm(grads);
+  if (norm > double(max_norm)) {
+    const float scale = float(double(max_norm) / norm);
+    for (auto& [name, g] : grads) {
+      float* x = f32_of(g, "gradient", name);
+      for_range(g.numel(), [x, scale](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) x[i] *= scale;
+      });
+    }
+  }
+  return float(norm);
+}
+
+// ---- Optimizer ---------------------------------------------------------------
+
+struct Optimizer::Slot {
+  Tensor buf[2];
+  bool fresh = true;   // buffers not yet written by an update (SGD starts momentum at g)
+  bool bound = false;  // decay decided and shapes checked against the parameter once
+  bool decay = false;
+};
+
+Optimizer::Optimizer(Kind kind, Schedule schedule, float max_grad_norm)
+    : kind_(kind), schedule_(std::move(schedule)), max_grad_norm_(max_grad_norm) {
+  REDCO_CHECK(max_grad_norm >= 0.f,
+              "optimizer: max_grad_norm must be >= 0 (0: no clipping), got {}", max_grad_norm);
+}
+Optimizer::Optimizer(Optimizer&&) noexcept = default;
+Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
+Optimizer::~Optimizer() = default;
+
+const char* Optimizer::kind_name() const {
+  switch (kind_) {
+    case Kind::sgd:
+      return "sgd";
+    case Kind::adam:
+      return "adam";
+    case Kind::adamw:
+      return "adamw";
+  }
+  return "?";
+}
+
+int Optimizer::buffers_per_param() const {
+  if (kind_ == Kind::sgd) return sgd_.momentum != 0.f ? 1 : 0;
+  return 2;
+}
+
+const char* Optimizer::buffer_name(int i) const {
+  if (kind_ == Kind::sgd) return "momentum";
+  return i == 0 ? "m" : "v";
+}
+
+void Optimizer::check_trees(const ParamTree& params, const ParamTree& grads) const {
+  for (const auto& [name, g] : grads) {
+    const auto it = params.find(name);
+    REDCO_CHECK(it != params.end(),
+                "optimizer step: the gradient '{}' (shape {}) has no parameter of that name", name,
+                g.shape());
+    REDCO_CHECK(it->second.shape() == g.shape(),
+                "optimizer step: the parameter '{}' has shape {} but its gradient has shape {}",
+                name, it->second.shape(), g.shape());
+    f32_of(it->second, "parameter", name);
+  }
+  if (grads.size() == params.size()) return;
+  for (const auto& [name, p] : params)
+    REDCO_CHECK(grads.count(name),
+                "optimizer step: the parameter '{}' (shape {}) has no gradient; pass the "
+                "optimizer only the parameters it trains",
+                name, p.shape());
+}
+
+Optimizer::Slot& Optimizer::slot_for(const std::string& name, const Tensor& param) {
+  auto it = slots_.find(name);
+  if (it == slots_.end()) {
+    auto slot = std::make_unique<Slot>();
+    for (int i = 0; i < buffers_per_param(); ++i) slot->buf[i] = Tensor::zeros(param.shape());
+    it = slots_.emplace(name, std::move(slot)).first;
+  }
+  Slot& s = *it->second;
+  for (int i = 0; i < buffers_per_param(); ++i)
+    REDCO_CHECK(s.buf[i].shape() == param.shape(),
+                "optimizer: the state '{}.{}.{}' has shape {} but the parameter has shape {} "
+                "(state loaded from another model?)",
+                kind_name(), buffer_name(i), name, s.buf[i].shape(), param.shape());
+  if (!s.bound) {
+    s.decay = kind_ == Kind::adamw ? bool(adam_.mask) && adam_.mask(name, param.shape()) : true;
+    s.bound = true;
+  }
+  return s;
+}
+
+void Optimizer::step(ParamTree& params, const ParamTree& grads) {
+  check_trees(params, grads);
+  // Everything that can fail runs before the first parameter is touched.
+  const double norm = global_norm(grads);
+  for (const auto& [name, p] : params) slot_for(name, p);
+  last_grad_norm_ = float(norm);
+  float gscale = 1.f;  // clipping is folded into the update instead of rewriting the gradients
+  if (max_grad_norm_ > 0.f && norm > double(max_grad_norm_))
+    gscale = float(double(max_grad_norm_) / norm);
+  const float lr = schedule_(steps_);
+  for (auto& [name, p] : params) update(*slots_.at(name), p, grads.at(name), lr, gscale);
+  ++steps_;
+}
+
+namespace {
+
+struct SgdCoeffs {
+  float lr, gscale, wd, momentum, damp_keep;
+  bool nesterov, fresh;
+};
+
+// torch.optim.SGD: g += wd * p; b = fresh ? g : mu * b + (1 - dampening) * g;
+// g = nesterov ? g + mu * b : b; p -= lr * g.
+void sgd_kernel(float* p, const float* g, float* b, int64_t n, const SgdCoeffs& c) {
+  for_range(n, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float gi = g[i] * c.gscale + c.wd * p[i];
+      if (b) {
+        const float bi = c.fresh ? gi : c.momentum * b[i] + c.damp_keep * gi;
+        b[i] = bi;
+        gi = c.nesterov ? gi + c.momentum * bi : bi;
+      }
+      p[i] -= c.lr * gi;
+    }
+  });
+}
+
+struct AdamCoeffs {
+  float gscale, l2, keep, b1, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+};
+
+// torch.optim.Adam / AdamW (non-fused path): p *= keep (AdamW's decoupled
+// decay); g += l2 * p (Adam's L2); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
+void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
+  for_range(n, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i] * c.gscale + c.l2 * p[i];
+      const float mi = c.b1 * m[i] + c.one_minus_b1 * gi;
+      const float vi = c.b2 * v[i] + c.one_minus_b2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * c.keep - c.step_size * (mi / (std::sqrt(vi) / c.bc2_sqrt + c.eps));
+    }
+  });
+}
+
+}  // namespace
+
+void Optimizer::update(Slot& slot, Tensor& param, const Tensor& grad, float lr,
+                       float gscale) const {
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  const int64_t n = param.numel();
+  if (kind_ == Kind::sgd) {
+    float* b = buffers_per_param() ? slot.buf[0].data<float>() : nullptr;
+    sgd_kernel(p, g, b, n,
+               {lr, gscale, sgd_.weight_decay, sgd_.momentum, 1.f - sgd_.dampening, sgd_.nesterov,
+                slot.fresh});
+  } else {
+    // Bias corrections in double, as torch computes them (Python floats).
+    const double t = double(steps_ + 1);
+    const double bc1 = 1.0 - std::pow(double(adam_.b1), t);
+    const double bc2 = 1.0 - std::pow(double(adam_.b2), t);
+    const bool adamw = kind_ == Kind::adamw;
+    AdamCoeffs c;
+    c.gscale = gscale;
+    c.l2 = adamw ? 0.f : adam_.weight_decay;
+    c.keep = adamw && slot.decay ? float(1.0 - double(lr) * adam_.weight_decay) : 1.f;
+    c.b1 = adam_.b1;
+    c.one_minus_b1 = float(1.0 - double(adam_.b1));
+    c.b2 = adam_.b2;
+    c.one_minus_b2 = float(1.0 - double(adam_.b2));
+    c.step_size = float(double(lr) / bc1);
+    c.bc2_sqrt = float(std::sqrt(bc2));
+    c.eps = adam_.eps;
+    adam_kernel(p, g, slot.buf[0].data<float>(), slot.buf[1].data<float>(), n, c);
+  }
+  slot.fresh = false;
+}
+
+ParamTree Optimizer::state() const {
+  ParamTree out;
+  const int64_t step = steps_;
+  out.emplace("step", Tensor::from<int64_t>(std::span(&step, 1), Shape{}));
+  for (const auto& [name, slot] : slots_)
+    for (int i = 0; i < buffers_per_param(); ++i)
+      out.emplace(fmt::format("{}.{}.{}", kind_name(), buffer_name(i), name), slot->buf[i]);
+  return out;
+}
+
+void Optimizer::load_state(const ParamTree& state) {
+  const auto step_it = state.find("step");
+  REDCO_CHECK(step_it != state.end() && step_it->second.numel() == 1,
+              "load_state: the state has no scalar 'step' entry (is it an optimizer state?)");
+  const Tensor& st = step_it->second;
+  const int64_t step = st.dtype() == DType::i64   ? st.data<int64_t>()[0]
+                       : st.dtype() == DType::i32 ? int64_t(st.data<int32_t>()[0])
+                                                  : int64_t(std::llround(st.item()));
+  REDCO_CHECK(step >= 0, "load_state: 'step' is {}, must be >= 0", step);
+
+  // Validate every key before changing anything, so a bad state leaves this one intact.
+  const std::string prefix = std::string(kind_name()) + ".";
+  std::map<std::string, std::array<const Tensor*, 2>> found;
+  for (const auto& [key, t] : state) {
+    if (key == "step") continue;
+    REDCO_CHECK(key.starts_with(prefix),
+                "load_state: '{}' is not state of an {} optimizer (its keys are "
+                "'{}<buffer>.<parameter>')",
+                key, kind_name(), prefix);
+    const std::string rest = key.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    int idx = -1;
+    for (int i = 0; i < buffers_per_param() && dot != std::string::npos; ++i)
+      if (rest.compare(0, dot, buffer_name(i)) == 0) idx = i;
+    REDCO_CHECK(idx >= 0, "load_state: '{}' names no buffer of this {} optimizer", key,
+                kind_name());
+    f32_of(t, "state", key);
+    found[rest.substr(dot + 1)][size_t(idx)] = &t;
+  }
+  for (const auto& [name, bufs] : found)
+    for (int i = 0; i < buffers_per_param(); ++i)
+      REDCO_CHECK(bufs[size_t(i)] != nullptr, "load_state: '{}{}.{}' is missing", prefix,
+                  buffer_name(i), name);
+
+  std::map<std::string, std::unique_ptr<Slot>> slots;
+  for (const auto& [name, bufs] : found) {
+    auto slot = std::make_unique<Slot>();
+    const auto old = slots_.find(name);
+    for (int i = 0; i < buffers_per_param(); ++i) {
+      const Tensor& src = *bufs[size_t(i)];
+      // Reuse this optimizer's buffer when it fits: resuming allocates nothing new.
+      if (old != slots_.end() && old->second->buf[i].shape() == src.shape()) {
+        slot->buf[i] = old->second->buf[i];
+        if (!slot->buf[i].same(src)) slot->buf[i].copy_from(src);
+      } else {
+        slot->buf[i] = src.clone();
+      }
+    }
+    slot->fresh = false;
+    slots.emplace(name, std::move(slot));
+  }
+  slots_ = std::move(slots);
+  steps_ = step;
+}
+
+Optimizer sgd(Schedule schedule, SgdOptions options) {
+  REDCO_CHECK(options.momentum >= 0.f, "sgd: momentum must be >= 0, got {}", options.momentum);
+  REDCO_CHECK(!options.nesterov || (options.momentum > 0.f && options.dampening == 0.f),
+              "sgd: Nesterov momentum needs momentum > 0 and dampening == 0, got momentum {} "
+              "and dampening {}",
+              options.momentum, options.dampening);
+  Optimizer opt(Optimizer::Kind::sgd, std::move(schedule), options.max_grad_norm);
+  opt.sgd_ = options;
+  return opt;
+}
+
+namespace {
+void check_adam(const char* who, float b1, float b2, float eps) {
+  REDCO_CHECK(b1 >= 0.f && b1 < 1.f && b2 >= 0.f && b2 < 1.f,
+              "{}: betas must be in [0, 1), got b1 = {} and b2 = {}", who, b1, b2);
+  REDCO_CHECK(eps >= 0.f, "{}: eps must be >= 0, got {}", who, eps);
+}
+}  // namespace
+
+Optimizer adam(Schedule schedule, AdamOptions options) {
+  check_adam("adam", options.b1, options.b2, options.eps);
+  Optimizer opt(Optimizer::Kind::adam, std::move(schedule), options.max_grad_norm);
+  opt.adam_ = {.b1 = options.b1,
+               .b2 = options.b2,
+               .eps = options.eps,
+               .weight_decay = options.weight_decay,
+               .mask = nullptr,
+               .max_grad_norm = options.max_grad_norm};
+  return opt;
+}
+
+Optimizer adamw(Schedule schedule, AdamWOptions options) {
+  check_adam("adamw", options.b1, options.b2, options.eps);
+  Optimizer opt(Optimizer::Kind::adamw, std::move(schedule), options.max_grad_norm);
+  opt.adam_ = std::move(options);
+  return opt;
+}
+
+// ---- GradAccumulator ---------------------------------------------------------
+
+GradAccumulator::GradAccumulator(int64_t k) : k_(k) {
+  REDCO_CHECK(k >= 1, "GradAccumulator: k (micro-batches per step) must be >= 1, got {}", k);
+}
+
+bool GradAccumulator::add(const ParamTree& grads) {
+  const bool first = pending_ == 0;
+  if (sum_.empty())
+    for (const auto& [name, g] : grads) sum_.emplace(name, Tensor::empty(g.shape()));
+  REDCO_CHECK(grads.size() == sum_.size(),
+              "GradAccumulator: got {} gradients, but the first micro-batch had {}", grads.size(),
+              sum_.size());
+  for (const auto& [name, g] : grads) {
+    const auto it = sum_.find(name);
+    REDCO_CHECK(it != sum_.end(),
+                "GradAccumulator: the gradient '{}' was not in the first micro-batch", name);
+    REDCO_CHECK(it->second.shape() == g.shape(),
+                "GradAccumulator: the gradient '{}' has shape {} but had shape {} before", name,
+                g.shape(), it->second.shape());
+    f32_of(g, "gradient", name);
+  }
+  const float scale = float(1.0 / double(k_));
+  for (const auto& [name, g] : grads) {
+    const float* src = g.data<float>();
+    float* dst = sum_.at(name).data<float>();
+    // The first micro-batch of a group overwrites, so the buffers never need zeroing.
+    for_range(g.numel(), [=](int64_t b, int64_t e) {
+      if (first)
+        for (int64_t i = b; i < e; ++i) dst[i] = src[i] * scale;
+      else
+        for (int64_t i = b; i < e; ++i) dst[i] += src[i] * scale;
+    });
+  }
+  if (++pending_ < k_) return false;
+  pending_ = 0;
+  return true;
+}
+
+bool GradAccumulator::step(Optimizer& opt, ParamTree& params, const ParamTree& grads) {
+  if (!add(grads)) return false;
+  opt.step(params, sum_);
+  return true;
+}
+
+}  // namespace redco::optim

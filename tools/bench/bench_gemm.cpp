@@ -59,9 +59,13 @@ void set_library_threads(int n) {
   Eigen::setNbThreads(n);
 }
 
+// settle_ms: a pause after each run, for contenders whose idle threads keep
+// spinning after a call (libgomp, OpenBLAS, TBB workers) and would otherwise
+// steal the cores from whichever contender runs next.
 struct Contender {
   std::string name;
   std::function<void()> run;
+  int settle_ms = 0;
   double best = std::numeric_limits<double>::infinity();
 };
 
@@ -71,11 +75,15 @@ double seconds(const std::function<void()>& f) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Warm-up, then round-robin repetitions; fills Contender::best.
+// Warm-up round, then round-robin repetitions; fills Contender::best.
 void measure(std::vector<Contender>& cs, int reps) {
-  for (auto& c : cs) c.run();
-  for (int r = 0; r < reps; ++r)
-    for (auto& c : cs) c.best = std::min(c.best, seconds(c.run));
+  for (int r = -1; r < reps; ++r) {
+    for (auto& c : cs) {
+      const double sec = seconds(c.run);
+      if (r >= 0) c.best = std::min(c.best, sec);
+      std::this_thread::sleep_for(std::chrono::milliseconds(c.settle_ms));
+    }
+  }
 }
 
 std::vector<float> random_vec(int64_t n, uint32_t seed) {
@@ -127,20 +135,26 @@ void raw_dnnl(const Shape& s, Operands& o) {
 
 std::vector<Contender> contenders(const Shape& s, Operands& o, tbb::task_arena& arena,
                                   int threads) {
+  // OpenBLAS's idle threads spin for up to 2^28 cycles (~0.1 s) after a call
+  const int settle = threads > 1 ? 200 : 0;
   std::vector<Contender> cs;
-  cs.push_back({"redco", [&] {
+  cs.push_back({"redco",
+                [&] {
                   arena.execute([&] {
                     redco::cpu::sgemm(s.ta, s.tb, s.M, s.N, s.K, 1.f, o.A.data(), o.lda, o.B.data(),
                                       o.ldb, 0.f, o.C.data(), o.ldc);
                   });
-                }});
-  cs.push_back({"oneDNN", [&] { raw_dnnl(s, o); }});
+                },
+                settle});
+  cs.push_back({"oneDNN", [&] { raw_dnnl(s, o); }, settle});
 #if BENCH_HAVE_OPENBLAS
-  cs.push_back({"OpenBLAS", [&] {
+  cs.push_back({"OpenBLAS",
+                [&] {
                   cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans,
                               s.tb ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.f, o.A.data(),
                               o.lda, o.B.data(), o.ldb, 0.f, o.C.data(), o.ldc);
-                }});
+                },
+                settle});
 #endif
   // Eigen parallelises only through OpenMP, which this build does not enable;
   // its multi-threaded number would just repeat the single-threaded one.
@@ -195,9 +209,11 @@ void throughput_table(int64_t lm_rows, int reps) {
 // Microseconds per call for n x n x n products, 1 thread: where the inline
 // loop beats oneDNN's dispatch, and where 2 threads start to pay off.
 void small_table(int reps) {
-  std::printf("\n| n (n x n x n) | redco 1 thr (us) | oneDNN 1 thr (us) | redco 2 thr (us) |\n");
-  std::printf("|---|---|---|---|\n");
-  for (int64_t n : {2, 4, 8, 12, 16, 32, 64, 96, 128, 192, 256}) {
+  std::printf(
+      "\n| n (n x n x n) | redco 1 thr (us) | oneDNN 1 thr (us) | redco 2 thr (us) | oneDNN 2 thr "
+      "(us) |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (int64_t n : {2, 4, 8, 12, 16, 32, 64, 96, 128, 192, 256, 384, 512}) {
     const Shape s{"", false, false, n, n, n};
     Operands o = make_operands(s);
     const int calls = static_cast<int>(std::clamp<int64_t>(20'000'000 / (n * n * n), 4, 20000));
@@ -215,11 +231,18 @@ void small_table(int reps) {
     std::vector<Contender> cs = {
         {"redco1", repeat([&] { one.execute(redco_call); })},
         {"dnnl1", repeat([&] { raw_dnnl(s, o); })},
-        {"redco2", repeat([&] { two.execute(redco_call); })},
+        {"redco2", repeat([&] { two.execute(redco_call); }), 30},
+        {"dnnl2", repeat([&] {
+           omp_threads(2);
+           raw_dnnl(s, o);
+           omp_threads(1);
+         }),
+         30},
     };
     measure(cs, reps);
-    std::printf("| %ld | %.3f | %.3f | %.3f |\n", static_cast<long>(n), cs[0].best / calls * 1e6,
-                cs[1].best / calls * 1e6, cs[2].best / calls * 1e6);
+    std::printf("| %ld | %.3f | %.3f | %.3f | %.3f |\n", static_cast<long>(n),
+                cs[0].best / calls * 1e6, cs[1].best / calls * 1e6, cs[2].best / calls * 1e6,
+                cs[3].best / calls * 1e6);
   }
 }
 
@@ -267,10 +290,10 @@ void composition_table(int reps) {
       });
     };
   };
-  std::vector<Contender> cs = {{"redco alt", alternating(redco_gemm)},
-                               {"dnnl alt", alternating(dnnl_gemm)},
-                               {"redco tasks", from_tasks(redco_gemm)},
-                               {"dnnl tasks", from_tasks(dnnl_gemm)}};
+  std::vector<Contender> cs = {{"redco alt", alternating(redco_gemm), 200},
+                               {"dnnl alt", alternating(dnnl_gemm), 200},
+                               {"redco tasks", from_tasks(redco_gemm), 200},
+                               {"dnnl tasks", from_tasks(dnnl_gemm), 200}};
   measure(cs, reps);
   std::printf("\n| 2 threads, 256x768x768 GEMMs | redco (ms) | oneDNN OpenMP (ms) |\n");
   std::printf("|---|---|---|\n");

@@ -1,0 +1,268 @@
+#pragma once
+// Layers. Each one holds its sizes (run-time values) and says, in `walk`,
+// which parameters it owns and what part each plays in tensor parallelism;
+// `forward` computes with the parameters found under its path.
+// Shapes: tokens are [B, T] (i64), activations [B, T, d], images [N, C, H, W].
+#include <cmath>
+
+#include "redco/autodiff/functional.hpp"
+#include "redco/core/philox.hpp"
+#include "redco/nn/walk.hpp"
+
+namespace redco::nn {
+
+inline constexpr float kTransformerInitStd = 0.02f;  // GPT-2's initialiser
+
+// ---- fully connected -------------------------------------------------------------------
+// y = x W^T + b with W stored [out, in]. Rule 1 decides column or row.
+template <bool Bias = true>
+struct Linear {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "fc";
+  int64_t in = 0, out = 0;
+  static constexpr void walk(Walker& w, const Linear* l) {
+    const Role role = w.next_linear_role();
+    w.param("weight", role, l ? Dims{l->out, l->in} : Dims{}, Init::normal,
+            l ? 1.f / std::sqrt(float(l->in)) : 0.f);
+    if constexpr (Bias)
+      w.param("bias", role == Role::column ? Role::column_bias : Role::row_bias,
+              l ? Dims{l->out} : Dims{}, Init::zeros);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return linear(x, p["weight"], Bias ? p["bias"] : Tensor());
+  }
+};
+
+// ---- embeddings and heads -----------------------------------------------------------------
+struct Embedding {  // ids [B, T] -> [B, T, d]; the vocabulary is split across shards
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "wte";
+  int64_t vocab = 0, dim = 0;
+  static constexpr void walk(Walker& w, const Embedding* l) {
+    w.need_whole();
+    w.new_group();
+    w.param("weight", Role::vocab, l ? Dims{l->vocab, l->dim} : Dims{}, Init::normal,
+            kTransformerInitStd);
+    w.add_collective(Collective::all_reduce);  // each shard looks up its slice of the vocabulary
+  }
+  Tensor forward(const Params& p, const Tensor& ids, Ctx&) const {
+    return embedding(p["weight"], ids);
+  }
+};
+
+struct Positions {  // ids [B, T] -> learned positions [T, d] (broadcast over B)
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "wpe";
+  int64_t max_len = 0, dim = 0;
+  static constexpr void walk(Walker& w, const Positions* l) {
+    w.param("weight", Role::replicated, l ? Dims{l->max_len, l->dim} : Dims{}, Init::normal,
+            kTransformerInitStd);
+  }
+  Tensor forward(const Params& p, const Tensor& ids, Ctx&) const;
+};
+
+// Logits from the token embedding (GPT-2's tied head): [B, T, d] -> [B, T, vocab].
+template <Literal Embedding = "wte.weight">
+struct TiedLMHead {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "";
+  static constexpr void walk(Walker& w, const TiedLMHead*) {
+    w.need_whole();
+    w.add_collective(Collective::vocab_logits);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return matmul(x, p.at_root(Embedding.view()), false, true);
+  }
+};
+
+struct LMHead {  // an untied head [vocab, d]
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "lm_head";
+  int64_t dim = 0, vocab = 0;
+  static constexpr void walk(Walker& w, const LMHead* l) {
+    w.need_whole();
+    w.new_group();
+    w.param("weight", Role::vocab, l ? Dims{l->vocab, l->dim} : Dims{}, Init::normal,
+            kTransformerInitStd);
+    w.add_collective(Collective::vocab_logits);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return linear(x, p["weight"]);
+  }
+};
+
+// ---- norms ------------------------------------------------------------------------------
+template <bool Bias = true>
+struct LayerNorm {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "ln";
+  int64_t dim = 0;
+  float eps = 1e-5f;
+  static constexpr void walk(Walker& w, const LayerNorm* l) {
+    w.need_whole();
+    w.param("weight", Role::replicated, l ? Dims{l->dim} : Dims{}, Init::ones);
+    if constexpr (Bias) w.param("bias", Role::replicated, l ? Dims{l->dim} : Dims{}, Init::zeros);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return layer_norm(x, p["weight"], Bias ? p["bias"] : Tensor(), eps);
+  }
+};
+
+struct RMSNorm {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "norm";
+  int64_t dim = 0;
+  float eps = 1e-6f;
+  static constexpr void walk(Walker& w, const RMSNorm* l) {
+    w.need_whole();
+    w.param("weight", Role::replicated, l ? Dims{l->dim} : Dims{}, Init::ones);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return rms_norm(x, p["weight"], eps);
+  }
+};
+
+// ---- attention ---------------------------------------------------------------------------
+// Multi-head attention, q/k/v/o projections named as in Hugging Face models.
+// kv_heads < heads is grouped-query attention; `rotary` applies rotary
+// positions to q and k. Cross-attention reads keys and values from ctx.memory.
+template <bool Bias = true, bool Cross = false>
+struct Attention {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = Cross ? "cross_attn" : "attn";
+  int64_t dim = 0, heads = 0, kv_heads = 0;
+  bool causal = true, rotary = false;
+  float rope_base = 10000.f;
+
+  int64_t head_dim() const { return dim / heads; }
+  static constexpr void walk(Walker& w, const Attention* l) {
+    w.begin_block();
+    const Dims q = l ? Dims{l->dim, l->dim} : Dims{};
+    const Dims kv = l ? Dims{l->kv_heads * l->head_dim(), l->dim} : Dims{};
+    const float std = kTransformerInitStd;
+    const int64_t hd = l ? l->head_dim() : 1;  // splits keep whole heads
+    auto bias = [&](const char* name, Role role, int64_t n) {
+      if constexpr (Bias) w.param(name, role, l ? Dims{n} : Dims{}, Init::zeros, 0.f, hd);
+    };
+    w.param("q_proj.weight", Role::attn_q, q, Init::normal, std, hd);
+    bias("q_proj.bias", Role::column_bias, q.d[0]);
+    w.param("k_proj.weight", Role::attn_k, kv, Init::normal, std, hd);
+    bias("k_proj.bias", Role::column_bias, kv.d[0]);
+    w.param("v_proj.weight", Role::attn_v, kv, Init::normal, std, hd);
+    bias("v_proj.bias", Role::column_bias, kv.d[0]);
+    w.param("o_proj.weight", Role::attn_o, q, Init::normal, std, hd);
+    bias("o_proj.bias", Role::row_bias, q.d[0]);
+    w.end_block();
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
+
+ private:
+  Tensor project(const Params& p, const char* name, const Tensor& x, int64_t n_heads) const;
+};
+
+// ---- feed-forward blocks --------------------------------------------------------------------
+enum class Act : uint8_t { relu, gelu, gelu_erf, silu, tanh };
+Tensor activate(Act a, const Tensor& x);
+
+// fc1 -> activation -> fc2: rule 1 makes fc1 column-parallel and fc2 row-parallel.
+template <bool Bias = true>
+struct MLP {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "mlp";
+  int64_t dim = 0, hidden = 0;
+  Act act = Act::gelu;
+  static constexpr void walk(Walker& w, const MLP* l) {
+    w.need_whole();
+    for (int i = 0; i < 2; ++i) {
+      const Role role = w.next_linear_role();
+      const Dims shape = !l ? Dims{} : i == 0 ? Dims{l->hidden, l->dim} : Dims{l->dim, l->hidden};
+      w.param(i == 0 ? "fc1.weight" : "fc2.weight", role, shape, Init::normal, kTransformerInitStd);
+      if constexpr (Bias)
+        w.param(i == 0 ? "fc1.bias" : "fc2.bias", i == 0 ? Role::column_bias : Role::row_bias,
+                l ? Dims{shape.d[0]} : Dims{}, Init::zeros);
+    }
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    Tensor h = activate(act, linear(x, p["fc1.weight"], Bias ? p["fc1.bias"] : Tensor()));
+    return linear(h, p["fc2.weight"], Bias ? p["fc2.bias"] : Tensor());
+  }
+};
+
+// down(silu(gate(x)) * up(x)) (LLaMA's SwiGLU): gate and up read the same
+// input, so both are column-parallel; down is row-parallel.
+struct GatedMLP {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "mlp";
+  int64_t dim = 0, hidden = 0;
+  static constexpr void walk(Walker& w, const GatedMLP* l) {
+    w.begin_block();
+    const Dims in = l ? Dims{l->hidden, l->dim} : Dims{};
+    w.param("gate_proj.weight", Role::column, in, Init::normal, kTransformerInitStd);
+    w.param("up_proj.weight", Role::column, in, Init::normal, kTransformerInitStd);
+    w.param("down_proj.weight", Role::row, l ? Dims{l->dim, l->hidden} : Dims{}, Init::normal,
+            kTransformerInitStd);
+    w.end_block();
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return linear(silu(linear(x, p["gate_proj.weight"])) * linear(x, p["up_proj.weight"]),
+                  p["down_proj.weight"]);
+  }
+};
+
+// ---- parameter-free layers ---------------------------------------------------------------------
+struct Activation {  // elementwise: works on split features as well as whole ones
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "";
+  Act act = Act::relu;
+  static constexpr void walk(Walker&, const Activation*) {}
+  Tensor forward(const Params&, const Tensor& x, Ctx&) const { return activate(act, x); }
+};
+
+struct Dropout {  // masks depend on (seed, step, call index): identical under any sharding
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "";
+  float rate = 0.1f;
+  static constexpr void walk(Walker&, const Dropout*) {}
+  Tensor forward(const Params&, const Tensor& x, Ctx& ctx) const {
+    if (!ctx.train || rate == 0.f) return x;
+    const uint64_t stream = stream_of("dropout") ^ (ctx.step << 20) ^ ctx.dropout_calls++;
+    return dropout(x, rate, ctx.seed, stream);
+  }
+};
+
+// ---- images ---------------------------------------------------------------------------------
+struct Conv2d {  // replicated: small image models are data-parallel
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "conv";
+  int64_t in = 0, out = 0, kernel = 3, stride = 1, pad = 1;
+  static constexpr void walk(Walker& w, const Conv2d* l) {
+    w.need_whole();
+    const float std = l ? 1.f / std::sqrt(float(l->in * l->kernel * l->kernel)) : 0.f;
+    w.param("weight", Role::replicated, l ? Dims{l->out, l->in, l->kernel, l->kernel} : Dims{},
+            Init::normal, std);
+    w.param("bias", Role::replicated, l ? Dims{l->out} : Dims{}, Init::zeros);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
+    return conv2d(x, p["weight"], p["bias"], stride, pad);
+  }
+};
+
+struct Pool2d {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "";
+  int64_t kernel = 2, stride = 2;
+  bool max = true;
+  static constexpr void walk(Walker& w, const Pool2d*) { w.need_whole(); }
+  Tensor forward(const Params&, const Tensor& x, Ctx&) const {
+    return max ? max_pool2d(x, kernel, stride) : avg_pool2d(x, kernel, stride);
+  }
+};
+
+struct Flatten {  // [N, C, H, W] -> [N, C*H*W]
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "";
+  static constexpr void walk(Walker& w, const Flatten*) { w.need_whole(); }
+  Tensor forward(const Params&, const Tensor& x, Ctx&) const { return flatten(x, 1); }
+};
+
+}  // namespace redco::nn

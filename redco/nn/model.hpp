@@ -1,0 +1,45 @@
+#pragma once
+// Running a model: its parameters (names, shapes, initial values) and its
+// forward pass over a parameter tree.
+#include "redco/nn/build.hpp"
+
+namespace redco::nn {
+
+// Every parameter of `model`, in execution order, with its shape and its role
+// under the sharding rules.
+template <Layer L>
+std::vector<ParamEntry> param_entries(const L& model) {
+  Walker w;
+  w.content<L>(&model);
+  return std::move(w.params);
+}
+
+// Draws one parameter: element i depends only on (seed, name, i), so a
+// parameter is the same whatever the sharding or the order of creation.
+Tensor init_param(const ParamEntry& e, uint64_t seed);
+
+template <Layer L>
+ParamTree init_params(const L& model, uint64_t seed) {
+  ParamTree tree;
+  for (const ParamEntry& e : param_entries(model))
+    tree.emplace(std::string(e.name.view()), init_param(e, seed));
+  return tree;
+}
+
+int64_t count_parameters(const ParamTree& params);
+
+// Checks that `params` holds exactly the model's parameters with the model's
+// shapes; the message names the first offender and what was expected.
+void check_params(const std::vector<ParamEntry>& expected, const ParamTree& params);
+
+template <Layer L>
+Tensor apply(const L& model, const ParamTree& params, const Tensor& x, Ctx& ctx) {
+  return model.forward(Params(params).content<L>(), x, ctx);
+}
+template <Layer L>
+Tensor apply(const L& model, const ParamTree& params, const Tensor& x) {
+  Ctx ctx;
+  return apply(model, params, x, ctx);
+}
+
+}  // namespace redco::nn

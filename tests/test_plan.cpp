@@ -1,0 +1,76 @@
+// The compile-time shard plans of typed models: the two rules, checked with
+// static_assert on the model types themselves.
+#include <catch2/catch.hpp>
+
+#include "redco/shard/plan.hpp"
+
+using namespace redco;
+using shard::Role;
+
+namespace {
+// GPT-2: tied head, learned positions, GELU MLP, biases everywhere.
+auto gpt2(int64_t vocab, int64_t ctx, int64_t d, int64_t heads, int64_t layers) {
+  return nn::embedding(vocab, d) + nn::positions(ctx, d) |
+         nn::repeat(layers, nn::residual(nn::layer_norm(d) | nn::causal_attention(d, heads)) |
+                                nn::residual(nn::layer_norm(d) | nn::mlp(d, 4 * d))) |
+         nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head();
+}
+using Gpt2 = decltype(gpt2(0, 0, 0, 1, 0));
+constexpr auto gpt2_plan = shard::plan_v<Gpt2>;
+
+static_assert(gpt2_plan.params.size() == 2 + 16 + 2);  // 16 per layer: 2 + 8 + 2 + 4
+static_assert(gpt2_plan.role("wte.weight") == Role::vocab);
+static_assert(gpt2_plan.split("wte.weight") == 0);
+static_assert(gpt2_plan.split("wpe.weight") == -1);
+static_assert(gpt2_plan.split("h.*.ln_1.weight") == -1);
+static_assert(gpt2_plan.split("h.*.attn.q_proj.weight") == 0);
+static_assert(gpt2_plan.split("h.*.attn.k_proj.weight") == 0);
+static_assert(gpt2_plan.split("h.*.attn.v_proj.weight") == 0);
+static_assert(gpt2_plan.split("h.*.attn.q_proj.bias") == 0);
+static_assert(gpt2_plan.split("h.*.attn.o_proj.weight") == 1);
+static_assert(gpt2_plan.split("h.*.attn.o_proj.bias") == -1);
+static_assert(gpt2_plan.split("h.*.mlp.fc1.weight") == 0);
+static_assert(gpt2_plan.split("h.*.mlp.fc1.bias") == 0);
+static_assert(gpt2_plan.split("h.*.mlp.fc2.weight") == 1);
+static_assert(gpt2_plan.split("h.*.mlp.fc2.bias") == -1);
+static_assert(gpt2_plan.split("ln_f.weight") == -1);
+// One all-reduce per block per direction: attention and MLP in each layer,
+// plus the embedding's vocabulary-split lookup; no all-gathers anywhere.
+static_assert(gpt2_plan.count(nn::Collective::all_reduce) == 3);
+static_assert(gpt2_plan.count(nn::Collective::all_gather) == 0);
+static_assert(gpt2_plan.count(nn::Collective::vocab_logits) == 1);
+// 50257 does not divide by 2: the plan says so at compile time.
+static_assert(gpt2_plan.split_if_divisible("wte.weight", 50257, 2) == -1);
+static_assert(gpt2_plan.split_if_divisible("wte.weight", 50304, 2) == 0);
+static_assert(gpt2_plan.split_if_divisible("h.*.attn.q_proj.weight", 768, 4, 64) == 0);
+static_assert(gpt2_plan.split_if_divisible("h.*.attn.q_proj.weight", 768, 5, 64) == -1);
+
+// An MLP chain: the alternation follows execution order, not names.
+using Chain = decltype(nn::linear(8, 16) | nn::relu() | nn::linear(16, 16) | nn::relu() |
+                       nn::linear(16, 16) | nn::linear(16, 4));
+constexpr auto chain_plan = shard::plan_v<Chain>;
+static_assert(chain_plan.split("fc_1.weight") == 0 && chain_plan.split("fc_2.weight") == 1);
+static_assert(chain_plan.split("fc_3.weight") == 0 && chain_plan.split("fc_4.weight") == 1);
+static_assert(chain_plan.split("fc_1.bias") == 0 && chain_plan.split("fc_2.bias") == -1);
+static_assert(chain_plan.count(nn::Collective::all_reduce) == 2);
+}  // namespace
+
+TEST_CASE("GPT-2 parameters are named as the plan says, with run-time shapes", "[plan]") {
+  auto model = gpt2(64, 16, 32, 4, 2);
+  auto entries = nn::param_entries(model);
+  REQUIRE(entries.size() == 2 + 2 * 16 + 2);
+  CHECK(entries[0].name.view() == "wte.weight");
+  CHECK(entries[2].name.view() == "h.0.ln_1.weight");
+  CHECK(entries[4].name.view() == "h.0.attn.q_proj.weight");
+  CHECK(entries[18].name.view() == "h.1.ln_1.weight");
+  CHECK(entries.back().name.view() == "ln_f.bias");
+  CHECK(entries[4].shape.shape() == Shape{32, 32});
+  auto split = shard::resolve(model, 2);
+  for (const auto& s : split) {
+    INFO(s.name);
+    // every run-time entry matches the compile-time plan's entry (repeat index -> *)
+    std::string pattern = s.name;
+    if (pattern.rfind("h.", 0) == 0) pattern = "h.*" + pattern.substr(pattern.find('.', 2));
+    CHECK(s.split_dim == gpt2_plan.split(pattern));
+  }
+}

@@ -119,8 +119,8 @@ std::optional<Match> classify(const Parts& mod) {
   if (one_of(leaf, {"wpe", "embed_positions", "position_embeddings", "token_type_embeddings",
                     "relative_attention_bias"}))
     return Match{Role::replicated};
-  if (one_of(leaf, {"embed_tokens", "wte", "word_embeddings", "shared", "lm_head",
-                    "tok_embeddings"}))
+  if (one_of(leaf,
+             {"embed_tokens", "wte", "word_embeddings", "shared", "lm_head", "tok_embeddings"}))
     return Match{Role::vocab};
   if (leaf == "output" && mod.size() == 1) return Match{Role::vocab};  // Meta LLaMA's head
   if (auto m = match_gpt2(leaf, mod)) return m;
@@ -185,7 +185,8 @@ void Planner::assign_roles() {
     REDCO_CHECK(seen.insert(p.name).second, "parameter '{}' is listed twice", p.name);
     out_.push_back({p.name, p.shape, Role::replicated, -1, {}, false, 1});
     parsed_.push_back(parse(p.name));
-    if (parsed_.back().tail == "weight") weight_of_module_[parsed_.back().module] = int(out_.size()) - 1;
+    if (parsed_.back().tail == "weight")
+      weight_of_module_[parsed_.back().module] = int(out_.size()) - 1;
   }
   for (size_t i = 0; i < out_.size(); ++i) {
     const Parsed& p = parsed_[i];
@@ -245,8 +246,8 @@ void Planner::resolve_head_dim() {
     if (s.role != Role::attn_q || s.shape.rank() != 2) continue;
     const int64_t width = s.shape[stored(s, 0)] / s.fused_blocks;
     REDCO_CHECK(width % opts_.num_heads == 0,
-                "num_heads {} does not divide the query width {} of {} {}", opts_.num_heads,
-                width, s.name, s.shape);
+                "num_heads {} does not divide the query width {} of {} {}", opts_.num_heads, width,
+                s.name, s.shape);
     head_dim_ = width / opts_.num_heads;
     return;
   }
@@ -288,8 +289,7 @@ std::string Planner::blocker(int i, std::string& caveat) const {
     return fmt::format("{} {}: {} does not divide into {} shards", s.name, s.shape, what, n_);
   if (heads && n_ > 1)
     caveat = fmt::format(
-        "head size unknown: each shard holds whole heads only if the head count divides by {}",
-        n_);
+        "head size unknown: each shard holds whole heads only if the head count divides by {}", n_);
   return {};
 }
 
@@ -303,8 +303,8 @@ void Planner::resolve(const Group& g) {
   if (!any(row_side))
     why = fmt::format("no row-parallel partner consumes its split outputs in layer '{}'", g.layer);
   else if (!any(column_side))
-    why = fmt::format("no column-parallel partner produces its split inputs in layer '{}'",
-                      g.layer);
+    why =
+        fmt::format("no column-parallel partner produces its split inputs in layer '{}'", g.layer);
   std::vector<std::string> caveats(g.members.size()), blockers(g.members.size());
   for (size_t k = 0; k < g.members.size(); ++k) {
     blockers[k] = blocker(g.members[k], caveats[k]);
@@ -374,8 +374,8 @@ std::vector<IndexRange> shard_ranges(const ParamSplit& p, int n_shards, int shar
 }
 
 std::string describe(const std::vector<ParamSplit>& plan, int n_shards) {
-  std::vector<std::array<std::string, 5>> rows{{"parameter", "shape", "role", "split",
-                                                "bytes/shard (f32)"}};
+  std::vector<std::array<std::string, 5>> rows{
+      {"parameter", "shape", "role", "split", "bytes/shard (f32)"}};
   int64_t whole = 0, per_shard = 0;
   for (const ParamSplit& p : plan) {
     const int64_t bytes = shard_shape(p, n_shards).numel() * 4;
@@ -385,16 +385,16 @@ std::string describe(const std::vector<ParamSplit>& plan, int n_shards) {
     if (p.split_dim >= 0)
       split = p.fused_blocks > 1 ? fmt::format("dim {} ({} blocks)", p.split_dim, p.fused_blocks)
                                  : fmt::format("dim {}", p.split_dim);
-    rows.push_back({p.name, p.shape.str(), std::string(role_name(p.role)), split,
-                    std::to_string(bytes)});
+    rows.push_back(
+        {p.name, p.shape.str(), std::string(role_name(p.role)), split, std::to_string(bytes)});
   }
   std::array<size_t, 5> width{};
   for (const auto& r : rows)
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   std::string text;
   for (const auto& r : rows)
-    text += fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {:>{}}\n", r[0], width[0], r[1],
-                        width[1], r[2], width[2], r[3], width[3], r[4], width[4]);
+    text += fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {:>{}}\n", r[0], width[0], r[1], width[1],
+                        r[2], width[2], r[3], width[3], r[4], width[4]);
   text += fmt::format("total: {} bytes per shard of {} ({} shards)\n", per_shard, whole, n_shards);
   for (const ParamSplit& p : plan)
     if (!p.note.empty()) text += "note: " + p.note + "\n";

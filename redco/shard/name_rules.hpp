@@ -24,10 +24,12 @@
 //              query key value + attention.output.dense (BERT);
 //              q_lin k_lin v_lin out_lin (DistilBERT);
 //              attn.c_attn (GPT-2 fused q|k|v), crossattention.c_attn (fused k|v),
-//              crossattention.q_attn, attn.c_proj (GPT-2 O)
-//   column     up_proj gate_proj fc1 fc_in wi wi_0 wi_1 c_fc intermediate.dense
-//   row        down_proj fc2 fc_out wo mlp.c_proj output.dense (not under attention)
-//   vocab      embed_tokens wte word_embeddings shared lm_head
+//              crossattention.q_attn, attn.c_proj (GPT-2 O);
+//              attention.wq wk wv wo (Meta's LLaMA checkpoints)
+//   column     up_proj gate_proj fc1 fc_in wi wi_0 wi_1 c_fc intermediate.dense w1 w3
+//   row        down_proj fc2 fc_out wo mlp.c_proj output.dense (not under attention) w2
+//   vocab      embed_tokens wte word_embeddings shared lm_head tok_embeddings,
+//              and a top-level "output" (Meta's LM head)
 //   replicated wpe embed_positions position_embeddings token_type_embeddings,
 //              norms (a component containing "norm"/"Norm", or starting "ln_"),
 //              relative_attention_bias, buffers and anything not 2-D.
@@ -86,11 +88,11 @@ struct NameRuleOptions {
 
 struct ParamSplit {
   std::string name;
-  Shape shape;     // as stored
-  Role role;       // what the rules made of it, even if it could not split
-  int split_dim;   // dimension of the stored tensor that is split; -1: replicated
-  std::string note;     // why a role that splits was replicated, or a caveat on the split
-  bool in_out = false;  // stored (in, out): the split dim is flipped from split_dim_of(role)
+  Shape shape;           // as stored
+  Role role;             // what the rules made of it, even if it could not split
+  int split_dim;         // dimension of the stored tensor that is split; -1: replicated
+  std::string note;      // why a role that splits was replicated, or a caveat on the split
+  bool in_out = false;   // stored (in, out): the split dim is flipped from split_dim_of(role)
   int fused_blocks = 1;  // >1: split_dim packs this many equal blocks, each split alike
 };
 

@@ -75,10 +75,14 @@ double seconds(const std::function<void()>& f) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Warm-up round, then round-robin repetitions; fills Contender::best.
-void measure(std::vector<Contender>& cs, int reps) {
+// Warm-up round, then round-robin repetitions; fills Contender::best. With
+// warm_each every timed run follows an untimed one, so short runs are not
+// charged for the caches and clocks that the previous contender or a settle
+// pause left cold.
+void measure(std::vector<Contender>& cs, int reps, bool warm_each = false) {
   for (int r = -1; r < reps; ++r) {
     for (auto& c : cs) {
+      if (warm_each && r >= 0) c.run();
       const double sec = seconds(c.run);
       if (r >= 0) c.best = std::min(c.best, sec);
       std::this_thread::sleep_for(std::chrono::milliseconds(c.settle_ms));
@@ -239,7 +243,7 @@ void small_table(int reps) {
          }),
          30},
     };
-    measure(cs, reps);
+    measure(cs, reps, /*warm_each=*/true);
     std::printf("| %ld | %.3f | %.3f | %.3f | %.3f |\n", static_cast<long>(n),
                 cs[0].best / calls * 1e6, cs[1].best / calls * 1e6, cs[2].best / calls * 1e6,
                 cs[3].best / calls * 1e6);

@@ -6,3 +6,7 @@
 #include "redco/core/philox.hpp"
 #include "redco/core/tensor.hpp"
 #include "redco/data/idx.hpp"
+#include "redco/nn/model.hpp"
+#include "redco/optim/optimizer.hpp"
+#include "redco/optim/schedule.hpp"
+#include "redco/shard/plan.hpp"

@@ -1,5 +1,5 @@
-// Fashion-MNIST with a small CNN, written directly against redco's tensors
-// and autodiff: the loss falls within the first few hundred steps.
+// Fashion-MNIST with a small CNN built from redco's layers, trained with
+// value_and_grad and SGD: the loss falls within the first few hundred steps.
 //   build/samples/mnist/mnist --epochs 1 --batch-size 64 --lr 0.05
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -12,23 +12,8 @@
 using namespace redco;
 
 // conv(1->16) relu pool | conv(16->32) relu pool | linear(32*7*7 -> 10)
-Tensor forward(const ParamTree& p, const Tensor& images) {  // images [B, 1, 28, 28]
-  Tensor h = max_pool2d(relu(conv2d(images, p.at("conv1.weight"), p.at("conv1.bias"), 1, 1)), 2);
-  h = max_pool2d(relu(conv2d(h, p.at("conv2.weight"), p.at("conv2.bias"), 1, 1)), 2);
-  return linear(flatten(h), p.at("fc.weight"), p.at("fc.bias"));  // [B, 10]
-}
-
-ParamTree init(uint64_t seed) {
-  auto he = [seed](const char* name, Shape s, int64_t fan_in) {
-    return Tensor::normal(s, seed, stream_of(name), 0.f, std::sqrt(2.f / float(fan_in)));
-  };
-  return {{"conv1.weight", he("conv1.weight", {16, 1, 3, 3}, 9)},
-          {"conv1.bias", Tensor::zeros({16})},
-          {"conv2.weight", he("conv2.weight", {32, 16, 3, 3}, 144)},
-          {"conv2.bias", Tensor::zeros({32})},
-          {"fc.weight", he("fc.weight", {10, 32 * 7 * 7}, 32 * 7 * 7)},
-          {"fc.bias", Tensor::zeros({10})}};
-}
+const auto cnn = nn::conv2d(1, 16) | nn::relu() | nn::max_pool() | nn::conv2d(16, 32) | nn::relu() |
+                 nn::max_pool() | nn::flatten() | nn::linear(32 * 7 * 7, 10);
 
 // Copies examples order[begin, begin + B) into the (reused) batch tensors.
 void collate(const data::FashionMnist& d, std::span<const int64_t> idx, Tensor& x, Tensor& y) {
@@ -49,7 +34,7 @@ double accuracy(const ParamTree& p, const data::FashionMnist& test, int64_t batc
   for (int64_t b = 0; b + batch <= test.count; b += batch) {
     Tensor x = Tensor::empty({batch, 1, 28, 28}), y = Tensor::empty({batch}, DType::i64);
     collate(test, std::span(idx).subspan(size_t(b), size_t(batch)), x, y);
-    auto pred = argmax(forward(p, x), 1).values<int64_t>();
+    auto pred = argmax(nn::apply(cnn, p, x), 1).values<int64_t>();
     for (int64_t i = 0; i < batch; ++i) correct += pred[size_t(i)] == y.data<int64_t>()[i];
   }
   return double(correct) / double(test.count - test.count % batch);
@@ -72,8 +57,8 @@ int main(int argc, char** argv) try {
 
   const auto train = data::load_fashion_mnist(dir, "train");
   const auto test = data::load_fashion_mnist(dir, "test");
-  ParamTree params = init(seed), velocity;
-  for (auto& [name, p] : params) velocity.emplace(name, Tensor::zeros(p.shape()));
+  ParamTree params = nn::init_params(cnn, seed);
+  auto optimizer = optim::sgd(lr, {.momentum = momentum});
   Tensor x = Tensor::empty({batch, 1, 28, 28}), y = Tensor::empty({batch}, DType::i64);
   std::vector<int64_t> order(size_t(train.count));
   std::iota(order.begin(), order.end(), 0);
@@ -85,13 +70,8 @@ int main(int argc, char** argv) try {
     for (int64_t step = 0; (step + 1) * batch <= train.count; ++step) {
       collate(train, std::span(order).subspan(size_t(step * batch), size_t(batch)), x, y);
       auto [loss, grads] = value_and_grad(
-          [&](const ParamTree& p) { return cross_entropy(forward(p, x), y); }, params);
-      NoGradGuard off;  // SGD with momentum: v = m v + g; p -= lr v
-      for (auto& [name, p] : params) {
-        Tensor& v = velocity.at(name);
-        v.copy_from(v * momentum + grads.at(name));
-        p.copy_from(p - v * lr);
-      }
+          [&](const ParamTree& p) { return cross_entropy(nn::apply(cnn, p, x), y); }, params);
+      optimizer.step(params, grads);
       running += loss.item();
       if ((step + 1) % log_every == 0) {
         fmt::print("epoch {} step {:5d}  loss {:.4f}\n", epoch, step + 1, running / log_every);

@@ -116,8 +116,7 @@ struct Kernel {
   Vf o, lse, dq, dk, dv;
 };
 
-Kernel run_kernel(const AttentionShape& s, const Vf& q, const Vf& k, const Vf& v,
-                  const Vf& dout) {
+Kernel run_kernel(const AttentionShape& s, const Vf& q, const Vf& k, const Vf& v, const Vf& dout) {
   Kernel r{Vf(q.size()), Vf(s.B * s.Hq * s.Tq), Vf(q.size()), Vf(k.size()), Vf(v.size())};
   redco::cpu::flash_attention_forward(s, q.data(), k.data(), v.data(), r.o.data(), r.lse.data());
   // Outputs are written, not accumulated: poison them to prove every entry is set.

@@ -166,6 +166,8 @@ TEST_CASE("sgemm: beta = 1 accumulates and alpha = 0 or K = 0 only scale C", "[g
 }
 
 TEST_CASE("sgemm: large products split across TBB threads match the reference", "[gemm]") {
+  // 3 and 4 give 3x1 and 2x2 tile grids; on a smaller machine TBB warns that it
+  // caps the workers, but the tiles are still cut for the arena's concurrency.
   for (int threads : {1, 2, 3, 4}) {
     tbb::task_arena arena(threads);
     arena.execute([&] {

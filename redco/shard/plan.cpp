@@ -61,7 +61,7 @@ std::string describe_collectives(std::span<const nn::CollectiveEntry> collective
         break;
       case nn::Collective::vocab_logits:
         out += fmt::format("  {}: logits stay split by vocabulary (loss all-reduces max and sum)\n",
-                           where);
+                           c.where.view().empty() ? "lm head" : c.where.view());
         break;
     }
   }

@@ -69,8 +69,8 @@ double per_call(int calls, const std::function<void()>& f) {
   double best = std::numeric_limits<double>::infinity();
   for (int round = 0; round < 5; ++round)
     best = std::min(best, seconds([&] {
-                      for (int i = 0; i < calls; ++i) f();
-                    }) / calls);
+                            for (int i = 0; i < calls; ++i) f();
+                          }) / calls);
   return best;
 }
 
@@ -87,9 +87,9 @@ void bench_tiles() {
     bool ta, tb;
     float beta;
   };
-  for (const Case& k : {Case{"NT  S = Q K^T", false, true, 0.f},
-                        Case{"NN  O += P V", false, false, 1.f},
-                        Case{"TN  dV += P^T dO", true, false, 1.f}}) {
+  for (const Case& k :
+       {Case{"NT  S = Q K^T", false, true, 0.f}, Case{"NN  O += P V", false, false, 1.f},
+        Case{"TN  dV += P^T dO", true, false, 1.f}}) {
     const double t_gemm = per_call(4000, [&] {
       redco::cpu::sgemm(k.ta, k.tb, n, n, n, 1.f, a.data(), n, b.data(), n, k.beta, c.data(), n);
     });
@@ -154,7 +154,9 @@ struct Unfused {
   std::unique_ptr<float[]> P;  // [B, H, T, T] probabilities, saved for backward
   explicit Unfused(const AttentionShape& s)
       : S(floats(s.B * s.Hq * s.Tq * s.Tk)), P(floats(s.B * s.Hq * s.Tq * s.Tk)) {}
-  static double counted_bytes(const AttentionShape& s) { return 4.0 * 2 * s.B * s.Hq * s.Tq * s.Tk; }
+  static double counted_bytes(const AttentionShape& s) {
+    return 4.0 * 2 * s.B * s.Hq * s.Tq * s.Tk;
+  }
 
   void forward(const AttentionShape& s, Buffers& x) {
     const int64_t BH = s.B * s.Hq, T = s.Tq, D = s.D, TD = T * D, TT = T * T;
@@ -164,7 +166,8 @@ struct Unfused {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, BH * T, 64), [&](const auto& r) {
       for (int64_t row = r.begin(); row < r.end(); ++row) {
         const int64_t i = row % T;  // query i sees keys 0..i
-        std::fill(sp + row * T + i + 1, sp + (row + 1) * T, -std::numeric_limits<float>::infinity());
+        std::fill(sp + row * T + i + 1, sp + (row + 1) * T,
+                  -std::numeric_limits<float>::infinity());
       }
     });
     redco::cpu::softmax_forward(S.get(), P.get(), BH * T, T);
@@ -176,8 +179,8 @@ struct Unfused {
     redco::cpu::sgemm_batched(BH, false, true, T, T, D, 1.f, x.dout.data(), D, TD, x.v.data(), D,
                               TD, 0.f, S.get(), T, TT);
     redco::cpu::softmax_backward(P.get(), S.get(), S.get(), BH * T, T);
-    redco::cpu::sgemm_batched(BH, false, false, T, D, T, s.scale, S.get(), T, TT, x.k.data(), D,
-                              TD, 0.f, x.dq.data(), D, TD);
+    redco::cpu::sgemm_batched(BH, false, false, T, D, T, s.scale, S.get(), T, TT, x.k.data(), D, TD,
+                              0.f, x.dq.data(), D, TD);
     redco::cpu::sgemm_batched(BH, true, false, T, D, T, s.scale, S.get(), T, TT, x.q.data(), D, TD,
                               0.f, x.dk.data(), D, TD);
     redco::cpu::sgemm_batched(BH, true, false, T, D, T, 1.f, P.get(), T, TT, x.dout.data(), D, TD,
@@ -221,6 +224,10 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// Buffers over this go to mmap and back to the OS on free (a fixed threshold
+// also stops glibc from raising it after the first big free).
+constexpr int kMmapThreshold = 64 << 10;
+
 struct Options {
   int reps = 5;
   int threads = 2;
@@ -249,8 +256,13 @@ void bench_seq(const Options& opt, int64_t T) {
   for (auto m : {&Buffers::o, &Buffers::dq, &Buffers::dk, &Buffers::dv})
     diff = std::max(diff, max_abs_diff(fx.*m, ux.*m));
   // Fresh workspaces, fused first: each path's peak above the shared buffers.
+  // During the measurement every allocation of 4 KiB or more is mmapped, so
+  // the fused path's small buffers show up too instead of reusing heap pages
+  // that earlier runs left resident.
+  mallopt(M_MMAP_THRESHOLD, 4 << 10);
   const double rss_f = peak_rss_rise_mib([&] { Fused(s).run(s, fx); });
   const double rss_u = peak_rss_rise_mib([&] { Unfused(s).run(s, ux); });
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
   const double mem_f = Fused::counted_bytes(s, opt.threads) / (1 << 20);
   const double mem_u = Unfused::counted_bytes(s) / (1 << 20);
   std::printf("%6ld %10.2f %10.2f %7.2fx %10.2f %10.1f %7.0fx %9.2f %9.1f %9.1e\n",
@@ -287,9 +299,7 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  // Buffers over 64 KiB go to mmap and back to the OS on free (a fixed
-  // threshold also stops glibc from raising it after the first big free).
-  mallopt(M_MMAP_THRESHOLD, 64 << 10);
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, opt.threads);
   std::printf("threads=%d reps=%d (best of; 4x reps at T<=256)\n\n", opt.threads, opt.reps);
   if (opt.tiles) bench_tiles();

@@ -58,8 +58,8 @@ using CRow = Eigen::Map<const Eigen::ArrayXf>;
 using Row = Eigen::Map<Eigen::ArrayXf>;
 
 void check_shape(const char* op, const AttentionShape& s) {
-  REDCO_CHECK(s.B >= 0 && s.Tq >= 0 && s.Tk >= 0,
-              "{}: need B, Tq, Tk >= 0, got B={} Tq={} Tk={}", op, s.B, s.Tq, s.Tk);
+  REDCO_CHECK(s.B >= 0 && s.Tq >= 0 && s.Tk >= 0, "{}: need B, Tq, Tk >= 0, got B={} Tq={} Tk={}",
+              op, s.B, s.Tq, s.Tk);
   REDCO_CHECK(s.D >= 1, "{}: head dim D must be >= 1, got {}", op, s.D);
   REDCO_CHECK(s.Hkv >= 1 && s.Hq >= 1 && s.Hq % s.Hkv == 0,
               "{}: query heads Hq={} must be a positive multiple of kv heads Hkv={}", op, s.Hq,
@@ -107,8 +107,8 @@ struct FwdScratch {
 
 // Folds one score tile (rows i0.., keys j0..j0+c) into the running state and
 // turns S into the tile's probabilities (unnormalised, relative to the new m).
-void online_softmax_step(const AttentionShape& s, FwdScratch& w, int64_t i0, int64_t r,
-                         int64_t j0, int64_t c) {
+void online_softmax_step(const AttentionShape& s, FwdScratch& w, int64_t i0, int64_t r, int64_t j0,
+                         int64_t c) {
   for (int64_t ii = 0; ii < r; ++ii) {
     float* srow = w.S + ii * kBc;
     const int64_t n = visible_in_tile(s, i0 + ii, j0, c);
@@ -127,8 +127,8 @@ void online_softmax_step(const AttentionShape& s, FwdScratch& w, int64_t i0, int
 
 // One query tile [i0, i1) of one head: q, o are that head's [Tq, D] rows,
 // k, v its kv head's [Tk, D] rows, lse its [Tq] entries.
-void forward_tile(const AttentionShape& s, const float* q, const float* k, const float* v,
-                  float* o, float* lse, int64_t i0, int64_t i1, FwdScratch& w) {
+void forward_tile(const AttentionShape& s, const float* q, const float* k, const float* v, float* o,
+                  float* lse, int64_t i0, int64_t i1, FwdScratch& w) {
   const int64_t r = i1 - i0, D = s.D;
   std::fill(w.m, w.m + r, kNegInf);
   std::fill(w.l, w.l + r, 0.f);
@@ -195,7 +195,7 @@ void rebuild_probabilities(const AttentionShape& s, const QHead& qh, BwdScratch&
 void backward_pair(const AttentionShape& s, const QHead& qh, const KvHead& kv, BwdScratch& w,
                    int64_t i0, int64_t r, int64_t j0, int64_t c) {
   const int64_t D = s.D;
-  const float* qi = qh.q + i0 * D;     // [r, D]
+  const float* qi = qh.q + i0 * D;      // [r, D]
   const float* doi = qh.dout + i0 * D;  // [r, D]
   const float* kj = kv.k + j0 * D;      // [c, D]
   sgemm(false, true, r, c, D, s.scale, qi, D, kj, D, 0.f, w.P, kBc);
@@ -269,15 +269,15 @@ void flash_attention_forward(const AttentionShape& s, const float* q, const floa
       const int64_t bh = u / q_tiles, b = bh / s.Hq, h = bh % s.Hq;
       const int64_t i0 = u % q_tiles * kBr, i1 = std::min(s.Tq, i0 + kBr);
       const int64_t kvh = b * s.Hkv + h / group;
-      forward_tile(s, q + bh * s.Tq * D, k + kvh * s.Tk * D, v + kvh * s.Tk * D,
-                   o + bh * s.Tq * D, lse + bh * s.Tq, i0, i1, w);
+      forward_tile(s, q + bh * s.Tq * D, k + kvh * s.Tk * D, v + kvh * s.Tk * D, o + bh * s.Tq * D,
+                   lse + bh * s.Tq, i0, i1, w);
     }
   });
 }
 
 void flash_attention_backward(const AttentionShape& s, const float* q, const float* k,
-                              const float* v, const float* o, const float* lse,
-                              const float* dout, float* dq, float* dk, float* dv) {
+                              const float* v, const float* o, const float* lse, const float* dout,
+                              float* dq, float* dk, float* dv) {
   check_shape("flash_attention_backward", s);
   const int64_t D = s.D, group = s.Hq / s.Hkv;
   const int64_t q_elems = s.B * s.Hq * s.Tq * D;
@@ -300,8 +300,7 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
         heads[t] = QHead{q + bh * s.Tq * D, dout + bh * s.Tq * D, lse + bh * s.Tq,
                          delta.data() + bh * s.Tq, dq_acc + bh * s.Tq * D};
       }
-      const KvHead kv{k + bg * s.Tk * D, v + bg * s.Tk * D, dk + bg * s.Tk * D,
-                      dv + bg * s.Tk * D};
+      const KvHead kv{k + bg * s.Tk * D, v + bg * s.Tk * D, dk + bg * s.Tk * D, dv + bg * s.Tk * D};
       for (int64_t kt = set; kt < key_tiles; kt += splits)
         backward_key_tile(s, heads.data(), group, kv, w, kt * kBc, std::min(kBc, s.Tk - kt * kBc));
     }

@@ -11,20 +11,22 @@
 // arena's max_concurrency(), so a user limiting TBB limits GEMM too, and
 // nested calls compose with the caller's parallel loops.
 //
-// Measured on the 2-core dev box (tools/bench/README.md): TBB tiles with
-// single-threaded oneDNN run the large transformer GEMMs as fast as oneDNN's
-// own 2-thread OpenMP path (within the run-to-run noise), so the composable
-// scheme costs nothing where the monolithic one would be at its best.
+// Measured (tools/bench/README.md, 2 threads): on the transformer-sized GEMMs
+// the TBB tiles run as fast as oneDNN's own OpenMP path (0.95-1.07x on a quiet
+// Xeon, within the noise on the shared 2-core dev box), so the composable
+// scheme costs nothing there. OpenMP's spinning team does start up faster:
+// between ~100^3 and 128^3 it is ~25% quicker, a range redco keeps on one
+// thread (see kMinTileMacs). Each tile is one single-threaded call, so for a
+// given thread count the result does not depend on scheduling.
 //
 // Tiny products (a few hundred multiply-adds) cost more in oneDNN's dispatch
-// (~0.15-0.4 us) than in a plain loop, so they take an inline kernel.
+// (~0.3-0.4 us) than in a plain loop, so they take an inline kernel.
 #include "redco/ops/cpu/gemm.hpp"
 
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
-#include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -36,12 +38,13 @@ namespace redco::cpu {
 namespace {
 
 // At or below this many multiply-adds the inline loop beats oneDNN's call
-// overhead (crossover measured at ~8x8x8 for every transpose combination).
+// overhead (crossover measured at 8x8x8, and for skinny shapes near 512 too).
 constexpr int64_t kTinyMacs = 512;
 
-// A TBB tile should carry at least this many multiply-adds (~50 us of one
-// core): below that, waking a sleeping TBB worker costs about what the split
-// saves (measured: 128^3 is slower on 2 threads than on 1, 192^3 gains 1.2x).
+// A TBB tile should carry at least this many multiply-adds (~25-50 us of one
+// core): below that, handing a tile to a TBB worker costs about what the split
+// saves (2 threads, quiet Xeon: 128^3 as 2 tiles took 24-31 us against 26 us
+// on one thread; 192^3 took 53-67 us against 83 us).
 constexpr int64_t kMinTileMacs = int64_t{1} << 21;
 
 // Tile edges are rounded to this many rows/columns: the micro-kernels work on

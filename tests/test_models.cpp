@@ -1,1 +1,326 @@
+// The model zoo: compile-time shard plans, parameter names and counts, and
+// short training runs on real data (KJV text, Fashion-MNIST) whose loss must
+// fall well below its starting value.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "redco/data/idx.hpp"
+#include "redco/data/text.hpp"
+#include "redco/models/gpt2.hpp"
+#include "redco/models/llama.hpp"
+#include "redco/models/t5.hpp"
+#include "redco/models/vision.hpp"
+#include "redco/optim/optimizer.hpp"
+#include "redco/shard/plan.hpp"
+
+using namespace redco;
+using nn::Collective;
+
+namespace {
+
+// ---- compile-time plans ------------------------------------------------------------------
+constexpr auto gpt2_plan = shard::plan_v<models::Gpt2>;
+static_assert(gpt2_plan.params.size() == 2 + 16 + 2);
+static_assert(gpt2_plan.split("wte.weight") == 0 && gpt2_plan.split("wpe.weight") == -1);
+static_assert(gpt2_plan.split("h.*.ln_1.weight") == -1 && gpt2_plan.split("h.*.ln_2.bias") == -1);
+static_assert(gpt2_plan.split("h.*.attn.q_proj.weight") == 0);
+static_assert(gpt2_plan.split("h.*.attn.k_proj.weight") == 0);
+static_assert(gpt2_plan.split("h.*.attn.v_proj.weight") == 0);
+static_assert(gpt2_plan.split("h.*.attn.q_proj.bias") == 0);
+static_assert(gpt2_plan.split("h.*.attn.o_proj.weight") == 1);
+static_assert(gpt2_plan.split("h.*.attn.o_proj.bias") == -1);
+static_assert(gpt2_plan.split("h.*.mlp.fc1.weight") == 0 && gpt2_plan.split("h.*.mlp.fc1.bias") == 0);
+static_assert(gpt2_plan.split("h.*.mlp.fc2.weight") == 1 && gpt2_plan.split("h.*.mlp.fc2.bias") == -1);
+static_assert(gpt2_plan.split("ln_f.weight") == -1);
+static_assert(gpt2_plan.count(Collective::all_reduce) == 3);
+static_assert(gpt2_plan.count(Collective::all_gather) == 0);
+static_assert(gpt2_plan.count(Collective::vocab_logits) == 1);
+static_assert(gpt2_plan.split_if_divisible("wte.weight", 50257, 2) == -1);
+
+constexpr auto llama_plan = shard::plan_v<models::Llama>;
+static_assert(llama_plan.params.size() == 1 + 9 + 2);  // per layer: 2 norms, q k v o, 3 MLP
+static_assert(llama_plan.split("embed_tokens.weight") == 0);
+static_assert(llama_plan.split("layers.*.input_layernorm.weight") == -1);
+static_assert(llama_plan.split("layers.*.self_attn.q_proj.weight") == 0);
+static_assert(llama_plan.split("layers.*.self_attn.k_proj.weight") == 0);
+static_assert(llama_plan.split("layers.*.self_attn.v_proj.weight") == 0);
+static_assert(llama_plan.split("layers.*.self_attn.o_proj.weight") == 1);
+static_assert(llama_plan.split("layers.*.post_attention_layernorm.weight") == -1);
+static_assert(llama_plan.split("layers.*.mlp.gate_proj.weight") == 0);
+static_assert(llama_plan.split("layers.*.mlp.up_proj.weight") == 0);
+static_assert(llama_plan.split("layers.*.mlp.down_proj.weight") == 1);
+static_assert(llama_plan.split("norm.weight") == -1 && llama_plan.split("lm_head.weight") == 0);
+static_assert(!llama_plan.has("layers.*.self_attn.q_proj.bias") && !llama_plan.has("wte.weight"));
+// Embedding lookup, attention and gated MLP: one all-reduce each, nothing gathered.
+static_assert(llama_plan.count(Collective::all_reduce) == 3);
+static_assert(llama_plan.count(Collective::all_gather) == 0);
+static_assert(llama_plan.count(Collective::vocab_logits) == 1);
+
+constexpr auto t5_plan = shard::plan_v<models::T5>;
+static_assert(t5_plan.params.size() == (2 + 8 + 1) + (2 + 13 + 2));
+static_assert(t5_plan.split("encoder.wte.weight") == 0 && t5_plan.split("encoder.wpe.weight") == -1);
+static_assert(t5_plan.split("encoder.h.*.norm_1.weight") == -1);
+static_assert(t5_plan.split("encoder.h.*.attn.q_proj.weight") == 0);
+static_assert(t5_plan.split("encoder.h.*.attn.o_proj.weight") == 1);
+static_assert(t5_plan.split("encoder.h.*.mlp.fc1.weight") == 0);
+static_assert(t5_plan.split("encoder.h.*.mlp.fc2.weight") == 1);
+static_assert(t5_plan.split("encoder.norm.weight") == -1);
+static_assert(t5_plan.split("decoder.h.*.attn.v_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.h.*.cross_attn.q_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.h.*.cross_attn.k_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.h.*.cross_attn.v_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.h.*.cross_attn.o_proj.weight") == 1);
+static_assert(t5_plan.split("decoder.h.*.norm_3.weight") == -1);
+static_assert(t5_plan.split("decoder.lm_head.weight") == 0);
+static_assert(!t5_plan.has("decoder.h.*.cross_attn.q_proj.bias"));
+// Encoder: embedding, attention, MLP; decoder: embedding, self-, cross-attention, MLP.
+static_assert(t5_plan.count(Collective::all_reduce) == 3 + 4);
+static_assert(t5_plan.count(Collective::all_gather) == 0);
+
+constexpr auto mlp_plan = shard::plan_v<models::MlpClassifier>;
+static_assert(mlp_plan.split("fc_1.weight") == 0 && mlp_plan.split("fc_1.bias") == 0);
+static_assert(mlp_plan.split("fc_2.weight") == 1 && mlp_plan.split("fc_2.bias") == -1);
+static_assert(mlp_plan.count(Collective::all_reduce) == 1);
+static_assert(mlp_plan.count(Collective::all_gather) == 0);
+
+constexpr auto cnn_plan = shard::plan_v<models::SmallCnn>;
+static_assert(cnn_plan.split("conv_1.weight") == -1 && cnn_plan.split("conv_2.bias") == -1);
+
+// ---- helpers ---------------------------------------------------------------------------------
+int64_t count_without_allocating(const std::vector<nn::ParamEntry>& entries) {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.shape.shape().numel();
+  return n;
+}
+
+std::vector<std::string> names_of(const std::vector<nn::ParamEntry>& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) out.emplace_back(e.name.view());
+  return out;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// The whole KJV, one verse per line, read once per test run.
+const std::string& kjv_text() {
+  static const std::string text = data::join_verses(data::read_kjv());
+  return text;
+}
+
+double mean_of(const std::vector<double>& v, size_t begin, size_t end) {
+  return std::accumulate(v.begin() + long(begin), v.begin() + long(end), 0.0) /
+         double(end - begin);
+}
+
+struct RunStats {
+  std::vector<double> losses;
+  double seconds = 0;
+  double first() const { return mean_of(losses, 0, 5); }  // before training has moved much
+  double last() const { return mean_of(losses, losses.size() - 20, losses.size()); }
+};
+
+// `steps` optimizer steps on loss_fn(params, step).
+template <typename F>
+RunStats train(ParamTree& params, optim::Optimizer& opt, int steps, F&& loss_fn) {
+  RunStats r;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) {
+    auto [loss, grads] =
+        value_and_grad([&](const ParamTree& p) { return loss_fn(p, uint64_t(s)); }, params);
+    opt.step(params, grads);
+    r.losses.push_back(loss.item());
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+void report(const char* what, const RunStats& r, double eval = NAN) {
+  fmt::print("{:<34} {:4d} steps {:6.2f} s  loss {:.3f} -> {:.3f}  (held-out {:.3f})\n", what,
+             r.losses.size(), r.seconds, r.first(), r.last(), eval);
+}
+
+optim::Optimizer make_adamw(float peak, int steps) {
+  return optim::adamw(optim::warmup(10, optim::cosine(peak, steps - 10, 0.1f)),
+                      {.weight_decay = 0.01f, .max_grad_norm = 1.f});
+}
+
+// Trains a causal LM on characters [0, 1M) of the KJV and evaluates it on a
+// fixed batch from the last 200K characters (Revelation and the epistles).
+template <typename Model>
+std::pair<RunStats, double> train_char_lm(const Model& model, const data::CharTokenizer& tok,
+                                          int steps, float lr) {
+  const std::string& text = kjv_text();
+  const auto train_ids = tok.encode(std::string_view(text).substr(0, 1'000'000));
+  const auto eval_ids = tok.encode(std::string_view(text).substr(text.size() - 200'000));
+  ParamTree params = nn::init_params(model, 1);
+  auto opt = make_adamw(lr, steps);
+  auto loss_at = [&](const ParamTree& p, const data::LmBatch& b) {
+    return cross_entropy(nn::apply(model, p, b.inputs), b.targets);
+  };
+  RunStats r = train(params, opt, steps, [&](const ParamTree& p, uint64_t step) {
+    return loss_at(p, data::next_token_batch(train_ids, 16, 64, 11, step));
+  });
+  NoGradGuard off;
+  const double eval = loss_at(params, data::next_token_batch(eval_ids, 32, 64, 99, 0)).item();
+  return {std::move(r), eval};
+}
+
+}  // namespace
+
+// ---- parameter names and counts ---------------------------------------------------------------
+TEST_CASE("GPT-2 small has 124,439,808 parameters with Hugging Face-like names", "[models]") {
+  const auto entries = nn::param_entries(models::gpt2({}));  // shapes only: nothing allocated
+  CHECK(count_without_allocating(entries) == 124'439'808);
+  REQUIRE(entries.size() == 2 + 12 * 16 + 2);
+  const auto names = names_of(entries);
+  CHECK(names[0] == "wte.weight");
+  CHECK(names[1] == "wpe.weight");
+  CHECK(names[2] == "h.0.ln_1.weight");
+  CHECK(names[4] == "h.0.attn.q_proj.weight");
+  CHECK(names[13] == "h.0.mlp.fc1.weight");
+  CHECK(names[17] == "h.0.mlp.fc2.bias");
+  CHECK(names[18] == "h.1.ln_1.weight");
+  CHECK(names.back() == "ln_f.bias");
+  CHECK(entries[13].shape.shape() == Shape{3072, 768});
+  CHECK(entries[1].shape.shape() == Shape{1024, 768});
+  // A config read at run time builds the same type as the defaults.
+  const models::Gpt2Config medium{.dim = 1024, .layers = 24, .heads = 16};
+  static_assert(std::is_same_v<decltype(models::gpt2(medium)), models::Gpt2>);
+  CHECK(count_without_allocating(nn::param_entries(models::gpt2(medium))) == 354'823'168);
+}
+
+TEST_CASE("LLaMA-7B and Llama-2-70B (GQA) parameter counts and names", "[models]") {
+  const auto entries = nn::param_entries(models::llama({}));
+  CHECK(count_without_allocating(entries) == 6'738'415'616);
+  const auto names = names_of(entries);
+  REQUIRE(names.size() == 1 + 32 * 9 + 2);
+  CHECK(names[0] == "embed_tokens.weight");
+  CHECK(names[1] == "layers.0.input_layernorm.weight");
+  CHECK(names[2] == "layers.0.self_attn.q_proj.weight");
+  CHECK(names[5] == "layers.0.self_attn.o_proj.weight");
+  CHECK(names[6] == "layers.0.post_attention_layernorm.weight");
+  CHECK(names[7] == "layers.0.mlp.gate_proj.weight");
+  CHECK(names[9] == "layers.0.mlp.down_proj.weight");
+  CHECK(names[names.size() - 2] == "norm.weight");
+  CHECK(names.back() == "lm_head.weight");
+
+  const models::LlamaConfig l70{
+      .dim = 8192, .layers = 80, .heads = 64, .kv_heads = 8, .hidden = 28672, .norm_eps = 1e-5f};
+  const auto e70 = nn::param_entries(models::llama(l70));
+  CHECK(count_without_allocating(e70) == 68'976'648'192);
+  CHECK(e70[3].name.view() == "layers.0.self_attn.k_proj.weight");
+  CHECK(e70[3].shape.shape() == Shape{8 * 128, 8192});
+  CHECK_THROWS_WITH(models::llama({.heads = 32, .kv_heads = 5}),
+                    Catch::Contains("multiple of kv_heads"));
+}
+
+TEST_CASE("T5-style encoder-decoder names and counts", "[models]") {
+  const models::T5Config c{.vocab = 100, .context = 32, .dim = 16, .heads = 2, .hidden = 24,
+                           .encoder_layers = 2, .decoder_layers = 3};
+  const auto entries = nn::param_entries(models::t5(c));
+  const auto names = names_of(entries);
+  CHECK(names.size() == (2 + 2 * 8 + 1) + (2 + 3 * 13 + 2));
+  CHECK(names[0] == "encoder.wte.weight");
+  CHECK(names[2] == "encoder.h.0.norm_1.weight");
+  CHECK(contains(names, "encoder.h.1.mlp.fc2.weight"));
+  CHECK(contains(names, "encoder.norm.weight"));
+  CHECK(contains(names, "decoder.h.2.cross_attn.k_proj.weight"));
+  CHECK(contains(names, "decoder.h.2.norm_3.weight"));
+  CHECK(names.back() == "decoder.lm_head.weight");
+  // Per layer: attention 4 d^2, MLP 2 d h, norms d; the decoder adds cross-attention and a norm.
+  const int64_t d = 16, h = 24, v = 100, t = 32;
+  const int64_t enc_layer = 4 * d * d + 2 * d * h + 2 * d;
+  const int64_t dec_layer = 8 * d * d + 2 * d * h + 3 * d;
+  const int64_t expected = 2 * (v * d + t * d + d) + 2 * enc_layer + 3 * dec_layer + v * d;
+  CHECK(count_without_allocating(entries) == expected);
+}
+
+TEST_CASE("Image classifiers: names and counts", "[models]") {
+  const auto mlp = nn::param_entries(models::mlp_classifier({}));
+  CHECK(names_of(mlp) == std::vector<std::string>{"fc_1.weight", "fc_1.bias", "fc_2.weight",
+                                                   "fc_2.bias"});
+  CHECK(count_without_allocating(mlp) == 784 * 256 + 256 + 256 * 10 + 10);
+  const auto cnn = nn::param_entries(models::small_cnn({}));
+  CHECK(names_of(cnn) == std::vector<std::string>{"conv_1.weight", "conv_1.bias", "conv_2.weight",
+                                                   "conv_2.bias", "fc.weight", "fc.bias"});
+  CHECK(count_without_allocating(cnn) == (16 * 9 + 16) + (32 * 16 * 9 + 32) + (32 * 49 * 10 + 10));
+  CHECK_THROWS_WITH(models::small_cnn({.size = 30}), Catch::Contains("multiple of 4"));
+}
+
+// ---- the KJV and the tokenizer ---------------------------------------------------------------
+TEST_CASE("The KJV reader parses books, chapters and verses", "[models][data]") {
+  const auto few = data::read_kjv("Gen1:1-3");
+  REQUIRE(few.size() == 3);
+  CHECK(few[0].book == "Genesis");
+  CHECK(few[0].chapter == 1);
+  CHECK(few[2].verse == 3);
+  CHECK(few[0].text == "In the beginning God created the heaven and the earth.");
+  const auto sam = data::read_kjv("1Sa3:10");
+  REQUIRE(sam.size() == 1);
+  CHECK(sam[0].book == "1 Samuel");
+  CHECK(sam[0].chapter == 3);
+
+  const auto all = data::read_kjv();
+  CHECK(all.size() == 31102);
+  CHECK(all.back().book.starts_with("Revelation"));
+  CHECK(all.back().text == "The grace of our Lord Jesus Christ be with you all. Amen.");
+  CHECK(kjv_text().size() > 4'000'000);
+  CHECK_THROWS_WITH(data::read_kjv("Gen1:1; rm"), Catch::Contains("not a verse range"));
+  CHECK_THROWS_WITH(data::read_kjv("Foo1:1"), Catch::Contains("Bad Book"));
+}
+
+TEST_CASE("Character tokenizer round-trips and windows are deterministic", "[models][data]") {
+  const std::string& text = kjv_text();
+  const auto tok = data::CharTokenizer::fit(text, "\x02");
+  CHECK(tok.vocab_size() == 65);  // 63 printable symbols, '\n' and the marker
+  const std::string_view verse = "For God so loved the world, that he gave his only begotten Son";
+  const auto ids = tok.encode(verse);
+  CHECK(tok.decode(ids) == verse);
+  CHECK_THROWS_WITH(tok.encode("#"), Catch::Contains("not in the 65-symbol alphabet"));
+
+  const auto all = tok.encode(std::string_view(text).substr(0, 10'000));
+  const Tensor w1 = data::sample_windows(all, 4, 32, 5, 7);
+  const Tensor w2 = data::sample_windows(all, 4, 32, 5, 7);
+  CHECK(w1.shape() == Shape{4, 33});
+  CHECK(w1.values<int64_t>() == w2.values<int64_t>());
+  CHECK(w1.values<int64_t>() != data::sample_windows(all, 4, 32, 5, 8).values<int64_t>());
+  CHECK(w1.values<int64_t>() != data::sample_windows(all, 4, 32, 6, 7).values<int64_t>());
+  // Each window is a contiguous run of the corpus, and the targets are the inputs shifted by one.
+  const std::string decoded = tok.decode(w1.values<int64_t>());
+  CHECK(text.find(decoded.substr(33, 33)) != std::string::npos);
+  const auto b = data::next_token_batch(all, 4, 32, 5, 7);
+  const auto in = b.inputs.values<int64_t>(), tg = b.targets.values<int64_t>();
+  CHECK(std::equal(in.begin() + 1, in.begin() + 32, tg.begin()));
+  CHECK(in[32] == w1.values<int64_t>()[33]);
+  CHECK_THROWS_WITH(data::sample_windows(std::span(all).first(10), 1, 10, 0, 0),
+                    Catch::Contains("cannot hold"));
+}
+
+// ---- training on real data -------------------------------------------------------------------
+TEST_CASE("A tiny GPT-2 learns KJV characters", "[models][train]") {
+  const auto tok = data::CharTokenizer::fit(kjv_text());
+  const auto model = models::gpt2({.vocab = tok.vocab_size(), .context = 64, .dim = 64,
+                                   .layers = 2, .heads = 4});
+  const auto [r, eval] = train_char_lm(model, tok, 200, 1e-2f);
+  report("gpt2 d64 L2 on KJV chars", r, eval);
+  CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
+  CHECK(r.last() < 2.5);
+  CHECK(eval < 2.6);
+}
+
+TEST_CASE("A tiny LLaMA (GQA, rotary) learns KJV characters", "[models][train]") {
+  const auto tok = data::CharTokenizer::fit(kjv_text());
+  const auto model = models::llama({.vocab = tok.vocab_size(), .dim = 64, .layers = 2,
+                                    .heads = 4, .kv_heads = 2, .hidden = 176});
+  const auto [r, eval] = train_char_lm(model, tok, 150, 1e-2f);
+  report("llama d64 L2 kv2 on KJV chars", r, eval);
+  CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
+  CHECK(r.last() < 2.6);
+  CHECK(eval < 2.7);
+}

@@ -121,7 +121,7 @@ double mean_of(const std::vector<double>& v, size_t begin, size_t end) {
 struct RunStats {
   std::vector<double> losses;
   double seconds = 0;
-  double first() const { return mean_of(losses, 0, 5); }  // before training has moved much
+  double first() const { return losses.front(); }  // before the first update
   double last() const { return mean_of(losses, losses.size() - 20, losses.size()); }
 };
 
@@ -169,6 +169,73 @@ std::pair<RunStats, double> train_char_lm(const Model& model, const data::CharTo
   NoGradGuard off;
   const double eval = loss_at(params, data::next_token_batch(eval_ids, 32, 64, 99, 0)).item();
   return {std::move(r), eval};
+}
+
+// Reversal as a seq2seq task on real text: the source is L characters of the
+// KJV, the labels the same characters reversed, and the decoder reads the
+// labels shifted right behind a start marker.
+struct Seq2SeqBatch {
+  Tensor source, decoder_in, labels;
+};
+Seq2SeqBatch reverse_batch(std::span<const int64_t> ids, int64_t start, int64_t B, int64_t L,
+                           uint64_t seed, uint64_t step) {
+  const Tensor w = data::sample_windows(ids, B, L - 1, seed, step);
+  Seq2SeqBatch b{w, Tensor::empty({B, L}, DType::i64), Tensor::empty({B, L}, DType::i64)};
+  const int64_t* src = w.data<int64_t>();
+  int64_t* in = b.decoder_in.data<int64_t>();
+  int64_t* lab = b.labels.data<int64_t>();
+  for (int64_t i = 0; i < B; ++i) {
+    for (int64_t t = 0; t < L; ++t) {
+      lab[i * L + t] = src[i * L + L - 1 - t];
+      in[i * L + t] = t == 0 ? start : src[i * L + L - t];
+    }
+  }
+  return b;
+}
+
+double accuracy(const Tensor& logits, const Tensor& labels) {
+  const auto pred = argmax(logits, -1).values<int64_t>();
+  const auto want = labels.values<int64_t>();
+  size_t hits = 0;
+  for (size_t i = 0; i < pred.size(); ++i) hits += pred[i] == want[i];
+  return double(hits) / double(pred.size());
+}
+
+// A few hundred Fashion-MNIST images: the first 512 of the test split to
+// train on, its last 1000 to evaluate.
+struct Images {
+  Tensor train_x, train_y, eval_x, eval_y;
+};
+const Images& fashion() {
+  static const Images images = [] {
+    const auto d = data::load_fashion_mnist(data::kFashionMnistDir, "test");
+    auto take = [&](int64_t begin, int64_t n) {
+      const int64_t px = d.rows * d.cols;
+      return std::pair{
+          Tensor::from<float>(std::span(d.images).subspan(size_t(begin * px), size_t(n * px)),
+                              {n, 1, d.rows, d.cols}),
+          Tensor::from<int64_t>(std::span(d.labels).subspan(size_t(begin), size_t(n)), {n})};
+    };
+    auto [tx, ty] = take(0, 512);
+    auto [ex, ey] = take(d.count - 1000, 1000);
+    return Images{tx, ty, ex, ey};
+  }();
+  return images;
+}
+
+// 120 AdamW steps over the 512 training images in batches of 64.
+template <typename Model>
+std::pair<RunStats, double> train_classifier(const Model& model, float lr) {
+  const Images& im = fashion();
+  ParamTree params = nn::init_params(model, 5);
+  auto opt = make_adamw(lr, 120);
+  RunStats r = train(params, opt, 120, [&](const ParamTree& p, uint64_t step) {
+    const int64_t b = int64_t(step % 8) * 64;
+    return cross_entropy(nn::apply(model, p, im.train_x.slice0(b, b + 64)),
+                         im.train_y.slice0(b, b + 64));
+  });
+  NoGradGuard off;
+  return {std::move(r), accuracy(nn::apply(model, params, im.eval_x), im.eval_y)};
 }
 
 }  // namespace
@@ -278,11 +345,11 @@ TEST_CASE("The KJV reader parses books, chapters and verses", "[models][data]") 
 TEST_CASE("Character tokenizer round-trips and windows are deterministic", "[models][data]") {
   const std::string& text = kjv_text();
   const auto tok = data::CharTokenizer::fit(text, "\x02");
-  CHECK(tok.vocab_size() == 65);  // 63 printable symbols, '\n' and the marker
+  CHECK(tok.vocab_size() == 64);  // 61 printable symbols, space, '\n' and the marker
   const std::string_view verse = "For God so loved the world, that he gave his only begotten Son";
   const auto ids = tok.encode(verse);
   CHECK(tok.decode(ids) == verse);
-  CHECK_THROWS_WITH(tok.encode("#"), Catch::Contains("not in the 65-symbol alphabet"));
+  CHECK_THROWS_WITH(tok.encode("#"), Catch::Contains("not in the 64-symbol alphabet"));
 
   const auto all = tok.encode(std::string_view(text).substr(0, 10'000));
   const Tensor w1 = data::sample_windows(all, 4, 32, 5, 7);
@@ -323,4 +390,103 @@ TEST_CASE("A tiny LLaMA (GQA, rotary) learns KJV characters", "[models][train]")
   CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
   CHECK(r.last() < 2.6);
   CHECK(eval < 2.7);
+}
+
+TEST_CASE("A T5-style encoder-decoder learns to reverse KJV fragments", "[models][train]") {
+  const std::string& text = kjv_text();
+  const auto tok = data::CharTokenizer::fit(text, "\x02");
+  const int64_t start = tok.id('\x02');
+  const auto model = models::t5({.vocab = tok.vocab_size(), .context = 16, .dim = 64, .heads = 4,
+                                 .hidden = 128, .encoder_layers = 2, .decoder_layers = 2});
+  const auto train_ids = tok.encode(std::string_view(text).substr(0, 1'000'000));
+  const auto eval_ids = tok.encode(std::string_view(text).substr(text.size() - 200'000));
+  auto loss_and_logits = [&](const ParamTree& p, const Seq2SeqBatch& b) {
+    nn::Ctx ctx;
+    ctx.source = b.source;
+    Tensor logits = nn::apply(model, p, b.decoder_in, ctx);
+    return std::pair{cross_entropy(logits, b.labels), logits};
+  };
+  ParamTree params = nn::init_params(model, 2);
+  auto opt = make_adamw(5e-3f, 250);
+  const RunStats r = train(params, opt, 250, [&](const ParamTree& p, uint64_t step) {
+    return loss_and_logits(p, reverse_batch(train_ids, start, 32, 16, 3, step)).first;
+  });
+  NoGradGuard off;
+  const auto eval_batch = reverse_batch(eval_ids, start, 64, 16, 4, 0);
+  const auto [eval, logits] = loss_and_logits(params, eval_batch);
+  const double acc = accuracy(logits, eval_batch.labels);
+  report("t5 d64 2+2 reversing KJV text", r, eval.item());
+  fmt::print("{:<34} held-out character accuracy {:.3f}\n", "", acc);
+  CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
+  CHECK(r.last() < 1.5);
+  CHECK(eval.item() < 1.5);
+  CHECK(acc > 0.5);
+}
+
+TEST_CASE("An MLP and a small CNN learn Fashion-MNIST from 512 images", "[models][train]") {
+  const auto [mlp, mlp_acc] = train_classifier(models::mlp_classifier({.hidden = 128}), 2e-3f);
+  report("mlp 784-128-10 on Fashion-MNIST", mlp, mlp_acc);
+  CHECK(mlp.first() == Approx(std::log(10.0)).epsilon(0.2));
+  CHECK(mlp.last() < 0.6);
+  CHECK(mlp_acc > 0.65);  // chance: 0.1
+  const auto [cnn, cnn_acc] = train_classifier(models::small_cnn({}), 3e-3f);
+  report("cnn 16-32 on Fashion-MNIST", cnn, cnn_acc);
+  CHECK(cnn.first() == Approx(std::log(10.0)).epsilon(0.2));
+  CHECK(cnn.last() < 0.7);
+  CHECK(cnn_acc > 0.65);
+}
+
+// ---- dropout and parameter checks ------------------------------------------------------------
+TEST_CASE("Dropout depends on (seed, step) in training and is off in evaluation", "[models]") {
+  const models::Gpt2Config c{.vocab = 32, .context = 16, .dim = 16, .layers = 1, .heads = 2};
+  auto with_dropout = c;
+  with_dropout.dropout = 0.2f;
+  const auto model = models::gpt2(with_dropout);
+  const ParamTree params = nn::init_params(model, 3);
+  const std::vector<int64_t> ids_v{1, 5, 9, 2, 31, 0, 7, 7, 3, 4, 8, 1, 0, 0, 2, 6};
+  const Tensor ids = Tensor::from<int64_t>(ids_v, {2, 8});
+  auto run = [&](bool train, uint64_t seed, uint64_t step) {
+    nn::Ctx ctx{.train = train, .seed = seed, .step = step};
+    return nn::apply(model, params, ids, ctx).to_vector();
+  };
+  CHECK(run(true, 7, 3) == run(true, 7, 3));
+  CHECK(run(true, 7, 3) != run(true, 7, 4));
+  CHECK(run(true, 7, 3) != run(true, 8, 3));
+  CHECK(run(true, 7, 3) != run(false, 7, 3));
+  CHECK(run(false, 7, 3) == run(false, 8, 4));
+  // In evaluation the model computes exactly what the same model without dropout does.
+  CHECK(run(false, 7, 3) == nn::apply(models::gpt2(c), params, ids).to_vector());
+}
+
+TEST_CASE("A wrong parameter tree fails with the parameter's name", "[models]") {
+  using Catch::Contains;
+  const auto model = models::llama({.vocab = 16, .dim = 8, .layers = 1, .heads = 2, .hidden = 16});
+  const auto entries = nn::param_entries(model);
+  const ParamTree params = nn::init_params(model, 0);
+  REQUIRE_NOTHROW(nn::check_params(entries, params));
+  const Tensor ids = Tensor::from<int64_t>(std::vector<int64_t>{1, 2, 3, 4}, {1, 4});
+  CHECK(nn::apply(model, params, ids).shape() == Shape{1, 4, 16});
+
+  auto missing = params;
+  missing.erase("layers.0.self_attn.k_proj.weight");
+  CHECK_THROWS_WITH(nn::check_params(entries, missing),
+                    Contains("'layers.0.self_attn.k_proj.weight'") && Contains("is missing"));
+  CHECK_THROWS_WITH(nn::apply(model, missing, ids),
+                    Contains("parameter 'layers.0.self_attn.k_proj.weight' is missing"));
+
+  auto wrong = params;
+  wrong["layers.0.mlp.up_proj.weight"] = Tensor::zeros({16, 9});
+  CHECK_THROWS_WITH(nn::check_params(entries, wrong),
+                    Contains("'layers.0.mlp.up_proj.weight' has shape") &&
+                        Contains("but the model needs"));
+
+  auto extra = params;
+  extra["layers.0.self_attn.q_proj.bias"] = Tensor::zeros({8});
+  CHECK_THROWS_WITH(nn::check_params(entries, extra), Contains("entries but the model has"));
+
+  // Another model's tree: a GPT-2 checkpoint does not fit LLaMA.
+  const auto gpt = nn::init_params(models::gpt2({.vocab = 16, .context = 4, .dim = 8, .layers = 1,
+                                                 .heads = 2}),
+                                   0);
+  CHECK_THROWS_WITH(nn::check_params(entries, gpt), Contains("'embed_tokens.weight'"));
 }

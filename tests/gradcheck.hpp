@@ -90,9 +90,9 @@ inline void check_second_order(const Fn& f, TensorList in, size_t i, const std::
   for (size_t t = 0; t < wrt.size(); ++t) {
     for (int64_t j = 0; j < in[wrt[t]].numel(); ++j) {
       const double a = hg[t].defined() ? hg[t].data<float>()[j] : 0.0;
-      expect_close(a, central_difference(scalar, in, wrt[t], j, eps), atol, rtol,
-                   "second order, input " + std::to_string(wrt[t]) + " element " +
-                       std::to_string(j));
+      expect_close(
+          a, central_difference(scalar, in, wrt[t], j, eps), atol, rtol,
+          "second order, input " + std::to_string(wrt[t]) + " element " + std::to_string(j));
     }
   }
 }

@@ -15,8 +15,10 @@ Tensor mlp_loss(const ParamTree& p, const Tensor& x, const Tensor& y) {
   return mean(square(linear(h, p.at("fc2.weight"), p.at("fc2.bias")) - y));
 }
 ParamTree mlp_params() {
-  return {{"fc1.weight", randn({6, 4}, 1, 0.5f)}, {"fc1.bias", randn({6}, 2, 0.1f)},
-          {"fc2.weight", randn({3, 6}, 3, 0.5f)}, {"fc2.bias", randn({3}, 4, 0.1f)}};
+  return {{"fc1.weight", randn({6, 4}, 1, 0.5f)},
+          {"fc1.bias", randn({6}, 2, 0.1f)},
+          {"fc2.weight", randn({3, 6}, 3, 0.5f)},
+          {"fc2.bias", randn({3}, 4, 0.1f)}};
 }
 }  // namespace
 
@@ -36,8 +38,8 @@ TEST_CASE("backward accumulates into leaves' grad buffers", "[autodiff]") {
 TEST_CASE("a shared subexpression receives the sum of its uses", "[autodiff]") {
   Tensor x = Tensor::from({2.f}, {1});
   x.set_requires_grad(true);
-  Tensor y = x * x;                      // y = x^2
-  Tensor z = y * 3.f + exp(y) + y * y;   // dz/dx = (3 + e^y + 2y) 2x
+  Tensor y = x * x;                     // y = x^2
+  Tensor z = y * 3.f + exp(y) + y * y;  // dz/dx = (3 + e^y + 2y) 2x
   const float expect = (3.f + std::exp(4.f) + 8.f) * 4.f;
   CHECK(grad({sum(z)}, {x})[0].item() == Approx(expect).epsilon(1e-5));
 }
@@ -120,8 +122,8 @@ TEST_CASE("Hessian-vector product of an MLP matches finite differences", "[autod
   for (auto& [name, p] : params) v.emplace(name, randn(p.shape(), 100 + p.numel()));
   // Hv = d/dp <grad L(p), v>, with the inner gradient recorded (create_graph).
   auto grad_dot_v = [&](const ParamTree& p) {
-    ParamTree g = grad_of([&](const ParamTree& q) { return mlp_loss(q, x, y); }, p,
-                          {.create_graph = true});
+    ParamTree g =
+        grad_of([&](const ParamTree& q) { return mlp_loss(q, x, y); }, p, {.create_graph = true});
     Tensor dot = Tensor::scalar(0.f);
     for (auto& [name, gi] : g) dot = dot + sum(gi * v.at(name));
     return dot;
@@ -149,8 +151,8 @@ TEST_CASE("a MAML step differentiates through the inner update", "[autodiff]") {
   const float lr = 0.3f;
   // meta_loss(p) = L_query(p - lr * grad L_support(p))
   auto meta_loss = [&](const ParamTree& p) {
-    ParamTree g = grad_of([&](const ParamTree& q) { return mlp_loss(q, xs, ys); }, p,
-                          {.create_graph = true});
+    ParamTree g =
+        grad_of([&](const ParamTree& q) { return mlp_loss(q, xs, ys); }, p, {.create_graph = true});
     ParamTree adapted;
     for (auto& [name, w] : p) adapted.emplace(name, w - g.at(name) * lr);
     return mlp_loss(adapted, xq, yq);

@@ -10,7 +10,7 @@ using shard::Role;
 namespace {
 // GPT-2: tied head, learned positions, GELU MLP, biases everywhere.
 auto gpt2(int64_t vocab, int64_t ctx, int64_t d, int64_t heads, int64_t layers) {
-  return nn::embedding(vocab, d) + nn::positions(ctx, d) |
+  return (nn::embedding(vocab, d) + nn::positions(ctx, d)) |
          nn::repeat(layers, nn::residual(nn::layer_norm(d) | nn::causal_attention(d, heads)) |
                                 nn::residual(nn::layer_norm(d) | nn::mlp(d, 4 * d))) |
          nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head();

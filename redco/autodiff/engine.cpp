@@ -100,12 +100,15 @@ void Engine::accumulate_leaf(Node* n, Tensor g) {
 }
 
 void Engine::execute(Node* n, const TensorList& gouts) {
-  REDCO_CHECK(n->backward_, "backward through op '{}' a second time, but its saved tensors were "
-              "freed; pass retain_graph = true to the first backward", n->name());
+  REDCO_CHECK(n->backward_,
+              "backward through op '{}' a second time, but its saved tensors were "
+              "freed; pass retain_graph = true to the first backward",
+              n->name());
   TensorList gins = n->backward_(*n, gouts);
   if (!opts_.retain_graph && !opts_.create_graph) n->backward_ = nullptr;
-  REDCO_CHECK(gins.size() == n->inputs().size(), "backward of '{}' returned {} gradients for {} inputs",
-              n->name(), gins.size(), n->inputs().size());
+  REDCO_CHECK(gins.size() == n->inputs().size(),
+              "backward of '{}' returned {} gradients for {} inputs", n->name(), gins.size(),
+              n->inputs().size());
   for (size_t i = 0; i < gins.size(); ++i) {
     const Edge& e = n->inputs()[i];
     if (!e.node || !needed_.count(e.node.get()) || !gins[i].defined()) continue;
@@ -146,7 +149,8 @@ static TensorList default_grad_outputs(const TensorList& outputs, const TensorLi
   if (!given.empty()) {
     REDCO_CHECK(given.size() == outputs.size(), "grad: {} grad_outputs for {} outputs",
                 given.size(), outputs.size());
-    for (size_t i = 0; i < given.size(); ++i) check_same_shape(outputs[i], given[i], "grad_outputs");
+    for (size_t i = 0; i < given.size(); ++i)
+      check_same_shape(outputs[i], given[i], "grad_outputs");
     return given;
   }
   TensorList g;
@@ -158,33 +162,38 @@ static TensorList default_grad_outputs(const TensorList& outputs, const TensorLi
   return g;
 }
 
-TensorList grad(const TensorList& outputs, const TensorList& inputs,
-                const TensorList& grad_outputs, GradOptions options) {
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
+                GradOptions options) {
   std::vector<Edge> roots, targets;
   for (const Tensor& o : outputs) {
-    REDCO_CHECK(o.requires_grad(), "grad: an output does not require grad (was it computed from "
+    REDCO_CHECK(o.requires_grad(),
+                "grad: an output does not require grad (was it computed from "
                 "inputs with requires_grad, outside a NoGradGuard?)");
     roots.push_back(edge_of(o));
   }
   for (const Tensor& in : inputs) {
-    REDCO_CHECK(in.requires_grad(), "grad: input {} does not require grad; call "
-                "set_requires_grad() on it before computing the outputs", in.shape());
+    REDCO_CHECK(in.requires_grad(),
+                "grad: input {} does not require grad; call "
+                "set_requires_grad() on it before computing the outputs",
+                in.shape());
     targets.push_back(edge_of(in));
   }
   Engine engine(options);
   TensorList result = engine.run(roots, default_grad_outputs(outputs, grad_outputs), targets);
   for (size_t i = 0; i < result.size(); ++i) {
     if (result[i].defined()) continue;
-    REDCO_CHECK(options.allow_unused, "grad: the outputs do not depend on input {} (shape {}); "
-                "pass allow_unused = true to get an undefined gradient", i, inputs[i].shape());
+    REDCO_CHECK(options.allow_unused,
+                "grad: the outputs do not depend on input {} (shape {}); "
+                "pass allow_unused = true to get an undefined gradient",
+                i, inputs[i].shape());
   }
   return result;
 }
 
 void backward(const Tensor& output, const Tensor& grad_output, GradOptions options) {
   REDCO_CHECK(output.requires_grad(), "backward: the output does not require grad");
-  TensorList g = default_grad_outputs({output}, grad_output.defined() ? TensorList{grad_output}
-                                                                       : TensorList{});
+  TensorList g = default_grad_outputs(
+      {output}, grad_output.defined() ? TensorList{grad_output} : TensorList{});
   Engine engine(options);
   engine.run({edge_of(output)}, g, {});
 }

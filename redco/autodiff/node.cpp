@@ -1,8 +1,8 @@
 // Graph recording: grad mode, nodes, SavedOutput. The engine that runs the
 // graph backwards is in engine.cpp.
-#include <algorithm>
-
 #include "redco/autodiff/node.hpp"
+
+#include <algorithm>
 
 namespace redco {
 namespace {
@@ -23,7 +23,8 @@ std::shared_ptr<Node> Node::make_leaf(const std::shared_ptr<TensorImpl>& leaf) {
 
 bool needs_graph(const TensorList& inputs) {
   if (!GradMode::enabled()) return false;
-  return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); });
+  return std::any_of(inputs.begin(), inputs.end(),
+                     [](const Tensor& t) { return t.requires_grad(); });
 }
 
 Edge edge_of(const Tensor& t) {
@@ -61,7 +62,8 @@ Tensor record(const char* name, const TensorList& inputs, Tensor output, Node::B
 }
 
 SavedOutput::SavedOutput(const Tensor& out)
-    : data_(out.detach()), node_(out.defined() ? out.grad_fn() : nullptr),
+    : data_(out.detach()),
+      node_(out.defined() ? out.grad_fn() : nullptr),
       slot_(out.defined() ? out.output_nr() : 0) {}
 
 Tensor SavedOutput::get() const {

@@ -104,7 +104,8 @@ class SavedOutput {
 
 struct GradOptions {
   bool create_graph = false;  // record the backward pass (for higher-order gradients)
-  bool retain_graph = false;  // keep saved tensors so backward can run again (implied by create_graph)
+  bool retain_graph =
+      false;  // keep saved tensors so backward can run again (implied by create_graph)
   bool allow_unused = false;  // an input the outputs do not depend on gets an undefined gradient
 };
 

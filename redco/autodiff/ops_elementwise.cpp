@@ -111,8 +111,7 @@ Tensor log(const Tensor& x) {
   return unary_of_input("log", UnaryOp::log, x, [](const Tensor& x) { return pow(x, -1.f); });
 }
 Tensor tanh(const Tensor& x) {
-  return unary_of_output("tanh", UnaryOp::tanh, x,
-                         [](const Tensor& y) { return 1.f - square(y); });
+  return unary_of_output("tanh", UnaryOp::tanh, x, [](const Tensor& y) { return 1.f - square(y); });
 }
 Tensor sqrt(const Tensor& x) {  // d sqrt(x) = 1 / (2 sqrt(x))
   return unary_of_output("sqrt", UnaryOp::sqrt, x,

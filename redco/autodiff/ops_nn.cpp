@@ -140,8 +140,8 @@ Tensor cross_entropy_rows(const Tensor& logits, const Tensor& labels, int64_t ig
   return record("cross_entropy", {logits}, rows,
                 [logits, labels, ignore_index, lse](const Node& self, const TensorList& g) {
                   if (!building_higher_order())
-                    return TensorList{kernels::cross_entropy_backward(logits, labels, *lse, g[0],
-                                                                      ignore_index)};
+                    return TensorList{
+                        kernels::cross_entropy_backward(logits, labels, *lse, g[0], ignore_index)};
                   const int64_t vocab = logits.shape().last();
                   Tensor target = one_hot(labels, vocab, ignore_index).view(logits.shape());
                   return reference_vjp(self, {logits}, g[0], [&](const TensorList& in) {

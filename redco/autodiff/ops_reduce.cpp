@@ -74,10 +74,9 @@ Tensor argmax(const Tensor& x, int axis) { return kernels::argmax(x, x.shape().a
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  return record("broadcast_to", {x}, kernels::broadcast_to(x, shape),
-                [xs = x.shape()](const Node&, const TensorList& g) {
-                  return TensorList{sum_to(g[0], xs)};
-                });
+  return record(
+      "broadcast_to", {x}, kernels::broadcast_to(x, shape),
+      [xs = x.shape()](const Node&, const TensorList& g) { return TensorList{sum_to(g[0], xs)}; });
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

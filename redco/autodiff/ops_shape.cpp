@@ -18,8 +18,10 @@ Tensor flatten(const Tensor& x, int start_axis) {
   Shape s;
   int64_t rest = 1;
   for (int i = 0; i < x.rank(); ++i) {
-    if (i < a) s = s.append(x.dim(i));
-    else rest *= x.dim(i);
+    if (i < a)
+      s = s.append(x.dim(i));
+    else
+      rest *= x.dim(i);
   }
   return reshape(x, s.append(rest));
 }
@@ -30,10 +32,9 @@ Tensor permute(const Tensor& x, std::vector<int> perm) {
   std::vector<int> inverse(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(x.shape().axis(perm[i]))] = int(i);
   for (int& p : perm) p = x.shape().axis(p);
-  return record("permute", {x}, kernels::permute(x, perm),
-                [inverse](const Node&, const TensorList& g) {
-                  return TensorList{permute(g[0], inverse)};
-                });
+  return record(
+      "permute", {x}, kernels::permute(x, perm),
+      [inverse](const Node&, const TensorList& g) { return TensorList{permute(g[0], inverse)}; });
 }
 
 Tensor transpose(const Tensor& x, int axis0, int axis1) {

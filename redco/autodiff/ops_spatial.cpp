@@ -14,10 +14,9 @@ using detail::reference_vjp;
 // ---- embedding: gather forward, scatter-add backward -------------------------------------
 namespace {
 Tensor embedding_scatter(const Tensor& dout, const Tensor& ids, int64_t vocab) {
-  return record("embedding_scatter", {dout}, kernels::embedding_backward(dout, ids, vocab),
-                [ids](const Node&, const TensorList& g) {
-                  return TensorList{embedding(g[0], ids)};
-                });
+  return record(
+      "embedding_scatter", {dout}, kernels::embedding_backward(dout, ids, vocab),
+      [ids](const Node&, const TensorList& g) { return TensorList{embedding(g[0], ids)}; });
 }
 }  // namespace
 
@@ -62,7 +61,8 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
     Tensor r = broadcast_to(reshape(t, {B, Hkv, 1, Tk, D}), {B, Hkv, Hq / Hkv, Tk, D});
     return reshape(r, {B, Hq, Tk, D});
   };
-  Tensor scores = matmul(q, repeat_heads(k), false, true) * attention_scale(q, scale);  // [B,Hq,Tq,Tk]
+  Tensor scores =
+      matmul(q, repeat_heads(k), false, true) * attention_scale(q, scale);  // [B,Hq,Tq,Tk]
   if (causal) {
     // Query i sits at position i + (Tk - Tq) and sees keys up to there.
     Tensor mask = Tensor::zeros({Tq, Tk});
@@ -85,8 +85,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                     return reference_vjp(self, {q, k, v}, g[0], [&](const TensorList& in) {
                       return attention_reference(in[0], in[1], in[2], causal, scale);
                     });
-                  return kernels::attention_backward(q, k, v, *saved_o, *lse, g[0], causal,
-                                                     scale);
+                  return kernels::attention_backward(q, k, v, *saved_o, *lse, g[0], causal, scale);
                 });
 }
 
@@ -104,38 +103,35 @@ Tensor conv_weight_grad(const Tensor& x, const Tensor& dy, const Shape& w_shape,
 Tensor conv_input_grad(const Tensor& dy, const Tensor& w, const Shape& x_shape, ConvArgs a) {
   // The kernel computes dx and dw together; with x = 0 only dx is wanted.
   Tensor dx = kernels::conv2d_backward(dy, Tensor::zeros(x_shape), w, false, a.stride, a.pad)[0];
-  return record("conv2d_input_grad", {dy, w}, dx,
-                [dy, w, a](const Node& self, const TensorList& g) {
-                  return TensorList{
-                      self.needs_grad(0) ? conv2d(g[0], w, {}, a.stride, a.pad) : Tensor(),
-                      self.needs_grad(1) ? conv_weight_grad(g[0], dy, w.shape(), a) : Tensor()};
-                });
+  return record(
+      "conv2d_input_grad", {dy, w}, dx, [dy, w, a](const Node& self, const TensorList& g) {
+        return TensorList{self.needs_grad(0) ? conv2d(g[0], w, {}, a.stride, a.pad) : Tensor(),
+                          self.needs_grad(1) ? conv_weight_grad(g[0], dy, w.shape(), a) : Tensor()};
+      });
 }
 
 Tensor conv_weight_grad(const Tensor& x, const Tensor& dy, const Shape& w_shape, ConvArgs a) {
   Tensor dw = kernels::conv2d_backward(dy, x, Tensor::zeros(w_shape), false, a.stride, a.pad)[1];
-  return record("conv2d_weight_grad", {x, dy}, dw,
-                [x, dy, a](const Node& self, const TensorList& g) {
-                  return TensorList{
-                      self.needs_grad(0) ? conv_input_grad(dy, g[0], x.shape(), a) : Tensor(),
-                      self.needs_grad(1) ? conv2d(x, g[0], {}, a.stride, a.pad) : Tensor()};
-                });
+  return record(
+      "conv2d_weight_grad", {x, dy}, dw, [x, dy, a](const Node& self, const TensorList& g) {
+        return TensorList{self.needs_grad(0) ? conv_input_grad(dy, g[0], x.shape(), a) : Tensor(),
+                          self.needs_grad(1) ? conv2d(x, g[0], {}, a.stride, a.pad) : Tensor()};
+      });
 }
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t pad) {
   Tensor y = kernels::conv2d(x, w, bias, stride, pad);
-  return record("conv2d", {x, w, bias}, y,
-                [x, w, has_bias = bias.defined(), stride, pad](const Node& self,
-                                                               const TensorList& g) {
-                  if (!building_higher_order())
-                    return kernels::conv2d_backward(g[0], x, w, has_bias, stride, pad);
-                  const ConvArgs a{stride, pad};
-                  return TensorList{
-                      self.needs_grad(0) ? conv_input_grad(g[0], w, x.shape(), a) : Tensor(),
-                      self.needs_grad(1) ? conv_weight_grad(x, g[0], w.shape(), a) : Tensor(),
-                      has_bias ? sum(g[0], {0, 2, 3}) : Tensor()};
-                });
+  return record(
+      "conv2d", {x, w, bias}, y,
+      [x, w, has_bias = bias.defined(), stride, pad](const Node& self, const TensorList& g) {
+        if (!building_higher_order())
+          return kernels::conv2d_backward(g[0], x, w, has_bias, stride, pad);
+        const ConvArgs a{stride, pad};
+        return TensorList{self.needs_grad(0) ? conv_input_grad(g[0], w, x.shape(), a) : Tensor(),
+                          self.needs_grad(1) ? conv_weight_grad(x, g[0], w.shape(), a) : Tensor(),
+                          has_bias ? sum(g[0], {0, 2, 3}) : Tensor()};
+      });
 }
 
 // ---- pooling ----------------------------------------------------------------------------------

@@ -7,10 +7,14 @@ namespace redco::nn {
 inline Linear<true> linear(int64_t in, int64_t out) { return {.in = in, .out = out}; }
 inline Linear<false> linear_no_bias(int64_t in, int64_t out) { return {.in = in, .out = out}; }
 inline Embedding embedding(int64_t vocab, int64_t dim) { return {.vocab = vocab, .dim = dim}; }
-inline Positions positions(int64_t max_len, int64_t dim) { return {.max_len = max_len, .dim = dim}; }
+inline Positions positions(int64_t max_len, int64_t dim) {
+  return {.max_len = max_len, .dim = dim};
+}
 inline TiedLMHead<> tied_lm_head() { return {}; }
 inline LMHead lm_head(int64_t dim, int64_t vocab) { return {.dim = dim, .vocab = vocab}; }
-inline LayerNorm<true> layer_norm(int64_t dim, float eps = 1e-5f) { return {.dim = dim, .eps = eps}; }
+inline LayerNorm<true> layer_norm(int64_t dim, float eps = 1e-5f) {
+  return {.dim = dim, .eps = eps};
+}
 inline RMSNorm rms_norm(int64_t dim, float eps = 1e-6f) { return {.dim = dim, .eps = eps}; }
 
 struct AttentionOptions {
@@ -25,7 +29,11 @@ Attention<Bias> causal_attention(int64_t dim, int64_t heads, AttentionOptions o 
   const int64_t kv = o.kv_heads ? o.kv_heads : heads;
   REDCO_CHECK(heads % kv == 0, "causal_attention: heads {} must be a multiple of kv_heads {}",
               heads, kv);
-  return {.dim = dim, .heads = heads, .kv_heads = kv, .causal = true, .rotary = o.rotary,
+  return {.dim = dim,
+          .heads = heads,
+          .kv_heads = kv,
+          .causal = true,
+          .rotary = o.rotary,
           .rope_base = o.rope_base};
 }
 template <bool Bias = true>
@@ -57,8 +65,12 @@ inline Conv2d conv2d(int64_t in, int64_t out, int64_t kernel = 3, int64_t stride
                      int64_t pad = 1) {
   return {.in = in, .out = out, .kernel = kernel, .stride = stride, .pad = pad};
 }
-inline Pool2d max_pool(int64_t kernel = 2) { return {.kernel = kernel, .stride = kernel, .max = true}; }
-inline Pool2d avg_pool(int64_t kernel = 2) { return {.kernel = kernel, .stride = kernel, .max = false}; }
+inline Pool2d max_pool(int64_t kernel = 2) {
+  return {.kernel = kernel, .stride = kernel, .max = true};
+}
+inline Pool2d avg_pool(int64_t kernel = 2) {
+  return {.kernel = kernel, .stride = kernel, .max = false};
+}
 inline Flatten flatten() { return {}; }
 
 }  // namespace redco::nn

@@ -14,7 +14,9 @@
 namespace redco::nn {
 
 template <typename L>
-concept Layer = requires { L::kTransparent; };
+concept Layer = requires {
+  L::kTransparent;
+};
 
 template <Layer C>
 Tensor apply_child(const C& child, const Params& p, const Tensor& x, Ctx& ctx);
@@ -32,7 +34,8 @@ struct Seq {
   static constexpr void walk(Walker& w, const Seq* s) {
     [&]<size_t... I>(std::index_sequence<I...>) {
       (w.child<Ls>(s ? &std::get<I>(s->layers) : nullptr), ...);
-    }(std::index_sequence_for<Ls...>{});
+    }
+    (std::index_sequence_for<Ls...>{});
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     Tensor h = x;
@@ -101,7 +104,8 @@ struct Repeat {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     Tensor h = x;
-    for (int64_t i = 0; i < count; ++i) h = block.forward(p.indexed(i).template content<B>(), h, ctx);
+    for (int64_t i = 0; i < count; ++i)
+      h = block.forward(p.indexed(i).template content<B>(), h, ctx);
     return h;
   }
 };
@@ -166,8 +170,8 @@ struct AsSeq<Seq<Ls...>> {
 
 template <Layer A, Layer B>
 auto operator|(A a, B b) {
-  auto parts = std::tuple_cat(detail::AsSeq<A>::parts(std::move(a)),
-                              detail::AsSeq<B>::parts(std::move(b)));
+  auto parts =
+      std::tuple_cat(detail::AsSeq<A>::parts(std::move(a)), detail::AsSeq<B>::parts(std::move(b)));
   return std::apply([](auto... ls) { return Seq<decltype(ls)...>{{std::move(ls)...}}; },
                     std::move(parts));
 }

@@ -86,9 +86,7 @@ struct LMHead {  // an untied head [vocab, d]
             kTransformerInitStd);
     w.add_collective(Collective::vocab_logits);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return linear(x, p["weight"]);
-  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx&) const { return linear(x, p["weight"]); }
 };
 
 // ---- norms ------------------------------------------------------------------------------

@@ -61,11 +61,16 @@ void check_params(const std::vector<ParamEntry>& expected, const ParamTree& para
 
 Tensor activate(Act a, const Tensor& x) {
   switch (a) {
-    case Act::relu: return relu(x);
-    case Act::gelu: return gelu(x, true);
-    case Act::gelu_erf: return gelu(x, false);
-    case Act::silu: return silu(x);
-    case Act::tanh: return tanh(x);
+    case Act::relu:
+      return relu(x);
+    case Act::gelu:
+      return gelu(x, true);
+    case Act::gelu_erf:
+      return gelu(x, false);
+    case Act::silu:
+      return silu(x);
+    case Act::tanh:
+      return tanh(x);
   }
   return x;
 }
@@ -83,7 +88,7 @@ Tensor Attention<Bias, Cross>::project(const Params& p, const char* name, const 
                                        int64_t n_heads) const {
   const std::string proj(name);
   Tensor y = linear(x, p[proj + ".weight"], Bias ? p[proj + ".bias"] : Tensor());  // [B, T, h*hd]
-  return transpose(reshape(y, {x.dim(0), x.dim(1), n_heads, head_dim()}), 1, 2);  // [B, h, T, hd]
+  return transpose(reshape(y, {x.dim(0), x.dim(1), n_heads, head_dim()}), 1, 2);   // [B, h, T, hd]
 }
 
 template <bool Bias, bool Cross>

@@ -209,12 +209,12 @@ class Walker {
 
 // ---- the forward pass's view of parameters ----------------------------------------
 struct Ctx {
-  bool train = false;     // dropout on
-  uint64_t seed = 0;      // dropout masks depend on (seed, step, call index) only
+  bool train = false;  // dropout on
+  uint64_t seed = 0;   // dropout masks depend on (seed, step, call index) only
   uint64_t step = 0;
   uint64_t dropout_calls = 0;
-  Tensor source;          // encoder input (token ids), for encoder-decoder models
-  Tensor memory;          // encoder output, for cross-attention
+  Tensor source;  // encoder input (token ids), for encoder-decoder models
+  Tensor memory;  // encoder output, for cross-attention
 };
 
 using ParamTree = std::map<std::string, Tensor>;

@@ -12,7 +12,18 @@
 namespace redco {
 
 enum class UnaryOp {
-  neg, exp, log, tanh, sqrt, rsqrt, sigmoid, relu, erf, abs, square, reciprocal,
+  neg,
+  exp,
+  log,
+  tanh,
+  sqrt,
+  rsqrt,
+  sigmoid,
+  relu,
+  erf,
+  abs,
+  square,
+  reciprocal,
   step,  // 1 where x > 0 else 0 (the derivative of relu)
 };
 // Comparisons (eq, gt) yield 1.f / 0.f in the output dtype (f32).
@@ -28,11 +39,11 @@ class Backend {
   virtual ~Backend() = default;
   virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;  // broadcasting
-  virtual Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) = 0;  // a op s
+  virtual Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) = 0;   // a op s
   virtual void add_inplace(Tensor& a, const Tensor& b) = 0;                  // a += b, same shape
   // Reduces over `axes` (sorted, distinct); the result keeps them as size-1 dims.
   virtual Tensor reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) = 0;
-  virtual Tensor argmax(const Tensor& x, int axis) = 0;                      // i64, axis dropped
+  virtual Tensor argmax(const Tensor& x, int axis) = 0;  // i64, axis dropped
   virtual Tensor broadcast_to(const Tensor& x, const Shape& shape) = 0;
   virtual Tensor permute(const Tensor& x, std::span<const int> perm) = 0;
   // out[..., start:start+len, ...] along `axis` (a copy).
@@ -51,7 +62,8 @@ class Backend {
   // Returns {dx, dgamma, dbeta (if beta was given)}.
   virtual TensorList layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                          bool has_beta, const LayerNormSaved& saved) = 0;
-  virtual Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps, LayerNormSaved& saved) = 0;
+  virtual Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps,
+                          LayerNormSaved& saved) = 0;
   virtual TensorList rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                        const LayerNormSaved& saved) = 0;
   virtual Tensor gelu(const Tensor& x, bool tanh_approx) = 0;
@@ -98,10 +110,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
 // Kernel entry points: dispatch on the device of the first tensor argument.
 namespace kernels {
-#define REDCO_KERNEL(name)                                                       \
-  template <typename... A>                                                       \
-  auto name(const Tensor& first, A&&... rest) {                                  \
-    return backend(first.device()).name(first, std::forward<A>(rest)...);        \
+#define REDCO_KERNEL(name)                                                \
+  template <typename... A>                                                \
+  auto name(const Tensor& first, A&&... rest) {                           \
+    return backend(first.device()).name(first, std::forward<A>(rest)...); \
   }
 inline Tensor unary(UnaryOp op, const Tensor& x) { return backend(x.device()).unary(op, x); }
 inline Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {

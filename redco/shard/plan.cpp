@@ -51,7 +51,8 @@ std::string describe_collectives(std::span<const nn::CollectiveEntry> collective
     const std::string_view where = c.where.view().empty() ? "(model input)" : c.where.view();
     switch (c.kind) {
       case nn::Collective::enter_parallel:
-        out += fmt::format("  enter {}: identity forward, all-reduce of the input gradient\n", where);
+        out +=
+            fmt::format("  enter {}: identity forward, all-reduce of the input gradient\n", where);
         break;
       case nn::Collective::all_reduce:
         out += fmt::format("  leave {}: all-reduce forward\n", where);

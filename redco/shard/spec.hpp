@@ -17,9 +17,9 @@ enum class Role : uint8_t {
   attn_q,       // attention projections: whole heads per shard
   attn_k,
   attn_v,
-  attn_o,       // output projection: dim 1 (row-parallel)
-  vocab,        // token embedding / untied LM head [vocab, d]: vocabulary split (dim 0)
-  replicated,   // norms, positions, convolutions, anything the rules don't cover
+  attn_o,      // output projection: dim 1 (row-parallel)
+  vocab,       // token embedding / untied LM head [vocab, d]: vocabulary split (dim 0)
+  replicated,  // norms, positions, convolutions, anything the rules don't cover
 };
 
 // -1: replicated; otherwise the dimension of the (out, in)-stored tensor that is split.
@@ -44,16 +44,26 @@ constexpr int split_dim_of(Role r) {
 
 constexpr std::string_view role_name(Role r) {
   switch (r) {
-    case Role::column: return "column";
-    case Role::row: return "row";
-    case Role::column_bias: return "column bias";
-    case Role::row_bias: return "row bias";
-    case Role::attn_q: return "attention q";
-    case Role::attn_k: return "attention k";
-    case Role::attn_v: return "attention v";
-    case Role::attn_o: return "attention o";
-    case Role::vocab: return "vocab";
-    case Role::replicated: return "replicated";
+    case Role::column:
+      return "column";
+    case Role::row:
+      return "row";
+    case Role::column_bias:
+      return "column bias";
+    case Role::row_bias:
+      return "row bias";
+    case Role::attn_q:
+      return "attention q";
+    case Role::attn_k:
+      return "attention k";
+    case Role::attn_v:
+      return "attention v";
+    case Role::attn_o:
+      return "attention o";
+    case Role::vocab:
+      return "vocab";
+    case Role::replicated:
+      return "replicated";
   }
   return "?";
 }

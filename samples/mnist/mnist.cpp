@@ -1,9 +1,10 @@
 // Fashion-MNIST with a small CNN built from redco's layers, trained with
 // value_and_grad and SGD: the loss falls within the first few hundred steps.
 //   build/samples/mnist/mnist --epochs 1 --batch-size 64 --lr 0.05
+#include <fmt/core.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <fmt/core.h>
 #include <numeric>
 #include <random>
 

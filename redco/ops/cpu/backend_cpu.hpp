@@ -53,8 +53,8 @@ class CpuBackend final : public Backend {
   TensorList conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,
                              int64_t stride, int64_t pad) override;
   Tensor max_pool2d(const Tensor& x, int64_t k, int64_t stride, Tensor& argmax) override;
-  Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x,
-                                     int64_t k, int64_t stride) override;
+  Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x, int64_t k,
+                             int64_t stride) override;
   Tensor max_pool2d_gather(const Tensor& dx, const Tensor& argmax) override;
   Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) override;
   Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k, int64_t stride) override;

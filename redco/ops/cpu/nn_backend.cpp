@@ -92,8 +92,8 @@ Tensor CpuBackend::log_softmax(const Tensor& x_in) {
 Tensor CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy_in) {
   Tensor dy = f32(dy_in, "log_softmax backward"), dx = like(y);
   check_same_shape(y, dy, "log_softmax backward");
-  cpu::log_softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(),
-                            y.shape().rows(), y.shape().last());
+  cpu::log_softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.shape().rows(),
+                            y.shape().last());
   return dx;
 }
 Tensor CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& labels,
@@ -186,8 +186,7 @@ Tensor CpuBackend::gelu(const Tensor& x_in, bool tanh_approx) {
 Tensor CpuBackend::gelu_backward(const Tensor& x_in, const Tensor& dy_in, bool tanh_approx) {
   Tensor x = f32(x_in, "gelu backward"), dy = f32(dy_in, "gelu backward"), dx = like(x);
   check_same_shape(x, dy, "gelu backward");
-  cpu::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel(),
-                     tanh_approx);
+  cpu::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel(), tanh_approx);
   return dx;
 }
 Tensor CpuBackend::silu(const Tensor& x_in) {
@@ -235,8 +234,8 @@ Tensor CpuBackend::rotary(const Tensor& x_in, int64_t pos_offset, float base, bo
 
 // ---- attention ------------------------------------------------------------------------
 namespace {
-cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    bool causal, float scale) {
+cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    float scale) {
   REDCO_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape() == v.shape() && q.dim(0) == k.dim(0) &&
                   q.dim(3) == k.dim(3) && k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0,
               "attention: expected q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D] with Hq a multiple "
@@ -276,14 +275,13 @@ TensorList CpuBackend::attention_backward(const Tensor& q_in, const Tensor& k_in
 
 // ---- convolution and pooling --------------------------------------------------------------
 namespace {
-cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, int64_t stride,
-                                  int64_t pad) {
+cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, int64_t stride, int64_t pad) {
   REDCO_CHECK(x.rank() == 4 && w.rank() == 4 && x.dim(1) == w.dim(1),
               "conv2d: expected x [N, C, H, W] and w [O, C, KH, KW] with matching C; got x {}, "
               "w {}",
               x.shape(), w.shape());
-  cpu::Conv2dGeometry g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3),
-                        stride, pad};
+  cpu::Conv2dGeometry g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0),
+                        w.dim(2), w.dim(3), stride,   pad};
   REDCO_CHECK(stride > 0 && pad >= 0 && g.out_h() > 0 && g.out_w() > 0,
               "conv2d: kernel {}x{} (stride {}, pad {}) does not fit the input {}", g.KH, g.KW,
               stride, pad, x.shape());
@@ -316,9 +314,8 @@ Tensor CpuBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& 
                       cols.data<float>(), g);
   return y;
 }
-TensorList CpuBackend::conv2d_backward(const Tensor& dy_in, const Tensor& x_in,
-                                       const Tensor& w_in, bool has_bias, int64_t stride,
-                                       int64_t pad) {
+TensorList CpuBackend::conv2d_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
+                                       bool has_bias, int64_t stride, int64_t pad) {
   Tensor x = f32(x_in, "conv2d"), w = f32(w_in, "conv2d"), dy = f32(dy_in, "conv2d backward");
   const auto g = conv_geometry(x, w, stride, pad);
   REDCO_CHECK(dy.shape() == (Shape{g.N, g.O, g.out_h(), g.out_w()}),
@@ -338,8 +335,8 @@ Tensor CpuBackend::max_pool2d(const Tensor& x_in, int64_t k, int64_t stride, Ten
   cpu::max_pool2d_forward(x.data<float>(), y.data<float>(), argmax.data<int32_t>(), g);
   return y;
 }
-Tensor CpuBackend::max_pool2d_backward(const Tensor& dy_in, const Tensor& argmax,
-                                       const Shape& x, int64_t k, int64_t stride) {
+Tensor CpuBackend::max_pool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x,
+                                       int64_t k, int64_t stride) {
   Tensor dy = f32(dy_in, "max_pool2d backward"), dx = Tensor::empty(x);
   check_same_shape(dy, argmax, "max_pool2d backward");
   const auto g = pool_geometry(x, k, stride, "max_pool2d backward");
@@ -373,8 +370,8 @@ Tensor CpuBackend::avg_pool2d_backward(const Tensor& dy_in, const Shape& x, int6
   Tensor dy = f32(dy_in, "avg_pool2d backward"), dx = Tensor::empty(x);
   const auto g = pool_geometry(x, k, stride, "avg_pool2d backward");
   REDCO_CHECK(dy.shape() == (Shape{g.N, g.C, g.out_h(), g.out_w()}),
-              "avg_pool2d backward: gradient {} does not match the pooled shape of {}",
-              dy.shape(), x);
+              "avg_pool2d backward: gradient {} does not match the pooled shape of {}", dy.shape(),
+              x);
   cpu::avg_pool2d_backward(dy.data<float>(), dx.data<float>(), g);
   return dx;
 }

@@ -1,9 +1,9 @@
 // The model zoo: compile-time shard plans, parameter names and counts, and
 // short training runs on real data (KJV text, Fashion-MNIST) whose loss must
 // fall well below its starting value.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -33,8 +33,10 @@ static_assert(gpt2_plan.split("h.*.attn.v_proj.weight") == 0);
 static_assert(gpt2_plan.split("h.*.attn.q_proj.bias") == 0);
 static_assert(gpt2_plan.split("h.*.attn.o_proj.weight") == 1);
 static_assert(gpt2_plan.split("h.*.attn.o_proj.bias") == -1);
-static_assert(gpt2_plan.split("h.*.mlp.fc1.weight") == 0 && gpt2_plan.split("h.*.mlp.fc1.bias") == 0);
-static_assert(gpt2_plan.split("h.*.mlp.fc2.weight") == 1 && gpt2_plan.split("h.*.mlp.fc2.bias") == -1);
+static_assert(gpt2_plan.split("h.*.mlp.fc1.weight") == 0 &&
+              gpt2_plan.split("h.*.mlp.fc1.bias") == 0);
+static_assert(gpt2_plan.split("h.*.mlp.fc2.weight") == 1 &&
+              gpt2_plan.split("h.*.mlp.fc2.bias") == -1);
 static_assert(gpt2_plan.split("ln_f.weight") == -1);
 static_assert(gpt2_plan.count(Collective::all_reduce) == 3);
 static_assert(gpt2_plan.count(Collective::all_gather) == 0);
@@ -62,7 +64,8 @@ static_assert(llama_plan.count(Collective::vocab_logits) == 1);
 
 constexpr auto t5_plan = shard::plan_v<models::T5>;
 static_assert(t5_plan.params.size() == (2 + 8 + 1) + (2 + 13 + 2));
-static_assert(t5_plan.split("encoder.wte.weight") == 0 && t5_plan.split("encoder.wpe.weight") == -1);
+static_assert(t5_plan.split("encoder.wte.weight") == 0 &&
+              t5_plan.split("encoder.wpe.weight") == -1);
 static_assert(t5_plan.split("encoder.h.*.norm_1.weight") == -1);
 static_assert(t5_plan.split("encoder.h.*.attn.q_proj.weight") == 0);
 static_assert(t5_plan.split("encoder.h.*.attn.o_proj.weight") == 1);
@@ -114,8 +117,7 @@ const std::string& kjv_text() {
 }
 
 double mean_of(const std::vector<double>& v, size_t begin, size_t end) {
-  return std::accumulate(v.begin() + long(begin), v.begin() + long(end), 0.0) /
-         double(end - begin);
+  return std::accumulate(v.begin() + long(begin), v.begin() + long(end), 0.0) / double(end - begin);
 }
 
 struct RunStats {
@@ -140,9 +142,10 @@ RunStats train(ParamTree& params, optim::Optimizer& opt, int steps, F&& loss_fn)
   return r;
 }
 
-void report(const char* what, const RunStats& r, double eval = NAN) {
-  fmt::print("{:<34} {:4d} steps {:6.2f} s  loss {:.3f} -> {:.3f}  (held-out {:.3f})\n", what,
-             r.losses.size(), r.seconds, r.first(), r.last(), eval);
+// One line per run, for the log: the losses are means over the first step and the last 20.
+void report(const char* what, const RunStats& r, const char* metric, double value) {
+  fmt::print("{:<34} {:4d} steps {:6.2f} s  loss {:.3f} -> {:.3f}  held-out {} {:.3f}\n", what,
+             r.losses.size(), r.seconds, r.first(), r.last(), metric, value);
 }
 
 optim::Optimizer make_adamw(float peak, int steps) {
@@ -250,11 +253,11 @@ TEST_CASE("GPT-2 small has 124,439,808 parameters with Hugging Face-like names",
   CHECK(names[1] == "wpe.weight");
   CHECK(names[2] == "h.0.ln_1.weight");
   CHECK(names[4] == "h.0.attn.q_proj.weight");
-  CHECK(names[13] == "h.0.mlp.fc1.weight");
+  CHECK(names[14] == "h.0.mlp.fc1.weight");
   CHECK(names[17] == "h.0.mlp.fc2.bias");
   CHECK(names[18] == "h.1.ln_1.weight");
   CHECK(names.back() == "ln_f.bias");
-  CHECK(entries[13].shape.shape() == Shape{3072, 768});
+  CHECK(entries[14].shape.shape() == Shape{3072, 768});
   CHECK(entries[1].shape.shape() == Shape{1024, 768});
   // A config read at run time builds the same type as the defaults.
   const models::Gpt2Config medium{.dim = 1024, .layers = 24, .heads = 16};
@@ -288,8 +291,13 @@ TEST_CASE("LLaMA-7B and Llama-2-70B (GQA) parameter counts and names", "[models]
 }
 
 TEST_CASE("T5-style encoder-decoder names and counts", "[models]") {
-  const models::T5Config c{.vocab = 100, .context = 32, .dim = 16, .heads = 2, .hidden = 24,
-                           .encoder_layers = 2, .decoder_layers = 3};
+  const models::T5Config c{.vocab = 100,
+                           .context = 32,
+                           .dim = 16,
+                           .heads = 2,
+                           .hidden = 24,
+                           .encoder_layers = 2,
+                           .decoder_layers = 3};
   const auto entries = nn::param_entries(models::t5(c));
   const auto names = names_of(entries);
   CHECK(names.size() == (2 + 2 * 8 + 1) + (2 + 3 * 13 + 2));
@@ -310,12 +318,12 @@ TEST_CASE("T5-style encoder-decoder names and counts", "[models]") {
 
 TEST_CASE("Image classifiers: names and counts", "[models]") {
   const auto mlp = nn::param_entries(models::mlp_classifier({}));
-  CHECK(names_of(mlp) == std::vector<std::string>{"fc_1.weight", "fc_1.bias", "fc_2.weight",
-                                                   "fc_2.bias"});
+  CHECK(names_of(mlp) ==
+        std::vector<std::string>{"fc_1.weight", "fc_1.bias", "fc_2.weight", "fc_2.bias"});
   CHECK(count_without_allocating(mlp) == 784 * 256 + 256 + 256 * 10 + 10);
   const auto cnn = nn::param_entries(models::small_cnn({}));
   CHECK(names_of(cnn) == std::vector<std::string>{"conv_1.weight", "conv_1.bias", "conv_2.weight",
-                                                   "conv_2.bias", "fc.weight", "fc.bias"});
+                                                  "conv_2.bias", "fc.weight", "fc.bias"});
   CHECK(count_without_allocating(cnn) == (16 * 9 + 16) + (32 * 16 * 9 + 32) + (32 * 49 * 10 + 10));
   CHECK_THROWS_WITH(models::small_cnn({.size = 30}), Catch::Contains("multiple of 4"));
 }
@@ -372,32 +380,43 @@ TEST_CASE("Character tokenizer round-trips and windows are deterministic", "[mod
 // ---- training on real data -------------------------------------------------------------------
 TEST_CASE("A tiny GPT-2 learns KJV characters", "[models][train]") {
   const auto tok = data::CharTokenizer::fit(kjv_text());
-  const auto model = models::gpt2({.vocab = tok.vocab_size(), .context = 64, .dim = 64,
-                                   .layers = 2, .heads = 4});
-  const auto [r, eval] = train_char_lm(model, tok, 200, 1e-2f);
-  report("gpt2 d64 L2 on KJV chars", r, eval);
+  const auto model =
+      models::gpt2({.vocab = tok.vocab_size(), .context = 64, .dim = 64, .layers = 2, .heads = 4});
+  const auto [r, eval] = train_char_lm(model, tok, 300, 1e-2f);
+  report("gpt2 d64 L2 on KJV chars", r, "loss", eval);
   CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
-  CHECK(r.last() < 2.5);
+  CHECK(r.last() < 2.45);  // measured 2.21 (train) and 2.37 (held-out)
   CHECK(eval < 2.6);
 }
 
 TEST_CASE("A tiny LLaMA (GQA, rotary) learns KJV characters", "[models][train]") {
   const auto tok = data::CharTokenizer::fit(kjv_text());
-  const auto model = models::llama({.vocab = tok.vocab_size(), .dim = 64, .layers = 2,
-                                    .heads = 4, .kv_heads = 2, .hidden = 176});
+  const auto model = models::llama({.vocab = tok.vocab_size(),
+                                    .dim = 64,
+                                    .layers = 2,
+                                    .heads = 4,
+                                    .kv_heads = 2,
+                                    .hidden = 176});
   const auto [r, eval] = train_char_lm(model, tok, 150, 1e-2f);
-  report("llama d64 L2 kv2 on KJV chars", r, eval);
+  report("llama d64 L2 kv2 on KJV chars", r, "loss", eval);
   CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
-  CHECK(r.last() < 2.6);
-  CHECK(eval < 2.7);
+  CHECK(r.last() < 2.3);  // measured 1.96 (train) and 2.12 (held-out)
+  CHECK(eval < 2.45);
 }
 
 TEST_CASE("A T5-style encoder-decoder learns to reverse KJV fragments", "[models][train]") {
   const std::string& text = kjv_text();
   const auto tok = data::CharTokenizer::fit(text, "\x02");
   const int64_t start = tok.id('\x02');
-  const auto model = models::t5({.vocab = tok.vocab_size(), .context = 16, .dim = 64, .heads = 4,
-                                 .hidden = 128, .encoder_layers = 2, .decoder_layers = 2});
+  // One layer each: enough to learn the alignment, and it does so within a few
+  // hundred steps (two layers each need about twice as many).
+  const auto model = models::t5({.vocab = tok.vocab_size(),
+                                 .context = 12,
+                                 .dim = 64,
+                                 .heads = 4,
+                                 .hidden = 128,
+                                 .encoder_layers = 1,
+                                 .decoder_layers = 1});
   const auto train_ids = tok.encode(std::string_view(text).substr(0, 1'000'000));
   const auto eval_ids = tok.encode(std::string_view(text).substr(text.size() - 200'000));
   auto loss_and_logits = [&](const ParamTree& p, const Seq2SeqBatch& b) {
@@ -407,30 +426,30 @@ TEST_CASE("A T5-style encoder-decoder learns to reverse KJV fragments", "[models
     return std::pair{cross_entropy(logits, b.labels), logits};
   };
   ParamTree params = nn::init_params(model, 2);
-  auto opt = make_adamw(5e-3f, 250);
-  const RunStats r = train(params, opt, 250, [&](const ParamTree& p, uint64_t step) {
-    return loss_and_logits(p, reverse_batch(train_ids, start, 32, 16, 3, step)).first;
+  auto opt = make_adamw(3e-3f, 400);
+  const RunStats r = train(params, opt, 400, [&](const ParamTree& p, uint64_t step) {
+    return loss_and_logits(p, reverse_batch(train_ids, start, 32, 12, 3, step)).first;
   });
   NoGradGuard off;
-  const auto eval_batch = reverse_batch(eval_ids, start, 64, 16, 4, 0);
+  const auto eval_batch = reverse_batch(eval_ids, start, 64, 12, 4, 0);
   const auto [eval, logits] = loss_and_logits(params, eval_batch);
   const double acc = accuracy(logits, eval_batch.labels);
-  report("t5 d64 2+2 reversing KJV text", r, eval.item());
+  report("t5 d64 1+1 reversing 12 KJV chars", r, "loss", eval.item());
   fmt::print("{:<34} held-out character accuracy {:.3f}\n", "", acc);
   CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
-  CHECK(r.last() < 1.5);
-  CHECK(eval.item() < 1.5);
-  CHECK(acc > 0.5);
+  CHECK(r.last() < 1.0);
+  CHECK(eval.item() < 1.2);
+  CHECK(acc > 0.75);
 }
 
 TEST_CASE("An MLP and a small CNN learn Fashion-MNIST from 512 images", "[models][train]") {
   const auto [mlp, mlp_acc] = train_classifier(models::mlp_classifier({.hidden = 128}), 2e-3f);
-  report("mlp 784-128-10 on Fashion-MNIST", mlp, mlp_acc);
+  report("mlp 784-128-10 on Fashion-MNIST", mlp, "accuracy", mlp_acc);
   CHECK(mlp.first() == Approx(std::log(10.0)).epsilon(0.2));
   CHECK(mlp.last() < 0.6);
   CHECK(mlp_acc > 0.65);  // chance: 0.1
   const auto [cnn, cnn_acc] = train_classifier(models::small_cnn({}), 3e-3f);
-  report("cnn 16-32 on Fashion-MNIST", cnn, cnn_acc);
+  report("cnn 16-32 on Fashion-MNIST", cnn, "accuracy", cnn_acc);
   CHECK(cnn.first() == Approx(std::log(10.0)).epsilon(0.2));
   CHECK(cnn.last() < 0.7);
   CHECK(cnn_acc > 0.65);
@@ -446,7 +465,8 @@ TEST_CASE("Dropout depends on (seed, step) in training and is off in evaluation"
   const std::vector<int64_t> ids_v{1, 5, 9, 2, 31, 0, 7, 7, 3, 4, 8, 1, 0, 0, 2, 6};
   const Tensor ids = Tensor::from<int64_t>(ids_v, {2, 8});
   auto run = [&](bool train, uint64_t seed, uint64_t step) {
-    nn::Ctx ctx{.train = train, .seed = seed, .step = step};
+    nn::Ctx ctx;
+    ctx.train = train, ctx.seed = seed, ctx.step = step;
     return nn::apply(model, params, ids, ctx).to_vector();
   };
   CHECK(run(true, 7, 3) == run(true, 7, 3));
@@ -476,17 +496,16 @@ TEST_CASE("A wrong parameter tree fails with the parameter's name", "[models]") 
 
   auto wrong = params;
   wrong["layers.0.mlp.up_proj.weight"] = Tensor::zeros({16, 9});
-  CHECK_THROWS_WITH(nn::check_params(entries, wrong),
-                    Contains("'layers.0.mlp.up_proj.weight' has shape") &&
-                        Contains("but the model needs"));
+  CHECK_THROWS_WITH(
+      nn::check_params(entries, wrong),
+      Contains("'layers.0.mlp.up_proj.weight' has shape") && Contains("but the model needs"));
 
   auto extra = params;
   extra["layers.0.self_attn.q_proj.bias"] = Tensor::zeros({8});
   CHECK_THROWS_WITH(nn::check_params(entries, extra), Contains("entries but the model has"));
 
   // Another model's tree: a GPT-2 checkpoint does not fit LLaMA.
-  const auto gpt = nn::init_params(models::gpt2({.vocab = 16, .context = 4, .dim = 8, .layers = 1,
-                                                 .heads = 2}),
-                                   0);
+  const auto gpt = nn::init_params(
+      models::gpt2({.vocab = 16, .context = 4, .dim = 8, .layers = 1, .heads = 2}), 0);
   CHECK_THROWS_WITH(nn::check_params(entries, gpt), Contains("'embed_tokens.weight'"));
 }

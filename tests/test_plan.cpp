@@ -53,6 +53,11 @@ static_assert(chain_plan.split("fc_1.weight") == 0 && chain_plan.split("fc_2.wei
 static_assert(chain_plan.split("fc_3.weight") == 0 && chain_plan.split("fc_4.weight") == 1);
 static_assert(chain_plan.split("fc_1.bias") == 0 && chain_plan.split("fc_2.bias") == -1);
 static_assert(chain_plan.count(nn::Collective::all_reduce) == 2);
+static_assert(chain_plan.count(nn::Collective::all_gather) == 0);
+// An odd chain ends column-parallel: its split output is gathered at the end.
+using OddChain = decltype(nn::linear(8, 16) | nn::relu() | nn::linear(16, 16) | nn::linear(16, 4));
+static_assert(shard::plan_v<OddChain>.split("fc_3.weight") == 0);
+static_assert(shard::plan_v<OddChain>.count(nn::Collective::all_gather) == 1);
 }  // namespace
 
 TEST_CASE("GPT-2 parameters are named as the plan says, with run-time shapes", "[plan]") {

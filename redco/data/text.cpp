@@ -167,8 +167,8 @@ Tensor sample_windows(std::span<const int64_t> tokens, int64_t batch, int64_t se
   REDCO_CHECK(batch > 0 && seq_len > 0, "sample_windows: batch {} and seq_len {} must be > 0",
               batch, seq_len);
   const int64_t starts = int64_t(tokens.size()) - seq_len;  // valid offsets: [0, starts)
-  REDCO_CHECK(starts > 0, "sample_windows: {} tokens cannot hold a window of {} + 1",
-              tokens.size(), seq_len);
+  REDCO_CHECK(starts > 0, "sample_windows: {} tokens cannot hold a window of {} + 1", tokens.size(),
+              seq_len);
   Tensor out = Tensor::empty({batch, seq_len + 1}, DType::i64);
   int64_t* p = out.data<int64_t>();
   const uint64_t stream = stream_of("redco.data.windows") ^ step;

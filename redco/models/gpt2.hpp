@@ -22,11 +22,11 @@ struct Gpt2Config {
 
 inline auto gpt2(const Gpt2Config& c) {
   const int64_t d = c.dim;
-  auto attn_block = nn::residual(nn::layer_norm(d) | nn::causal_attention(d, c.heads) |
-                                 nn::dropout(c.dropout));
-  auto mlp_block = nn::residual(nn::layer_norm(d) | nn::mlp(d, 4 * d, nn::Act::gelu) |
-                                nn::dropout(c.dropout));
-  return nn::embedding(c.vocab, d) + nn::positions(c.context, d) | nn::dropout(c.dropout) |
+  auto attn_block =
+      nn::residual(nn::layer_norm(d) | nn::causal_attention(d, c.heads) | nn::dropout(c.dropout));
+  auto mlp_block =
+      nn::residual(nn::layer_norm(d) | nn::mlp(d, 4 * d, nn::Act::gelu) | nn::dropout(c.dropout));
+  return (nn::embedding(c.vocab, d) + nn::positions(c.context, d)) | nn::dropout(c.dropout) |
          nn::repeat(c.layers, std::move(attn_block) | std::move(mlp_block)) |
          nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head();
 }

@@ -25,13 +25,12 @@ inline auto llama(const LlamaConfig& c) {
   auto norm = [&] { return nn::rms_norm(d, c.norm_eps); };
   auto attn = nn::causal_attention<false>(
       d, c.heads, {.kv_heads = c.kv_heads, .rotary = true, .rope_base = c.rope_base});
-  auto block = nn::residual(nn::named<"input_layernorm">(norm()) |
-                            nn::named<"self_attn">(std::move(attn))) |
-               nn::residual(nn::named<"post_attention_layernorm">(norm()) |
-                            nn::gated_mlp(d, c.hidden));
+  auto block =
+      nn::residual(nn::named<"input_layernorm">(norm()) | nn::named<"self_attn">(std::move(attn))) |
+      nn::residual(nn::named<"post_attention_layernorm">(norm()) | nn::gated_mlp(d, c.hidden));
   return nn::named<"embed_tokens">(nn::embedding(c.vocab, d)) |
-         nn::named<"layers">(nn::repeat(c.layers, std::move(block))) |
-         nn::named<"norm">(norm()) | nn::lm_head(d, c.vocab);
+         nn::named<"layers">(nn::repeat(c.layers, std::move(block))) | nn::named<"norm">(norm()) |
+         nn::lm_head(d, c.vocab);
 }
 
 using Llama = decltype(llama(LlamaConfig{}));

@@ -40,20 +40,17 @@ template <nn::Layer F>
 auto t5_sublayer(const T5Config& c, F f) {
   return nn::residual(nn::rms_norm(c.dim, c.norm_eps) | std::move(f) | nn::dropout(c.dropout));
 }
-inline auto t5_mlp(const T5Config& c) {
-  return nn::mlp<false>(c.dim, c.hidden, nn::Act::relu);
-}
+inline auto t5_mlp(const T5Config& c) { return nn::mlp<false>(c.dim, c.hidden, nn::Act::relu); }
 inline auto t5_embed(const T5Config& c) {
-  return nn::embedding(c.vocab, c.dim) + nn::positions(c.context, c.dim) |
-         nn::dropout(c.dropout);
+  return (nn::embedding(c.vocab, c.dim) + nn::positions(c.context, c.dim)) | nn::dropout(c.dropout);
 }
 }  // namespace detail
 
 inline auto t5(const T5Config& c) {
   using detail::t5_sublayer;
   const int64_t d = c.dim;
-  auto enc_block = t5_sublayer(c, nn::self_attention<false>(d, c.heads)) |
-                   t5_sublayer(c, detail::t5_mlp(c));
+  auto enc_block =
+      t5_sublayer(c, nn::self_attention<false>(d, c.heads)) | t5_sublayer(c, detail::t5_mlp(c));
   auto dec_block = t5_sublayer(c, nn::causal_attention<false>(d, c.heads)) |
                    t5_sublayer(c, nn::cross_attention<false>(d, c.heads)) |
                    t5_sublayer(c, detail::t5_mlp(c));

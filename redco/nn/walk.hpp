@@ -213,8 +213,8 @@ struct Ctx {
   uint64_t seed = 0;   // dropout masks depend on (seed, step, call index) only
   uint64_t step = 0;
   uint64_t dropout_calls = 0;
-  Tensor source;  // encoder input (token ids), for encoder-decoder models
-  Tensor memory;  // encoder output, for cross-attention
+  Tensor source{};  // encoder input (token ids), for encoder-decoder models
+  Tensor memory{};  // encoder output, for cross-attention
 };
 
 using ParamTree = std::map<std::string, Tensor>;

@@ -47,13 +47,18 @@ struct Plan {
 
 template <nn::Layer L>
 constexpr auto plan_of() {
-  constexpr auto sizes = [] {
+  // The model's output leaves whole (or vocabulary-split, for an LM head).
+  constexpr auto walk = [] {
     nn::Walker w;
     w.content<L>(static_cast<const L*>(nullptr));
+    w.need_whole("(model output)");
+    return w;
+  };
+  constexpr auto sizes = [&] {
+    nn::Walker w = walk();
     return std::pair{w.params.size(), w.collectives.size()};
   }();
-  nn::Walker w;
-  w.content<L>(static_cast<const L*>(nullptr));
+  nn::Walker w = walk();
   Plan<sizes.first, sizes.second> plan{};
   for (size_t i = 0; i < sizes.first; ++i) plan.params[i] = w.params[i];
   for (size_t i = 0; i < sizes.second; ++i) plan.collectives[i] = w.collectives[i];

@@ -23,7 +23,8 @@ int64_t sample_nucleus(const float* row, int64_t V, float temperature, float top
   const float m = row[first_argmax(row, V)];
   prob.resize(size_t(V));
   double total = 0;
-  for (int64_t v = 0; v < V; ++v) total += prob[size_t(v)] = std::exp(double(row[v] - m) / temperature);
+  for (int64_t v = 0; v < V; ++v)
+    total += prob[size_t(v)] = std::exp(double(row[v] - m) / temperature);
   REDCO_CHECK(std::isfinite(total) && total > 0, "generate: the logits are not finite");
   order.resize(size_t(V));
   std::iota(order.begin(), order.end(), 0);
@@ -69,7 +70,7 @@ Tensor generate(const LogitsFn& logits_fn, const Tensor& prompt, const GenerateO
   const int64_t* p = prompt.data<int64_t>();
   for (int64_t b = 0; b < B; ++b) std::copy_n(p + b * T0, T0, seq.begin() + b * total);
   std::vector<bool> done(size_t(B), false);
-  std::vector<float> u(size_t(B));
+  std::vector<float> u(static_cast<size_t>(B));
   std::vector<double> prob;
   std::vector<int64_t> order;
   const uint64_t stream = stream_of("redco.nn.generate");
@@ -89,9 +90,9 @@ Tensor generate(const LogitsFn& logits_fn, const Tensor& prompt, const GenerateO
     for (int64_t b = 0; b < B; ++b) {
       if (done[size_t(b)]) continue;
       const float* row = logits.data<float>() + (b * w + w - 1) * V;
-      const int64_t next = o.greedy ? first_argmax(row, V)
-                                    : sample_nucleus(row, V, o.temperature, o.top_p,
-                                                     u[size_t(b)], prob, order);
+      const int64_t next =
+          o.greedy ? first_argmax(row, V)
+                   : sample_nucleus(row, V, o.temperature, o.top_p, u[size_t(b)], prob, order);
       seq[size_t(b * total + t)] = next;
       done[size_t(b)] = o.eos >= 0 && next == o.eos;
       all_done = all_done && done[size_t(b)];

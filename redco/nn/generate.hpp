@@ -18,12 +18,12 @@
 namespace redco::nn {
 
 struct GenerateOptions {
-  int64_t max_new = 32;      // tokens appended to each row
-  float temperature = 1.f;   // logits are divided by it before sampling (> 0)
-  float top_p = 1.f;         // sample from the smallest set of top tokens with mass >= top_p
-  bool greedy = false;       // take the argmax (first on ties) instead of sampling
-  int64_t eos = -1;          // >= 0: a row that emits it is padded with it from then on
-  int64_t context = 0;       // > 0: feed only the last `context` tokens (the model's maximum)
+  int64_t max_new = 32;     // tokens appended to each row
+  float temperature = 1.f;  // logits are divided by it before sampling (> 0)
+  float top_p = 1.f;        // sample from the smallest set of top tokens with mass >= top_p
+  bool greedy = false;      // take the argmax (first on ties) instead of sampling
+  int64_t eos = -1;         // >= 0: a row that emits it is padded with it from then on
+  int64_t context = 0;      // > 0: feed only the last `context` tokens (the model's maximum)
 };
 
 // The forward pass generation drives: ids i64 [B, t] -> logits f32 [B, t, V].

@@ -1,0 +1,79 @@
+#pragma once
+// Reading and writing the safetensors format
+// (https://huggingface.co/docs/safetensors), byte-compatible with the
+// reference implementation, so Python's `safetensors` package and numpy read
+// redco's files with no redco installed, and redco reads theirs:
+//
+//   8 bytes   N, the header size, unsigned little-endian
+//   N bytes   JSON: {"__metadata__": {str: str},
+//                    "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [b, e]}, ...}
+//             padded with spaces to a multiple of 8
+//   the rest  the data buffer; [b, e) is relative to its start
+//
+// Like the reference writer, tensors are laid out by decreasing element size,
+// then by name, so every tensor starts aligned to its element size. redco
+// reads and writes F32, BF16, F16, I32, I64 and U8.
+//
+// Loading checks the whole header before reading any data: the header size
+// against the file size, valid UTF-8 JSON with no duplicate names, known
+// dtypes, shapes whose byte size matches the offsets, offsets inside the
+// file, and a buffer covered exactly once (no gaps, no overlaps, no trailing
+// bytes). Every failure is one redco::Error naming the file and, where one is
+// at fault, the tensor.
+//
+// Data is read with plain reads into allocator buffers rather than mmap:
+// loaded tensors are ordinary tensors (writable, freed to the cache, no
+// mapping pinned for their lifetime), a file truncated or rewritten while in
+// use is a read error instead of a SIGBUS, and for checkpoints the cost is
+// disk bandwidth either way. load_safetensors_into reads straight into the
+// destination tensors, with no intermediate copy.
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "redco/autodiff/value_and_grad.hpp"
+
+namespace redco::io {
+
+using Metadata = std::map<std::string, std::string>;
+
+// Writes through a temporary file in the same folder (fsynced, then renamed
+// over `path`), so readers see the old file or the new one, never a mix.
+// Tensors must be CPU tensors; "__metadata__" is not a valid tensor name.
+void save_safetensors(const std::filesystem::path& path, const ParamTree& tensors,
+                      const Metadata& metadata = {});
+
+// Every tensor in the file, under its name. `metadata`, if given, receives
+// the file's __metadata__ (empty if it has none).
+ParamTree load_safetensors(const std::filesystem::path& path, Metadata* metadata = nullptr);
+
+// Fills existing tensors in place: the file must hold exactly the names of
+// `tensors`, each with the same shape and dtype. Everything is checked before
+// anything is written, so a mismatched file leaves `tensors` untouched.
+void load_safetensors_into(const std::filesystem::path& path, ParamTree& tensors,
+                           Metadata* metadata = nullptr);
+
+// The format's name for a dtype ("F32", "BF16", ...).
+const char* safetensors_dtype(DType dtype);
+
+// A file written through a temporary sibling "<name>.tmp-XXXXXX": commit()
+// fsyncs it, renames it over the target and fsyncs the folder; destroying an
+// uncommitted AtomicFile deletes the temporary. Errors name the target.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path target);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+  void write(const void* data, size_t size);
+  void commit();
+
+ private:
+  std::filesystem::path target_, tmp_;
+  int fd_ = -1;
+};
+
+// fsync on a folder, which makes renames and creations in it durable.
+void fsync_directory(const std::filesystem::path& dir);
+
+}  // namespace redco::io

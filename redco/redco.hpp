@@ -21,3 +21,4 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/optim/schedule.hpp"
 #include "redco/shard/plan.hpp"
+#include "redco/train/trainer.hpp"

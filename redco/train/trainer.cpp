@@ -1,1 +1,330 @@
-// (being written)
+// Deployer and the type-independent half of Trainer::fit (FitDriver).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+
+#include "redco/core/error.hpp"
+#include "redco/io/console.hpp"
+#include "redco/io/json.hpp"
+#include "redco/train/fit_driver.hpp"
+
+namespace redco::train {
+
+// ---- Deployer ------------------------------------------------------------------------------
+
+Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
+  REDCO_CHECK(config_.n_model_shards >= 1, "Deployer: n_model_shards must be >= 1, got {}",
+              config_.n_model_shards);
+  REDCO_CHECK(n_devices() % config_.n_model_shards == 0,
+              "Deployer: n_model_shards = {} needs a multiple of {} devices; this process has {} "
+              "(multi-device runs come with the distributed runtime)",
+              config_.n_model_shards, config_.n_model_shards, n_devices());
+}
+
+Deployer::~Deployer() = default;
+
+std::ostream& Deployer::console() const { return config_.console ? *config_.console : std::cout; }
+
+std::vector<int64_t> Deployer::epoch_order(int64_t epoch, int64_t n, bool shuffle) const {
+  std::vector<int64_t> order(size_t(std::max<int64_t>(n, 0)));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  if (!shuffle) return order;
+  // Fisher-Yates with j drawn from index i of the epoch's stream, scaled to
+  // [0, i] by a 64x64 -> 128-bit multiply (bias below 2^-40 for any n we see).
+  const Rng rng = this->rng(Purpose::shuffle, uint64_t(epoch));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const uint64_t r = (uint64_t(rng.bits(2 * uint64_t(i))) << 32) | rng.bits(2 * uint64_t(i) + 1);
+    const auto j = int64_t((unsigned __int128)r * uint64_t(i + 1) >> 64);
+    std::swap(order[size_t(i)], order[size_t(j)]);
+  }
+  return order;
+}
+
+int64_t Deployer::steps_per_epoch(int64_t n_examples, int64_t global_batch_size) {
+  REDCO_CHECK(global_batch_size > 0, "global_batch_size must be > 0, got {}", global_batch_size);
+  return n_examples / global_batch_size;
+}
+
+int64_t Deployer::total_steps(const ScheduleSpec& spec) {
+  return steps_per_epoch(spec.n_examples, spec.global_batch_size) * spec.n_epochs;
+}
+
+namespace {
+// Splits spec into (warmup steps, decay steps), at least one decay step.
+std::pair<int64_t, int64_t> schedule_steps(const ScheduleSpec& spec) {
+  REDCO_CHECK(spec.warmup_fraction >= 0 && spec.warmup_fraction <= 1,
+              "schedule: warmup_fraction must be in [0, 1], got {}", spec.warmup_fraction);
+  const int64_t total = Deployer::total_steps(spec);
+  const auto warm = int64_t(std::llround(double(total) * spec.warmup_fraction));
+  return {warm, std::max<int64_t>(total - warm, 1)};
+}
+}  // namespace
+
+optim::Schedule Deployer::linear_schedule(const ScheduleSpec& spec) const {
+  const auto [warm, decay] = schedule_steps(spec);
+  const float peak = spec.learning_rate;
+  optim::Schedule after = optim::linear(peak, peak * spec.end_fraction, decay);
+  return warm > 0 ? optim::warmup(warm, after) : after;
+}
+
+optim::Schedule Deployer::cosine_schedule(const ScheduleSpec& spec) const {
+  const auto [warm, decay] = schedule_steps(spec);
+  optim::Schedule after = optim::cosine(spec.learning_rate, decay, spec.end_fraction);
+  return warm > 0 ? optim::warmup(warm, after) : after;
+}
+
+void Deployer::log(int64_t step, std::string_view split, const io::Metrics& metrics) {
+  if (config_.workdir.empty() || !is_main()) return;
+  if (!log_) log_ = std::make_unique<io::MetricsLog>(config_.workdir);
+  log_->log(step, split, metrics);
+}
+
+std::filesystem::path Deployer::step_dir(int64_t step) const {
+  return io::checkpoint_dir(config_.workdir, step);
+}
+
+std::filesystem::path Deployer::best_dir(std::string_view metric) const {
+  // Metric names are the user's: keep them readable but a single path component.
+  std::string name(metric);
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') c = '_';
+  return config_.workdir / "ckpt" / ("best-" + name);
+}
+
+void Deployer::save_checkpoint(const std::filesystem::path& dir, const ParamTree& params,
+                               const ParamTree& opt_state, const std::string& state_json) const {
+  if (is_main()) io::save_checkpoint(dir, params, opt_state, state_json);
+}
+
+CheckpointData Deployer::load_checkpoint(const std::filesystem::path& dir) const {
+  return io::load_checkpoint(dir);
+}
+
+std::vector<io::CheckpointEntry> Deployer::list_checkpoints() const {
+  if (config_.workdir.empty()) return {};
+  return io::list_checkpoints(config_.workdir);
+}
+
+std::optional<io::CheckpointEntry> Deployer::latest_checkpoint() const {
+  if (config_.workdir.empty()) return std::nullopt;
+  return io::latest_checkpoint(config_.workdir);
+}
+
+void Deployer::keep_last(int64_t k) const {
+  if (k > 0 && !config_.workdir.empty() && is_main())
+    io::prune_checkpoints(config_.workdir, size_t(k));
+}
+
+// ---- FitDriver ------------------------------------------------------------------------------
+
+FitDriver::FitDriver(Deployer& deployer, FitConfig config)
+    : deployer_(deployer), config_(std::move(config)), best_(config_.save_best_by.size()) {
+  validate();
+  timer_ = std::make_unique<io::StepTimer>();
+  if (!deployer_.quiet()) {
+    const int64_t total =
+        config_.max_steps > 0 ? std::min(config_.max_steps, total_steps()) : total_steps();
+    bar_ = std::make_unique<io::ProgressBar>(total, "train",
+                                             io::ProgressOptions{.out = &deployer_.console()});
+  }
+}
+
+FitDriver::~FitDriver() = default;
+
+void FitDriver::validate() {
+  FitConfig& c = config_;
+  const int64_t dp = deployer_.dp_size();
+  REDCO_CHECK(c.per_device_batch_size > 0, "fit: per_device_batch_size must be > 0, got {}",
+              c.per_device_batch_size);
+  if (c.global_batch_size == 0) c.global_batch_size = c.per_device_batch_size * dp;
+  REDCO_CHECK(
+      c.global_batch_size > 0 && c.global_batch_size % (c.per_device_batch_size * dp) == 0,
+      "fit: global_batch_size ({}) must be a positive multiple of per_device_batch_size ({}) "
+      "x data-parallel devices ({})",
+      c.global_batch_size, c.per_device_batch_size, dp);
+  accumulation_ = c.global_batch_size / (c.per_device_batch_size * dp);
+  REDCO_CHECK(c.n_epochs >= 0, "fit: n_epochs must be >= 0, got {}", c.n_epochs);
+  steps_per_epoch_ = Deployer::steps_per_epoch(c.n_examples, c.global_batch_size);
+  REDCO_CHECK(steps_per_epoch_ > 0 || c.n_epochs == 0,
+              "fit: {} training examples make no step of global_batch_size {} (an epoch drops the "
+              "last partial batch)",
+              c.n_examples, c.global_batch_size);
+  REDCO_CHECK(c.log_every > 0, "fit: log_every must be > 0, got {}", c.log_every);
+  const bool saves = c.save_every_steps > 0 || c.save_every_epochs > 0 || !c.save_best_by.empty();
+  REDCO_CHECK(!saves || can_save(),
+              "fit: saving checkpoints (save_every_steps, save_every_epochs, save_best_by) needs "
+              "a Deployer with a workdir");
+  REDCO_CHECK(c.save_best_by.empty() || c.evaluates,
+              "fit: save_best_by needs eval_examples to evaluate on");
+}
+
+bool FitDriver::can_save() const { return !deployer_.workdir().empty(); }
+
+bool FitDriver::done() const {
+  return pos_.epoch >= config_.n_epochs ||
+         (config_.max_steps > 0 && pos_.step >= config_.max_steps);
+}
+
+void FitDriver::say(const std::string& line) {
+  if (deployer_.quiet() || !deployer_.is_main()) return;
+  if (bar_) {
+    bar_->print_line(line);
+  } else {
+    deployer_.console() << line << '\n';
+  }
+}
+
+void FitDriver::step_done(double loss, double lr, double grad_norm) {
+  ++pos_.step;
+  epoch_ended_ = ++pos_.step_in_epoch == steps_per_epoch_;
+  if (epoch_ended_) pos_ = {pos_.step, pos_.epoch + 1, 0};
+  window_loss_ += loss;
+  ++window_steps_;
+  window_seconds_ += timer_->lap();
+  if (bar_) bar_->update(pos_.step, {{"loss", loss}, {"lr", lr}}, double(global_batch()), "ex");
+  if (pos_.step % config_.log_every != 0 && !epoch_ended_ && !done()) return;
+  io::Metrics m{
+      {"loss", window_loss_ / double(window_steps_)},
+      {"lr", lr},
+      {"grad_norm", grad_norm},
+      {"epoch", double(pos_.epoch) + double(pos_.step_in_epoch) / double(steps_per_epoch_)}};
+  if (window_seconds_ > 0)
+    m.emplace_back("examples_per_s", double(window_steps_ * global_batch()) / window_seconds_);
+  deployer_.log(pos_.step, "train", m);
+  window_loss_ = 0, window_steps_ = 0, window_seconds_ = 0;
+}
+
+bool FitDriver::eval_due() const {
+  if (!config_.evaluates) return false;
+  return epoch_ended_ ||
+         (config_.eval_every_steps > 0 && pos_.step % config_.eval_every_steps == 0);
+}
+
+void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params,
+                          const optim::Optimizer& opt) {
+  deployer_.log(pos_.step, "eval", metrics);
+  std::string line = fmt::format("eval  step {}", pos_.step);
+  for (const auto& [name, value] : metrics)
+    line += fmt::format("  {} {}", name, io::format_value(value));
+  say(line);
+  std::vector<std::string> improved;
+  for (size_t i = 0; i < best_.size(); ++i) {
+    const BestBy& by = config_.save_best_by[i];
+    const auto it = std::find_if(metrics.begin(), metrics.end(),
+                                 [&](const auto& kv) { return kv.first == by.metric; });
+    REDCO_CHECK(it != metrics.end(),
+                "fit: save_best_by names \"{}\", which evaluation does not report", by.metric);
+    const double v = it->second;
+    const bool better = by.mode == Mode::max ? v > best_[i].value : v < best_[i].value;
+    if (std::isnan(v) || (best_[i].step >= 0 && !better)) continue;
+    best_[i] = {v, pos_.step};
+    improved.push_back(by.metric);
+  }
+  // The state is written after every improvement is recorded, so each best
+  // checkpoint's state.json lists the bests as of its own step.
+  for (const std::string& name : improved) {
+    deployer_.save_checkpoint(deployer_.best_dir(name), params, {}, state_json(opt));
+    say(fmt::format("best {} so far: saved {}", name, deployer_.best_dir(name).string()));
+  }
+}
+
+bool FitDriver::save_due() const {
+  if (!can_save()) return false;
+  const bool by_steps = config_.save_every_steps > 0 && pos_.step % config_.save_every_steps == 0;
+  const bool by_epochs =
+      epoch_ended_ && config_.save_every_epochs > 0 && pos_.epoch % config_.save_every_epochs == 0;
+  return by_steps || by_epochs;
+}
+
+void FitDriver::save(const ParamTree& params, const optim::Optimizer& opt) {
+  if (!can_save() || last_saved_ == pos_.step) return;
+  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, opt.state(), state_json(opt));
+  last_saved_ = pos_.step;
+  deployer_.keep_last(config_.keep_last);
+}
+
+void FitDriver::finish(const ParamTree& params, const optim::Optimizer& opt) {
+  if (config_.save_at_end && pos_.step > 0) save(params, opt);
+  if (bar_) bar_->finish();
+}
+
+std::string FitDriver::state_json(const optim::Optimizer& opt) const {
+  io::Json s = io::Json::object();
+  s["version"] = 1;
+  s["step"] = pos_.step;
+  s["epoch"] = pos_.epoch;
+  s["step_in_epoch"] = pos_.step_in_epoch;
+  s["optimizer_step"] = opt.steps();
+  s["next_lr"] = opt.lr();
+  s["seed"] = deployer_.seed();
+  io::Json& best = s["best"] = io::Json::object();
+  for (size_t i = 0; i < best_.size(); ++i) {
+    if (best_[i].step < 0) continue;
+    const BestBy& by = config_.save_best_by[i];
+    best[by.metric] = io::Json::Object{{"value", best_[i].value},
+                                       {"step", best_[i].step},
+                                       {"mode", by.mode == Mode::max ? "max" : "min"}};
+  }
+  io::Json& c = s["config"] = io::Json::object();
+  c["n_examples"] = config_.n_examples;
+  c["per_device_batch_size"] = config_.per_device_batch_size;
+  c["global_batch_size"] = config_.global_batch_size;
+  c["accumulation_steps"] = accumulation_;
+  c["steps_per_epoch"] = steps_per_epoch_;
+  c["n_epochs"] = config_.n_epochs;
+  c["shuffle"] = config_.shuffle;
+  c["dp_size"] = deployer_.dp_size();
+  c["n_model_shards"] = deployer_.n_model_shards();
+  c["data_order"] = "philox fisher-yates of (seed, epoch)";
+  return s.dump(true);
+}
+
+std::optional<CheckpointData> FitDriver::resume() {
+  const std::optional<io::CheckpointEntry> latest = deployer_.latest_checkpoint();
+  if (!latest) {
+    say(fmt::format("resume: no checkpoint in {}, starting at step 0",
+                    (deployer_.workdir() / "ckpt").string()));
+    return std::nullopt;
+  }
+  CheckpointData ck = deployer_.load_checkpoint(latest->dir);
+  restore_state(ck.state_json, latest->dir.string());
+  last_saved_ = pos_.step;
+  say(fmt::format("resume: {} at step {} (epoch {}, step {} of {})", latest->dir.string(),
+                  pos_.step, pos_.epoch, pos_.step_in_epoch, steps_per_epoch_));
+  return ck;
+}
+
+void FitDriver::restore_state(const std::string& text, const std::string& where) {
+  const io::Json s = io::Json::parse(text, where + "/state.json");
+  const io::Json& c = s.at("config");
+  // What decides which examples each step sees must match, or the resumed
+  // run would silently train on a different sequence of batches.
+  auto same = [&](const char* what, int64_t saved, int64_t now) {
+    REDCO_CHECK(saved == now, "resume: {} was written with {} = {}, this run has {}", where, what,
+                saved, now);
+  };
+  REDCO_CHECK(s.at("seed").as_uint() == deployer_.seed(),
+              "resume: {} was written with seed {}, this run has seed {}", where,
+              s.at("seed").as_uint(), deployer_.seed());
+  same("n_examples", c.at("n_examples").as_int(), config_.n_examples);
+  same("global_batch_size", c.at("global_batch_size").as_int(), config_.global_batch_size);
+  same("shuffle", c.at("shuffle").as_bool(), config_.shuffle);
+  pos_ = {s.at("step").as_int(), s.at("epoch").as_int(), s.at("step_in_epoch").as_int()};
+  REDCO_CHECK(pos_.step_in_epoch >= 0 && pos_.step_in_epoch < steps_per_epoch_,
+              "resume: {}: step_in_epoch {} is outside an epoch of {} steps", where,
+              pos_.step_in_epoch, steps_per_epoch_);
+  const io::Json& best = s.at("best");
+  for (size_t i = 0; i < best_.size(); ++i) {
+    const BestBy& by = config_.save_best_by[i];
+    if (!best.contains(by.metric)) continue;
+    const io::Json& b = best.at(by.metric);
+    if (b.at("mode").as_string() != (by.mode == Mode::max ? "max" : "min")) continue;
+    best_[i] = {b.at("value").as_double(), b.at("step").as_int()};
+  }
+}
+
+}  // namespace redco::train

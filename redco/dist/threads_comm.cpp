@@ -1,0 +1,579 @@
+#include "redco/dist/threads_comm.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "redco/core/error.hpp"
+#include "redco/sched/progress.hpp"
+#include "redco/sched/run_queue.hpp"
+
+namespace redco::dist {
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+using Waiters = std::vector<sched::Waiter>;
+
+// One collective call, shared by the group's ranks from the first arrival
+// until every rank has left its last rendezvous point.
+struct Slot {
+  uint64_t seq = 0;
+  std::string desc;           // the first arrival's call, e.g. "all_reduce(sum, f32[4])"
+  int first = 0;              // group rank of the first arrival
+  int phases = 1;             // rendezvous points in this collective
+  int phase = 0;              // the one being gathered
+  int count = 0;              // arrivals at `phase`
+  std::vector<int> reached;   // per group rank: rendezvous points reached
+  std::vector<Tensor> bufs;   // per group rank: its tensor
+  std::vector<Tensor> parts;  // per group rank: a partial result it publishes
+  Waiters waiting;
+  std::string error;        // why it failed; empty while healthy
+  Clock::time_point since;  // when `phase` began gathering
+};
+
+struct Group {
+  uint64_t id = 0;
+  std::vector<int> members;                         // world ranks, by group rank
+  std::map<uint64_t, std::shared_ptr<Slot>> slots;  // in flight, by sequence number
+  std::string name() const { return fmt::format("[{}]", fmt::join(members, ", ")); }
+};
+
+// A point-to-point message, created by whichever of send/recv comes first
+// and dropped when recv takes it.
+struct Envelope {
+  int src = 0;  // world rank
+  Tensor data;
+  bool sent = false;
+  bool waiting = false;  // a recv is suspended on it
+  sched::Waiter receiver;
+  std::string error;
+  Clock::time_point since;
+};
+using MailKey = std::tuple<uint64_t, int, int, int, uint64_t>;      // group, src, dst, tag, seq
+using GroupKey = std::tuple<uint64_t, std::vector<int>, uint64_t>;  // parent, members, nth
+
+struct ThreadsState {
+  ThreadsState(int n, ThreadsOptions opt, sched::ProgressEngine::Options engine_opt)
+      : options(opt), exited(size_t(n), false), watchdog(engine_opt) {}
+  ThreadsOptions options;
+  std::mutex mutex;     // guards everything below but the watchdog
+  std::string failure;  // the first failure; empty while healthy
+  std::vector<bool> exited;
+  std::map<GroupKey, std::shared_ptr<Group>> groups;
+  std::map<MailKey, std::shared_ptr<Envelope>> mail;
+  uint64_t next_group_id = 1;
+  sched::ProgressEngine watchdog;  // last: its thread stops before the rest goes
+};
+
+namespace {
+
+void fail_slot(Slot& s, const std::string& why, Waiters& wake) {
+  if (!s.error.empty()) return;
+  s.error = why;
+  wake.insert(wake.end(), s.waiting.begin(), s.waiting.end());
+  s.waiting.clear();
+}
+
+void fail_envelope(Envelope& e, const std::string& why, Waiters& wake) {
+  if (e.sent || !e.waiting || !e.error.empty()) return;
+  e.error = why;
+  e.waiting = false;
+  wake.push_back(e.receiver);
+}
+
+// Under the lock. Records the first failure and ends everything in flight.
+void fail_world(ThreadsState& st, const std::string& why, Waiters& wake) {
+  if (st.failure.empty()) st.failure = why;
+  for (auto& [key, g] : st.groups)
+    for (auto& [seq, s] : g->slots) fail_slot(*s, st.failure, wake);
+  for (auto& [key, e] : st.mail) fail_envelope(*e, st.failure, wake);
+}
+
+std::vector<int> missing(const Group& g, const Slot& s) {
+  std::vector<int> out;
+  for (size_t r = 0; r < g.members.size(); ++r)
+    if (s.reached[r] <= s.phase) out.push_back(g.members[r]);
+  return out;
+}
+
+// Under the lock: the collectives and receives that `rank` will now never join.
+void rank_exited(ThreadsState& st, int rank, Waiters& wake) {
+  st.exited[size_t(rank)] = true;
+  for (auto& [key, g] : st.groups)
+    for (auto& [seq, s] : g->slots) {
+      const std::vector<int> m = missing(*g, *s);
+      if (std::find(m.begin(), m.end(), rank) != m.end())
+        fail_slot(*s, fmt::format("rank {} exited before joining it", rank), wake);
+    }
+  for (auto& [key, e] : st.mail)
+    if (e->src == rank)
+      fail_envelope(*e, fmt::format("rank {} exited without sending it", rank), wake);
+}
+
+void check_timeouts(ThreadsState& st) {
+  Waiters wake;
+  {
+    std::lock_guard lock(st.mutex);
+    const Clock::time_point now = Clock::now();
+    const double secs = std::chrono::duration<double>(st.options.timeout).count();
+    for (auto& [key, g] : st.groups)
+      for (auto& [seq, s] : g->slots)
+        if (s->error.empty() && now - s->since > st.options.timeout)
+          fail_slot(*s,
+                    fmt::format("timed out after {:g} s: rank(s) {} never arrived", secs,
+                                fmt::join(missing(*g, *s), ", ")),
+                    wake);
+    for (auto& [key, e] : st.mail)
+      if (e->waiting && now - e->since > st.options.timeout)
+        fail_envelope(
+            *e, fmt::format("timed out after {:g} s: rank {} never sent it", secs, e->src), wake);
+  }
+  for (const sched::Waiter& w : wake) w.resume();
+}
+
+std::string sig(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtype()), t.shape()); }
+
+int64_t chunk_begin(int64_t n, int r, int parts) { return n * r / parts; }
+
+// acc[0, len) (+)= src[begin, begin + len), converted to f32.
+void accumulate(float* acc, const Tensor& src, int64_t begin, int64_t len, bool first) {
+  auto add = [&](auto load) {
+    if (first) {
+      for (int64_t i = 0; i < len; ++i) acc[i] = load(begin + i);
+    } else {
+      for (int64_t i = 0; i < len; ++i) acc[i] += load(begin + i);
+    }
+  };
+  const void* p = src.raw();
+  switch (src.dtype()) {
+    case DType::f32:
+      add([p](int64_t i) { return static_cast<const float*>(p)[i]; });
+      break;
+    case DType::bf16:
+      add([p](int64_t i) { return bf16_to_float(static_cast<const uint16_t*>(p)[i]); });
+      break;
+    case DType::f16:
+      add([p](int64_t i) { return f16_to_float(static_cast<const uint16_t*>(p)[i]); });
+      break;
+    default:
+      fail("cannot reduce {} tensors", dtype_name(src.dtype()));
+  }
+}
+
+// The deterministic reduction: ranks in order 0..n-1, then the mean's division.
+void reduce_range(float* acc, const std::vector<Tensor>& bufs, int64_t begin, int64_t len,
+                  ReduceOp op) {
+  for (size_t r = 0; r < bufs.size(); ++r) accumulate(acc, bufs[r], begin, len, r == 0);
+  if (op == ReduceOp::mean) {
+    const float n = float(bufs.size());
+    for (int64_t i = 0; i < len; ++i) acc[i] /= n;
+  }
+}
+
+// dst[begin, begin + len) = src[0, len), converted from f32.
+void store(const float* src, Tensor& dst, int64_t begin, int64_t len) {
+  void* p = dst.raw();
+  switch (dst.dtype()) {
+    case DType::f32:
+      std::memcpy(static_cast<float*>(p) + begin, src, size_t(len) * 4);
+      break;
+    case DType::bf16:
+      for (int64_t i = 0; i < len; ++i)
+        static_cast<uint16_t*>(p)[begin + i] = float_to_bf16(src[i]);
+      break;
+    case DType::f16:
+      for (int64_t i = 0; i < len; ++i) static_cast<uint16_t*>(p)[begin + i] = float_to_f16(src[i]);
+      break;
+    default:
+      fail("cannot reduce {} tensors", dtype_name(dst.dtype()));
+  }
+}
+
+void check_tensor(const Tensor& t, const char* op, bool reduce) {
+  REDCO_CHECK(t.defined(), "{}: the tensor is undefined", op);
+  REDCO_CHECK(t.device().is_cpu(), "{}: the threads backend needs CPU tensors, got one on {}", op,
+              t.device().str());
+  REDCO_CHECK(!reduce || is_floating(t.dtype()),
+              "{}: reductions need a floating tensor (f32, bf16, f16), got {}", op, sig(t));
+}
+
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (dst != src && n > 0) std::memmove(dst, src, n);
+}
+
+}  // namespace
+
+class ThreadsComm final : public Comm {
+ public:
+  ThreadsComm(std::shared_ptr<ThreadsState> st, std::shared_ptr<Group> g, int rank)
+      : st_(std::move(st)), group_(std::move(g)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return int(group_->members.size()); }
+  int world_rank(int r) const override { return group_->members.at(size_t(r)); }
+  std::unique_ptr<Comm> subgroup(std::span<const int> ranks) override;
+
+ protected:
+  Task do_all_reduce(uint64_t seq, Tensor t, ReduceOp op) override;
+  Task do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, ReduceOp op) override;
+  Task do_all_gather(uint64_t seq, Tensor in, Tensor out) override;
+  Task do_broadcast(uint64_t seq, Tensor t, int root) override;
+  Task do_barrier(uint64_t seq) override { co_await join(seq, "barrier()", Tensor(), 1); }
+  Task do_send(uint64_t seq, Tensor t, int peer, int tag) override;
+  Task do_recv(uint64_t seq, Tensor t, int peer, int tag) override;
+
+ private:
+  struct Phase;
+  struct Mailbox;
+
+  [[noreturn]] void raise(const std::string& what, const std::string& why) const {
+    fail("{} on group {} failed on rank {}: {}", what, group_->name(), world_rank(rank_), why);
+  }
+  void check_peer(int peer) const {
+    REDCO_CHECK(peer >= 0 && peer < size() && peer != rank_,
+                "rank {}: peer {} is not another rank of group {}", world_rank(rank_), peer,
+                group_->name());
+  }
+  std::shared_ptr<Slot> enter(uint64_t seq, const std::string& desc, Tensor buf, int phases);
+  bool arrive(Slot& s, int phase, sched::Waiter self, Waiters& wake);
+  sched::Task<std::shared_ptr<Slot>> join(uint64_t seq, std::string desc, Tensor buf, int phases);
+
+  std::shared_ptr<ThreadsState> st_;
+  std::shared_ptr<Group> group_;
+  int rank_;
+  std::map<std::vector<int>, uint64_t> created_;  // subgroups made, by member list
+};
+
+// Awaits rendezvous point `phase` of a collective: suspends until every rank
+// of the group reached it (the last one to arrive wakes the others), or
+// throws why the collective failed.
+struct ThreadsComm::Phase {
+  ThreadsComm& comm;
+  Slot& slot;
+  int phase;
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> h) const {
+    Waiters wake;
+    bool suspend;
+    {
+      std::lock_guard lock(comm.st_->mutex);
+      suspend = comm.arrive(slot, phase, {h, sched::RunQueue::current()}, wake);
+    }
+    for (const sched::Waiter& w : wake) w.resume();
+    return suspend;
+  }
+  void await_resume() const {
+    std::string why;
+    {
+      std::lock_guard lock(comm.st_->mutex);
+      why = slot.error;
+    }
+    if (!why.empty()) comm.raise(fmt::format("{} #{}", slot.desc, slot.seq), why);
+  }
+};
+
+bool ThreadsComm::arrive(Slot& s, int phase, sched::Waiter self, Waiters& wake) {
+  if (!s.error.empty()) return false;
+  s.reached[size_t(rank_)] = phase + 1;
+  if (++s.count == size()) {
+    s.count = 0;
+    s.phase = phase + 1;
+    s.since = Clock::now();
+    wake.swap(s.waiting);
+    if (s.phase == s.phases) group_->slots.erase(s.seq);
+    return false;
+  }
+  for (int m : missing(*group_, s))
+    if (st_->exited[size_t(m)]) {
+      fail_slot(s, fmt::format("rank {} exited before joining it", m), wake);
+      return false;
+    }
+  s.waiting.push_back(self);
+  return true;
+}
+
+// Finds or opens slot `seq`, checks that this call matches the first
+// arrival's, and registers this rank's buffer.
+std::shared_ptr<Slot> ThreadsComm::enter(uint64_t seq, const std::string& desc, Tensor buf,
+                                         int phases) {
+  Waiters wake;
+  std::string why;
+  std::shared_ptr<Slot> slot;
+  {
+    std::lock_guard lock(st_->mutex);
+    if (!st_->failure.empty()) {
+      why = st_->failure;
+    } else {
+      std::shared_ptr<Slot>& s = group_->slots[seq];
+      if (!s) {
+        s = std::make_shared<Slot>();
+        s->seq = seq, s->desc = desc, s->first = rank_, s->phases = phases;
+        s->reached.assign(size_t(size()), 0);
+        s->bufs.resize(size_t(size()));
+        s->parts.resize(size_t(size()));
+        s->since = Clock::now();
+      } else if (s->desc != desc) {
+        why = fmt::format(
+            "collective mismatch on group {} at call #{}: rank {} called {} but rank {} called {} "
+            "(every rank must call a group's collectives in the same order)",
+            group_->name(), seq, world_rank(s->first), s->desc, world_rank(rank_), desc);
+        fail_world(*st_, why, wake);
+      }
+      if (why.empty()) {
+        s->bufs[size_t(rank_)] = std::move(buf);
+        slot = s;
+      }
+    }
+  }
+  for (const sched::Waiter& w : wake) w.resume();
+  if (!why.empty()) raise(fmt::format("{} #{}", desc, seq), why);
+  return slot;
+}
+
+sched::Task<std::shared_ptr<Slot>> ThreadsComm::join(uint64_t seq, std::string desc, Tensor buf,
+                                                     int phases) {
+  std::shared_ptr<Slot> slot = enter(seq, desc, std::move(buf), phases);
+  co_await Phase{*this, *slot, 0};
+  co_return slot;
+}
+
+// Rank r reduces elements [chunk r] over all ranks and publishes them; after
+// the second rendezvous every rank copies all chunks.
+Comm::Task ThreadsComm::do_all_reduce(uint64_t seq, Tensor t, ReduceOp op) {
+  check_tensor(t, "all_reduce", true);
+  const std::string desc = fmt::format("all_reduce({}, {})", reduce_op_name(op), sig(t));
+  const std::shared_ptr<Slot> slot = co_await join(seq, desc, t, 2);
+  const int n = size();
+  const int64_t numel = t.numel();
+  const int64_t begin = chunk_begin(numel, rank_, n);
+  Tensor part = Tensor::empty(Shape{chunk_begin(numel, rank_ + 1, n) - begin});
+  reduce_range(part.data<float>(), slot->bufs, begin, part.numel(), op);
+  slot->parts[size_t(rank_)] = part;  // read by others only after the next rendezvous
+  co_await Phase{*this, *slot, 1};
+  for (int r = 0; r < n; ++r) {
+    const Tensor& p = slot->parts[size_t(r)];
+    store(p.data<float>(), t, chunk_begin(numel, r, n), p.numel());
+  }
+}
+
+Comm::Task ThreadsComm::do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, ReduceOp op) {
+  check_tensor(in, "reduce_scatter", true);
+  check_tensor(out, "reduce_scatter", true);
+  const int n = size();
+  REDCO_CHECK(in.rank() >= 1 && in.dtype() == out.dtype() && out.rank() == in.rank() &&
+                  in.shape() == out.shape().with(0, out.dim(0) * n),
+              "reduce_scatter over {} ranks: `in` must be [{} * m, ...] and `out` [m, ...] of the "
+              "same dtype, got in {} and out {}",
+              n, n, sig(in), sig(out));
+  const std::string desc = fmt::format("reduce_scatter({}, {})", reduce_op_name(op), sig(in));
+  const std::shared_ptr<Slot> slot = co_await join(seq, desc, in, 2);
+  std::vector<float> acc(size_t(out.numel()));
+  reduce_range(acc.data(), slot->bufs, rank_ * out.numel(), out.numel(), op);
+  // `out` may alias `in`: write only once nobody reads the inputs any more.
+  co_await Phase{*this, *slot, 1};
+  store(acc.data(), out, 0, out.numel());
+}
+
+Comm::Task ThreadsComm::do_all_gather(uint64_t seq, Tensor in, Tensor out) {
+  check_tensor(in, "all_gather", false);
+  check_tensor(out, "all_gather", false);
+  const int n = size();
+  REDCO_CHECK(in.rank() >= 1 && in.dtype() == out.dtype() && out.rank() == in.rank() &&
+                  out.shape() == in.shape().with(0, in.dim(0) * n),
+              "all_gather over {} ranks: `in` must be [m, ...] and `out` [{} * m, ...] of the "
+              "same dtype, got in {} and out {}",
+              n, n, sig(in), sig(out));
+  const std::shared_ptr<Slot> slot =
+      co_await join(seq, fmt::format("all_gather({})", sig(in)), in, 2);
+  const size_t bytes = in.nbytes();
+  for (int r = 0; r < n; ++r)
+    copy_bytes(static_cast<char*>(out.raw()) + size_t(r) * bytes, slot->bufs[size_t(r)].raw(),
+               bytes);
+  co_await Phase{*this, *slot, 1};  // the inputs are read: their owners may reuse them
+}
+
+Comm::Task ThreadsComm::do_broadcast(uint64_t seq, Tensor t, int root) {
+  check_tensor(t, "broadcast", false);
+  REDCO_CHECK(root >= 0 && root < size(), "broadcast: root {} is not a rank of group {}", root,
+              group_->name());
+  const std::string desc = fmt::format("broadcast({}, root {})", sig(t), root);
+  const std::shared_ptr<Slot> slot = co_await join(seq, desc, t, 2);
+  if (rank_ != root) copy_bytes(t.raw(), slot->bufs[size_t(root)].raw(), t.nbytes());
+  co_await Phase{*this, *slot, 1};  // root's buffer is read: it may change it
+}
+
+// Eager: the data is copied into the envelope, so send never waits.
+Comm::Task ThreadsComm::do_send(uint64_t seq, Tensor t, int peer, int tag) {
+  check_tensor(t, "send", false);
+  check_peer(peer);
+  Tensor copy = t.clone();
+  Waiters wake;
+  std::string why;
+  {
+    std::lock_guard lock(st_->mutex);
+    why = st_->failure;
+    if (why.empty()) {
+      std::shared_ptr<Envelope>& e = st_->mail[{group_->id, rank_, peer, tag, seq}];
+      if (!e) e = std::make_shared<Envelope>();
+      e->src = world_rank(rank_), e->data = std::move(copy), e->sent = true;
+      if (e->waiting) wake.push_back(e->receiver), e->waiting = false;
+    }
+  }
+  for (const sched::Waiter& w : wake) w.resume();
+  if (!why.empty())
+    raise(fmt::format("send({} to rank {}, tag {})", sig(t), world_rank(peer), tag), why);
+  co_return;
+}
+
+// Suspends until the envelope has been sent or has failed.
+struct ThreadsComm::Mailbox {
+  ThreadsComm& comm;
+  MailKey key;
+  int src;
+  std::shared_ptr<Envelope> env;
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> h) {
+    ThreadsState& st = *comm.st_;
+    std::lock_guard lock(st.mutex);
+    std::shared_ptr<Envelope>& e = st.mail[key];
+    if (!e) e = std::make_shared<Envelope>(), e->src = src;
+    env = e;
+    if (e->sent || !e->error.empty()) return false;
+    if (!st.failure.empty()) {
+      e->error = st.failure;
+    } else if (st.exited[size_t(src)]) {
+      e->error = fmt::format("rank {} exited without sending it", src);
+    } else {
+      e->waiting = true, e->receiver = {h, sched::RunQueue::current()}, e->since = Clock::now();
+      return true;
+    }
+    return false;
+  }
+  std::string await_resume() const {
+    std::lock_guard lock(comm.st_->mutex);
+    comm.st_->mail.erase(key);
+    return env->sent ? std::string() : env->error;
+  }
+};
+
+Comm::Task ThreadsComm::do_recv(uint64_t seq, Tensor t, int peer, int tag) {
+  check_tensor(t, "recv", false);
+  check_peer(peer);
+  const std::string what =
+      fmt::format("recv({} from rank {}, tag {})", sig(t), world_rank(peer), tag);
+  Mailbox box{*this, {group_->id, peer, rank_, tag, seq}, world_rank(peer), nullptr};
+  const std::string why = co_await box;
+  if (!why.empty()) raise(what, why);
+  const Tensor& msg = box.env->data;
+  if (msg.dtype() != t.dtype() || !(msg.shape() == t.shape()))
+    raise(what, fmt::format("rank {} sent {}", world_rank(peer), sig(msg)));
+  copy_bytes(t.raw(), msg.raw(), t.nbytes());
+}
+
+std::unique_ptr<Comm> ThreadsComm::subgroup(std::span<const int> ranks) {
+  const std::string list = fmt::format("[{}]", fmt::join(ranks, ", "));
+  int me = -1;
+  std::vector<int> members;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    REDCO_CHECK(ranks[i] >= 0 && ranks[i] < size() && (i == 0 || ranks[i] > ranks[i - 1]),
+                "subgroup({}) of group {}: ranks must be strictly increasing ranks of the group",
+                list, group_->name());
+    if (ranks[i] == rank_) me = int(i);
+    members.push_back(world_rank(ranks[i]));
+  }
+  REDCO_CHECK(me >= 0, "rank {} called subgroup({}) of group {} but is not in it",
+              world_rank(rank_), list, group_->name());
+  const uint64_t nth = created_[members]++;
+  std::lock_guard lock(st_->mutex);
+  std::shared_ptr<Group>& g = st_->groups[{group_->id, members, nth}];
+  if (!g) {
+    g = std::make_shared<Group>();
+    g->id = st_->next_group_id++;
+    g->members = members;
+  }
+  return std::make_unique<ThreadsComm>(st_, g, me);
+}
+
+}  // namespace detail
+
+namespace {
+
+sched::ProgressEngine::Options watchdog_options(std::chrono::milliseconds timeout) {
+  // Timeouts are checked every 1/20 of the timeout, within [1 ms, 100 ms].
+  const auto every = std::clamp<std::chrono::microseconds>(
+      timeout / 20, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
+  return {.idle_spins = 0, .max_sleep = every};
+}
+
+}  // namespace
+
+ThreadsWorld::ThreadsWorld(int n, ThreadsOptions options) {
+  REDCO_CHECK(n >= 1, "ThreadsWorld needs at least one rank, got {}", n);
+  REDCO_CHECK(options.timeout.count() > 0, "ThreadsWorld: the timeout must be positive");
+  state_ = std::make_shared<detail::ThreadsState>(n, options, watchdog_options(options.timeout));
+  auto world = std::make_shared<detail::Group>();
+  for (int r = 0; r < n; ++r) world->members.push_back(r);
+  // The world is nobody's subgroup: a parent id no group has.
+  state_->groups[{~uint64_t(0), world->members, 0}] = world;
+  for (int r = 0; r < n; ++r)
+    comms_.push_back(std::make_unique<detail::ThreadsComm>(state_, world, r));
+  state_->watchdog.add([st = state_.get()] {
+    detail::check_timeouts(*st);
+    return false;  // never "busy": the engine sleeps its full interval between checks
+  });
+}
+
+ThreadsWorld::~ThreadsWorld() = default;
+
+Comm& ThreadsWorld::comm(int rank) {
+  REDCO_CHECK(rank >= 0 && rank < size(), "ThreadsWorld of {} ranks has no rank {}", size(), rank);
+  return *comms_[size_t(rank)];
+}
+
+void ThreadsWorld::fail(int rank, const std::string& why) {
+  detail::Waiters wake;
+  {
+    std::lock_guard lock(state_->mutex);
+    detail::fail_world(*state_, fmt::format("rank {} failed: {}", rank, why), wake);
+  }
+  for (const sched::Waiter& w : wake) w.resume();
+}
+
+void ThreadsWorld::exited(int rank) {
+  detail::Waiters wake;
+  {
+    std::lock_guard lock(state_->mutex);
+    detail::rank_exited(*state_, rank, wake);
+  }
+  for (const sched::Waiter& w : wake) w.resume();
+}
+
+void ThreadsWorld::run(const std::function<void(Comm&)>& fn) {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->exited.assign(size_t(size()), false);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size(); ++r)
+    threads.emplace_back([this, &fn, r] {
+      try {
+        fn(*comms_[size_t(r)]);
+        exited(r);
+      } catch (const std::exception& e) {
+        fail(r, e.what());
+      } catch (...) {
+        fail(r, "an exception that is not a std::exception");
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  std::lock_guard lock(state_->mutex);
+  if (!state_->failure.empty()) throw Error(state_->failure);
+}
+
+}  // namespace redco::dist

@@ -1,0 +1,128 @@
+#pragma once
+// The part of Trainer::fit that does not depend on the user's types: batch
+// arithmetic, the position in the run, when to log, evaluate and save,
+// state.json, best and periodic checkpoints, resuming, the progress bar.
+// Compiled once in trainer.cpp instead of in every program's fit().
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "redco/optim/optimizer.hpp"
+#include "redco/train/concepts.hpp"
+#include "redco/train/deployer.hpp"
+
+namespace redco::io {
+class ProgressBar;
+class StepTimer;
+}  // namespace redco::io
+
+namespace redco::train {
+
+enum class Mode { min, max };
+
+// Keep the checkpoint with the best value of an evaluation metric so far
+// ("loss" is the evaluation loss; others come from the metric function).
+// {"accuracy"} (max by default) or {"loss", Mode::min}.
+struct BestBy {
+  BestBy(std::string metric, Mode mode = Mode::max)  // NOLINT(google-explicit-constructor)
+      : metric(std::move(metric)), mode(mode) {}
+  BestBy(const char* metric, Mode mode = Mode::max)  // NOLINT(google-explicit-constructor)
+      : metric(metric), mode(mode) {}
+  std::string metric;
+  Mode mode;
+};
+
+struct FitConfig {
+  int64_t per_device_batch_size = 8;
+  int64_t global_batch_size = 0;
+  int64_t n_epochs = 1;
+  bool shuffle = true;
+  int64_t n_examples = 0;
+  bool evaluates = false;
+  int64_t eval_every_steps = 0;
+  std::vector<BestBy> save_best_by;
+  int64_t save_every_steps = 0;
+  int64_t save_every_epochs = 0;
+  int64_t keep_last = 0;
+  bool save_at_end = true;
+  int64_t log_every = 10;
+  int64_t max_steps = 0;
+};
+
+// Where a run is: optimizer steps done, and the epoch and step within it that
+// come next. The end of an epoch is (epoch + 1, 0).
+struct Position {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+};
+
+class FitDriver {
+ public:
+  // Checks the options against the data and the mesh; throws redco::Error
+  // naming the option and what would be valid.
+  FitDriver(Deployer& deployer, FitConfig config);
+  ~FitDriver();
+  FitDriver(const FitDriver&) = delete;
+  FitDriver& operator=(const FitDriver&) = delete;
+
+  int64_t micro_batch() const { return config_.per_device_batch_size; }
+  int64_t global_batch() const { return config_.global_batch_size; }
+  int64_t accumulation() const { return accumulation_; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t total_steps() const { return steps_per_epoch_ * config_.n_epochs; }
+  const Position& position() const { return pos_; }
+  // All epochs done, or max_steps reached.
+  bool done() const;
+
+  // The latest complete checkpoint in workdir/ckpt, after checking that its
+  // state.json describes the same data and batches (the position and best
+  // metrics are taken from it); nullopt when there is none.
+  std::optional<CheckpointData> resume();
+
+  // After each optimizer step: advances the position, draws the progress bar
+  // and logs every log_every steps (split "train": loss, lr, grad_norm, examples_per_s).
+  void step_done(double loss, double lr, double grad_norm);
+  bool epoch_ended() const { return epoch_ended_; }
+  // Evaluation is due at the end of an epoch and every eval_every_steps.
+  bool eval_due() const;
+  // Logs and prints the metrics and saves best/<metric> for each improved best-by metric.
+  void eval_done(const Metrics& metrics, const ParamTree& params, const optim::Optimizer& opt);
+  bool save_due() const;
+  // ckpt/step-NNNNNN, then keeps the newest keep_last.
+  void save(const ParamTree& params, const optim::Optimizer& opt);
+  // The end-of-fit checkpoint (save_at_end) and the progress bar's last line.
+  void finish(const ParamTree& params, const optim::Optimizer& opt);
+
+  // state.json for the current position (public for tests and tools).
+  std::string state_json(const optim::Optimizer& opt) const;
+
+ private:
+  struct Best {
+    double value = 0;
+    int64_t step = -1;  // -1: nothing recorded yet
+  };
+  void validate();
+  void restore_state(const std::string& state_json, const std::string& where);
+  bool can_save() const;
+  void say(const std::string& line);  // above the progress bar, unless quiet
+
+  Deployer& deployer_;
+  FitConfig config_;
+  int64_t accumulation_ = 1;
+  int64_t steps_per_epoch_ = 0;
+  Position pos_;
+  bool epoch_ended_ = false;
+  int64_t last_saved_ = -1;
+  std::vector<Best> best_;  // one per config_.save_best_by
+  double window_loss_ = 0;
+  int64_t window_steps_ = 0;
+  std::unique_ptr<io::ProgressBar> bar_;
+  std::unique_ptr<io::StepTimer> timer_;
+  double window_seconds_ = 0;
+};
+
+}  // namespace redco::train

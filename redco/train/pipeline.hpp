@@ -1,0 +1,74 @@
+#pragma once
+// Batches are collated one step ahead on the oneTBB pool, so the CPU cores
+// that are not busy with the current step's kernels build the next batch and
+// the step never waits for data (unless collation is slower than compute).
+#include <tbb/task_group.h>
+
+#include <cstdint>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "redco/autodiff/node.hpp"
+
+namespace redco::train::detail {
+
+// Waits for the task group however the scope is left: an exception from the
+// step must not destroy the group (or the batch slot) under a running task.
+class JoinOnExit {
+ public:
+  explicit JoinOnExit(tbb::task_group& tg) : tg_(tg) {}
+  ~JoinOnExit() {
+    try {
+      tg_.wait();
+    } catch (...) {  // the step's exception is the one in flight; a collate error is secondary
+    }
+  }
+  JoinOnExit(const JoinOnExit&) = delete;
+  JoinOnExit& operator=(const JoinOnExit&) = delete;
+
+ private:
+  tbb::task_group& tg_;
+};
+
+// Calls use(i, batch) for i in [0, n) in order, with batch = make(i); make(i + 1)
+// runs concurrently with use(i). make must not touch what use changes. A
+// use() returning false stops the loop (the batch being built is discarded).
+template <typename Batch, typename Make, typename Use>
+void pipelined(int64_t n, Make&& make, Use&& use) {
+  if (n <= 0) return;
+  tbb::task_group tg;
+  std::optional<Batch> next;
+  JoinOnExit join(tg);
+  // Grad mode is per thread and the task may run on any thread, even this
+  // one while it waits inside a kernel: collation never records history.
+  auto build = [&](int64_t i) {
+    NoGradGuard off;
+    return make(i);
+  };
+  std::optional<Batch> current(build(0));
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 1 < n) tg.run([&, i] { next.emplace(build(i + 1)); });
+    if (!use(i, *current)) return;
+    if (i + 1 < n) {
+      tg.wait();  // rethrows a collate error here, in order
+      current.emplace(std::move(*next));
+      next.reset();
+    }
+  }
+}
+
+// The examples at order[0, n) of a random-access range, copied into one
+// contiguous vector so collate sees a span whatever the source range is.
+template <typename R>
+auto gather(const R& examples, std::span<const int64_t> order) {
+  std::vector<std::ranges::range_value_t<const R>> out;
+  out.reserve(order.size());
+  const auto first = std::ranges::begin(examples);
+  for (int64_t i : order) out.push_back(first[i]);
+  return out;
+}
+
+}  // namespace redco::train::detail

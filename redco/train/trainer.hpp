@@ -1,0 +1,354 @@
+#pragma once
+// Training from three user functions. The Trainer owns the parameters and the
+// optimizer; fit() runs epochs of shuffled batches with gradient
+// accumulation, evaluates, logs, keeps checkpoints and resumes exactly.
+//
+//   Trainer trainer(deployer, model, collate, loss, optim::adamw(schedule));
+//   trainer.fit(train, {.per_device_batch_size = 8, .global_batch_size = 32, .n_epochs = 2,
+//                       .eval_examples = valid, .evaluate = {predictor, accuracy},
+//                       .save_best_by = {{"accuracy", Mode::max}}, .save_every_steps = 100,
+//                       .keep_last = 2, .resume = true});
+//
+// Batches. A step consumes global_batch_size examples: dp_size() devices ×
+// accumulation micro-batches of per_device_batch_size each, so
+// global_batch_size must be a multiple of per_device_batch_size × dp_size().
+// Gradients of the micro-batches are averaged (loss should be a mean over its
+// batch) and the schedule advances once per step. An epoch is
+// floor(n / global_batch_size) steps: training drops the last partial batch
+// (every step has the same size); evaluation and prediction do not.
+//
+// Order and randomness. Epoch e visits the examples in
+// deployer.epoch_order(e, n): a function of (seed, e) alone. Micro-batch m of
+// step s on data-parallel rank r runs loss with Rng{seed, s, train}.split(j)
+// and dropout keyed by (seed, (s * accumulation + m) * dp_size + r), where
+// j = m * dp_size + r. Nothing depends on the wall clock or on
+// which thread collates, so a run that is interrupted and resumed with
+// .resume = true reproduces the uninterrupted run's parameters bit for bit
+// (it restarts from the latest checkpoint: parameters, optimizer state with
+// the schedule position, and the position in the epoch from state.json).
+//
+// Collation of the next micro-batch runs on the oneTBB pool while the current
+// one is computed, so collate must be safe to call concurrently with loss
+// (it usually only reads the examples).
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "redco/optim/optimizer.hpp"
+#include "redco/train/concepts.hpp"
+#include "redco/train/deployer.hpp"
+#include "redco/train/fit_driver.hpp"
+#include "redco/train/pipeline.hpp"
+#include "redco/train/predictor.hpp"
+
+namespace redco::train {
+
+// Evaluation beyond the loss: a Predictor and a metric over its outputs,
+// metric(std::span<const Example>, std::span<const Value>) -> named numbers.
+// The predictor is copied, so a temporary is fine.
+template <typename Example>
+class Evaluation {
+ public:
+  Evaluation() = default;
+  template <typename P, typename M>
+  requires(!std::is_pointer_v<P>)
+      Evaluation(const P& predictor, M metric) {  // NOLINT(google-explicit-constructor)
+    if constexpr (P::template check<Example>()) {
+      using V = typename P::template value_type<Example>;
+      static_assert(MetricFn<M, Example, V>, REDCO_METRIC_MESSAGE);
+      if constexpr (MetricFn<M, Example, V>) {
+        fn_ = [p = std::make_shared<const P>(predictor), m = std::move(metric)](
+                  std::span<const Example> ex, int64_t batch, const ParamTree& params) mutable {
+          const std::vector<V> preds = p->predict(ex, batch, params);
+          return to_metrics(m(ex, std::span<const V>(preds)));
+        };
+      }
+    }
+  }
+  template <typename P, typename M>
+  Evaluation(const P* predictor, M metric)  // NOLINT(google-explicit-constructor)
+      : Evaluation(*predictor, std::move(metric)) {}
+
+  explicit operator bool() const { return bool(fn_); }
+  Metrics operator()(std::span<const Example> examples, int64_t per_device_batch_size,
+                     const ParamTree& params) const {
+    return fn_(examples, per_device_batch_size, params);
+  }
+
+ private:
+  std::function<Metrics(std::span<const Example>, int64_t, const ParamTree&)> fn_;
+};
+
+// What on_step sees after each optimizer step.
+struct StepInfo {
+  int64_t step = 0;  // optimizer steps done, this one included
+  int64_t epoch = 0;
+  double loss = 0;  // mean over the step's micro-batches
+  double lr = 0;    // the rate this step used
+};
+
+template <typename Example>
+struct FitOptions {
+  int64_t per_device_batch_size = 8;
+  int64_t global_batch_size = 0;  // 0: per_device_batch_size × dp_size() (no accumulation)
+  int64_t n_epochs = 1;
+  bool shuffle = true;
+  // Evaluation: loss over these (split "eval", metric "loss") plus `evaluate`'s metrics,
+  // after every epoch and every eval_every_steps steps.
+  std::span<const Example> eval_examples = {};
+  Evaluation<Example> evaluate = {};
+  int64_t eval_per_device_batch_size = 0;  // 0: per_device_batch_size
+  int64_t eval_every_steps = 0;
+  // Checkpoints in deployer.workdir(): the best by each save_best_by metric
+  // (ckpt/best-<metric>: parameters and state.json, no optimizer state),
+  // periodic ones (ckpt/step-NNNNNN; the newest keep_last are kept, 0 keeps
+  // all) and one at the end of fit() when save_at_end (also when max_steps
+  // stops it), so a later fit() with .resume = true continues from there.
+  std::vector<BestBy> save_best_by = {};
+  int64_t save_every_steps = 0;
+  int64_t save_every_epochs = 0;
+  int64_t keep_last = 0;
+  bool save_at_end = true;
+  bool resume = false;  // continue from the latest ckpt/step-NNNNNN, if any
+  int64_t log_every = 10;
+  int64_t max_steps = 0;  // > 0: stop once this many steps are done in total
+  std::function<void(const StepInfo&)> on_step = {};
+};
+
+namespace detail {
+struct NotExamples {};  // lets fit() name FitOptions for any argument, then explain
+template <typename R>
+struct example_of {
+  using type = NotExamples;
+};
+template <ExampleRange R>
+struct example_of<R> {
+  using type = example_t<R>;
+};
+}  // namespace detail
+template <typename R>
+using fit_options_t = FitOptions<typename detail::example_of<R>::type>;
+
+template <nn::Layer L, typename Collate, typename Loss>
+class Trainer {
+ public:
+  // Parameters start from nn::init_params(model, deployer.seed()) unless given.
+  Trainer(Deployer& deployer, L model, Collate collate, Loss loss, optim::Optimizer optimizer,
+          std::optional<ParamTree> params = std::nullopt)
+      : deployer_(&deployer),
+        model_(std::move(model)),
+        collate_(std::move(collate)),
+        loss_(std::move(loss)),
+        opt_(std::move(optimizer)),
+        params_(params ? std::move(*params) : nn::init_params(model_, deployer.seed())) {
+    nn::check_params(nn::param_entries(model_), params_);
+  }
+
+  template <typename Ex>
+  static constexpr bool check() {
+    static_assert(CollateFn<Collate, Ex>, REDCO_COLLATE_MESSAGE);
+    if constexpr (CollateFn<Collate, Ex>) {
+      static_assert(LossFn<Loss, BoundModel<L>, batch_t<Collate, Ex>>, REDCO_LOSS_MESSAGE);
+      return LossFn<Loss, BoundModel<L>, batch_t<Collate, Ex>>;
+    } else {
+      return false;
+    }
+  }
+
+  // Trains on `train` (a random-access range of examples). Each call starts
+  // at step 0 of epoch 0 with the current parameters and optimizer state,
+  // unless .resume finds a checkpoint in the workdir.
+  template <typename R>
+  void fit(const R& train, const fit_options_t<R>& options) {
+    static_assert(ExampleRange<R>, REDCO_EXAMPLES_MESSAGE);
+    if constexpr (ExampleRange<R>) {
+      if constexpr (check<example_t<R>>()) fit_checked(train, options);
+    }
+  }
+
+  // The mean loss over `examples` in evaluation mode (batches of
+  // per_device_batch_size × dp_size(), the last one partial; each batch's
+  // loss weighted by its size).
+  template <typename R>
+  double eval_loss(const R& examples, int64_t per_device_batch_size) {
+    static_assert(ExampleRange<R>, REDCO_EXAMPLES_MESSAGE);
+    if constexpr (ExampleRange<R>) {
+      if constexpr (check<example_t<R>>())
+        return eval_loss_checked(examples, per_device_batch_size);
+    }
+    return 0;
+  }
+
+  const ParamTree& params() const { return params_; }
+  ParamTree& params() { return params_; }
+  optim::Optimizer& optimizer() { return opt_; }
+  const L& model() const { return model_; }
+  Deployer& deployer() const { return *deployer_; }
+
+ private:
+  template <typename R>
+  void fit_checked(const R& train, const fit_options_t<R>& o) {
+    using Ex = example_t<R>;
+    using Batch = batch_t<Collate, Ex>;
+    const int64_t n = int64_t(std::ranges::size(train));
+    FitDriver run(*deployer_, fit_config(o, n));
+    if (o.resume) restore(run);
+    optim::GradAccumulator acc(run.accumulation());
+    while (!run.done()) {
+      const Position at = run.position();
+      const std::vector<int64_t> order = deployer_->epoch_order(at.epoch, n, o.shuffle);
+      const int64_t micro = run.micro_batch(), first = at.step_in_epoch * run.accumulation();
+      const int64_t n_micro = run.steps_per_epoch() * run.accumulation() - first;
+      // Micro-batch i of this epoch, this device's share of it: devices take
+      // consecutive slices, so the step covers the same examples at any dp_size.
+      const int64_t dp = deployer_->dp_size(), rank = deployer_->dp_rank();
+      auto make = [&](int64_t i) {
+        const int64_t begin = ((first + i) * dp + rank) * micro;
+        const auto idx = std::span(order).subspan(size_t(begin), size_t(micro));
+        const auto ex = detail::gather(train, idx);
+        return collate_(std::span<const Ex>(ex));
+      };
+      double loss_sum = 0;
+      auto use = [&](int64_t i, const Batch& batch) {
+        const int64_t m = (first + i) % run.accumulation();
+        const float lr = opt_.lr();
+        loss_sum += micro_step(batch, run.position().step, m, run.accumulation(), acc);
+        if (m + 1 < run.accumulation()) return true;
+        const double loss = loss_sum / double(run.accumulation());
+        loss_sum = 0;
+        return after_step(run, o, loss, lr);
+      };
+      detail::pipelined<Batch>(n_micro, make, use);
+    }
+    run.finish(params_, opt_);
+  }
+
+  // One micro-batch: loss and gradients, accumulated; the optimizer steps on
+  // the last micro-batch of a step. Returns the micro-batch's loss.
+  template <typename Batch>
+  double micro_step(const Batch& batch, int64_t step, int64_t m, int64_t accumulation,
+                    optim::GradAccumulator& acc) {
+    // Dropout and the loss's Rng differ per micro-batch and per device.
+    const int64_t micro_id =
+        (step * accumulation + m) * deployer_->dp_size() + deployer_->dp_rank();
+    const nn::Ctx ctx{.train = true, .seed = deployer_->seed(), .step = uint64_t(micro_id)};
+    const Rng rng = deployer_->rng(Purpose::train, uint64_t(step))
+                        .split(uint64_t(m * deployer_->dp_size() + deployer_->dp_rank()));
+    auto [loss, grads] = value_and_grad(
+        [&](const ParamTree& p) {
+          BoundModel<L> bound(model_, p, ctx);
+          return Tensor(loss_(bound, batch, rng));
+        },
+        params_);
+    if (accumulation == 1) {
+      opt_.step(params_, grads);  // no averaging buffers to fill
+    } else {
+      acc.step(opt_, params_, grads);
+    }
+    return double(loss.item());
+  }
+
+  template <typename Opts>
+  bool after_step(FitDriver& run, const Opts& o, double loss, float lr) {
+    run.step_done(loss, lr, opt_.last_grad_norm());
+    if (o.on_step) o.on_step({run.position().step, run.position().epoch, loss, lr});
+    if (run.eval_due()) run.eval_done(evaluate(o), params_, opt_);
+    if (run.save_due()) run.save(params_, opt_);
+    return !run.done() && !run.epoch_ended();
+  }
+
+  template <typename Ex>
+  Metrics evaluate(const FitOptions<Ex>& o) {
+    const int64_t batch =
+        o.eval_per_device_batch_size > 0 ? o.eval_per_device_batch_size : o.per_device_batch_size;
+    Metrics m;
+    if (o.eval_examples.empty()) return m;
+    m.emplace_back("loss", eval_loss_checked(o.eval_examples, batch));
+    if (o.evaluate) {
+      for (auto& kv : o.evaluate(o.eval_examples, batch, params_)) m.push_back(std::move(kv));
+    }
+    return m;
+  }
+
+  template <typename R>
+  double eval_loss_checked(const R& examples, int64_t per_device_batch_size) {
+    using Ex = example_t<R>;
+    using Batch = batch_t<Collate, Ex>;
+    REDCO_CHECK(per_device_batch_size > 0, "eval_loss: per_device_batch_size must be > 0, got {}",
+                per_device_batch_size);
+    const int64_t n = int64_t(std::ranges::size(examples));
+    const int64_t batch = per_device_batch_size * deployer_->dp_size();
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), int64_t(0));
+    auto size_of = [&](int64_t b) { return std::min(batch, n - b * batch); };
+    auto make = [&](int64_t b) {
+      const auto ex =
+          detail::gather(examples, std::span(order).subspan(size_t(b * batch), size_t(size_of(b))));
+      return collate_(std::span<const Ex>(ex));
+    };
+    NoGradGuard no_grad;
+    double total = 0;
+    auto use = [&](int64_t b, const Batch& x) {
+      BoundModel<L> bound(model_, params_,
+                          nn::Ctx{.train = false, .seed = deployer_->seed(), .step = uint64_t(b)});
+      const Tensor l = loss_(bound, x, deployer_->rng(Purpose::eval, uint64_t(b)));
+      total += double(l.item()) * double(size_of(b));
+      return true;
+    };
+    detail::pipelined<Batch>((n + batch - 1) / batch, make, use);
+    return n > 0 ? total / double(n) : 0.0;
+  }
+
+  template <typename Ex>
+  FitConfig fit_config(const FitOptions<Ex>& o, int64_t n) const {
+    return {.per_device_batch_size = o.per_device_batch_size,
+            .global_batch_size = o.global_batch_size,
+            .n_epochs = o.n_epochs,
+            .shuffle = o.shuffle,
+            .n_examples = n,
+            .evaluates = !o.eval_examples.empty(),
+            .eval_every_steps = o.eval_every_steps,
+            .save_best_by = o.save_best_by,
+            .save_every_steps = o.save_every_steps,
+            .save_every_epochs = o.save_every_epochs,
+            .keep_last = o.keep_last,
+            .save_at_end = o.save_at_end,
+            .log_every = o.log_every,
+            .max_steps = o.max_steps};
+  }
+
+  void restore(FitDriver& run) {
+    std::optional<CheckpointData> ck = run.resume();
+    if (!ck) return;
+    nn::check_params(nn::param_entries(model_), ck->params);
+    params_ = std::move(ck->params);
+    opt_.load_state(ck->opt_state);
+  }
+
+  Deployer* deployer_;
+  L model_;
+  // Mutable for the same reason as in Predictor: stateful lambdas work.
+  mutable Collate collate_;
+  mutable Loss loss_;
+  optim::Optimizer opt_;
+  ParamTree params_;
+};
+
+}  // namespace redco::train
+
+// The names a program uses, next to the rest of redco (using namespace redco;).
+namespace redco {
+using train::BoundModel;
+using train::Deployer;
+using train::Predictor;
+using train::Rng;
+using train::Trainer;
+}  // namespace redco

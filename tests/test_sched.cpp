@@ -25,7 +25,7 @@ namespace {
 
 Task<int> value(int v) { co_return v; }
 Task<int> add(int a, int b) { co_return co_await value(a) + co_await value(b); }
-Task<void> throws(const std::string& msg) {
+Task<void> throws(std::string msg) {  // by value: the task runs after the call
   throw std::runtime_error(msg);
   co_return;
 }

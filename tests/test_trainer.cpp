@@ -127,8 +127,12 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
                                                         .n_epochs = 4,
                                                         .warmup_fraction = 0.1})));
   const double before = trainer.eval_loss(valid, 64);
-  trainer.fit(train,
-              {.per_device_batch_size = 32, .n_epochs = 4, .eval_examples = valid, .log_every = 4});
+  trainer.fit(train, {.per_device_batch_size = 32,
+                      .n_epochs = 4,
+                      .eval_examples = valid,
+                      .log_every = 4,
+                      .throughput = {.items_per_example = 3, .item_name = "points",
+                                     .flops_per_item = 1e3, .peak_flops = 1e12}});
   const double after = trainer.eval_loss(valid, 64);
   INFO("eval loss " << before << " -> " << after);
   CHECK(after < 0.4 * before);
@@ -142,7 +146,12 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
     if (j.at("split").as_string() == "train") {
       ++train_lines;
       CHECK(j.contains("lr"));
-      CHECK(j.contains("examples_per_s"));
+      // Throughput in the named items (3 per example), MFU and peak memory.
+      CHECK(j.at("points_per_s").as_double() > 0);
+      CHECK(j.at("mfu").as_double() ==
+            Approx(j.at("points_per_s").as_double() * 1e3 / 1e12).epsilon(1e-9));
+      CHECK(j.at("alloc_peak_mib").as_double() > 0);
+      CHECK(j.at("max_rss_mib").as_double() > 0);
     } else {
       ++eval_lines;
       CHECK(j.at("split").as_string() == "eval");

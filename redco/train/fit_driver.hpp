@@ -35,6 +35,15 @@ struct BestBy {
   Mode mode;
 };
 
+// How to report speed: items are examples unless items_per_example says
+// otherwise (tokens for a language model); MFU needs both FLOP figures.
+struct Throughput {
+  double items_per_example = 0;  // 0: count examples
+  const char* item_name = "examples";
+  double flops_per_item = 0;  // model FLOPs per item (~6 x parameters per token for training)
+  double peak_flops = 0;      // of the hardware in use; 0: MFU is not reported
+};
+
 struct FitConfig {
   int64_t per_device_batch_size = 8;
   int64_t global_batch_size = 0;
@@ -50,6 +59,7 @@ struct FitConfig {
   bool save_at_end = true;
   int64_t log_every = 10;
   int64_t max_steps = 0;
+  Throughput throughput = {};
 };
 
 // Where a run is: optimizer steps done, and the epoch and step within it that

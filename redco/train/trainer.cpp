@@ -192,8 +192,15 @@ void FitDriver::step_done(double loss, double lr, double grad_norm) {
       {"lr", lr},
       {"grad_norm", grad_norm},
       {"epoch", double(pos_.epoch) + double(pos_.step_in_epoch) / double(steps_per_epoch_)}};
-  if (window_seconds_ > 0)
-    m.emplace_back("examples_per_s", double(window_steps_ * global_batch()) / window_seconds_);
+  if (window_seconds_ > 0) {
+    const Throughput& t = config_.throughput;
+    const double examples = double(window_steps_ * global_batch());
+    io::StepStats{.seconds = window_seconds_,
+                  .items = examples * (t.items_per_example > 0 ? t.items_per_example : 1.0),
+                  .flops_per_item = t.flops_per_item,
+                  .peak_flops = t.peak_flops}
+        .append_to(m, t.item_name);
+  }
   deployer_.log(pos_.step, "train", m);
   window_loss_ = 0, window_steps_ = 0, window_seconds_ = 0;
 }

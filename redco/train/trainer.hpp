@@ -120,6 +120,9 @@ struct FitOptions {
   bool resume = false;  // continue from the latest ckpt/step-NNNNNN, if any
   int64_t log_every = 10;
   int64_t max_steps = 0;  // > 0: stop once this many steps are done in total
+  // Logged with each train line: <items>_per_s, mfu (when FLOPs and the peak
+  // are given), the allocator's peak bytes and the process's peak RSS.
+  Throughput throughput = {};
   std::function<void(const StepInfo&)> on_step = {};
 };
 
@@ -322,7 +325,8 @@ class Trainer {
             .keep_last = o.keep_last,
             .save_at_end = o.save_at_end,
             .log_every = o.log_every,
-            .max_steps = o.max_steps};
+            .max_steps = o.max_steps,
+            .throughput = o.throughput};
   }
 
   void restore(FitDriver& run) {

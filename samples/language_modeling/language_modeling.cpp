@@ -124,11 +124,15 @@ int main(int argc, char** argv) try {
   train::Trainer trainer(deployer, models::gpt2(cfg), collate, loss,
                          optim::adamw(schedule, {.weight_decay = 0.1f, .max_grad_norm = 1.f}));
   const int64_t per_epoch = int64_t(train.size()) / batch;
+  const double n_params = double(nn::count_parameters(trainer.params()));
   trainer.fit(train, {.per_device_batch_size = batch,
                       .n_epochs = (steps + per_epoch - 1) / per_epoch,
                       .eval_examples = valid,
                       .eval_every_steps = std::max<int64_t>(1, steps / 3),
-                      .max_steps = steps});
+                      .max_steps = steps,
+                      .throughput = {.items_per_example = double(cfg.context),
+                                     .item_name = "tokens",
+                                     .flops_per_item = 6 * n_params}});
 
   const double valid_loss = trainer.eval_loss(valid, batch), unigram = unigram_entropy(kjv.valid);
   fmt::print(

@@ -7,12 +7,15 @@
 
 #include "redco/autodiff/node.hpp"
 #include "redco/core/allocator.hpp"
+#include "redco/core/device_memory.hpp"
 #include "redco/core/philox.hpp"
 
 namespace redco {
 
 Storage::~Storage() {
-  if (owned && data) CachingAllocator::cpu().deallocate(data, capacity);
+  if (!owned || !data) return;
+  if (device.is_cpu()) CachingAllocator::cpu().deallocate(data, capacity);
+  else device_memory(device).deallocate(device.index, data, capacity);
 }
 
 std::string Shape::str() const {
@@ -60,15 +63,14 @@ void Tensor::check_dtype(DType t) const {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  REDCO_CHECK(device.is_cpu(), "device {} has no allocator in this build (built without CUDA?)",
-              device.str());
   for (int64_t d : shape)
     REDCO_CHECK(d >= 0, "cannot create a tensor of shape {}: -1 is only meaningful in view()",
                 shape);
   auto st = std::make_shared<Storage>();
   st->device = device;
-  st->data = CachingAllocator::cpu().allocate(size_t(shape.numel()) * dtype_size(dtype),
-                                              &st->capacity);
+  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  st->data = device.is_cpu() ? CachingAllocator::cpu().allocate(bytes, &st->capacity)
+                             : device_memory(device).allocate(device.index, bytes, &st->capacity);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(st);
   impl->shape = shape;
@@ -78,7 +80,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  if (device.is_cpu()) std::memset(t.raw(), 0, t.nbytes());
+  else device_memory(device).fill(device.index, t.raw(), dtype, t.numel(), 0.f);
   return t;
 }
 
@@ -167,11 +170,13 @@ void store(void* p, DType t, int64_t i, float v) {
 }  // namespace
 
 float Tensor::item() const {
+  if (!device().is_cpu()) return to(Device::cpu()).item();
   REDCO_CHECK(numel() == 1, "item() needs a one-element tensor, got shape {}", shape());
   return load(raw(), dtype(), 0);
 }
 
 std::vector<float> Tensor::to_vector() const {
+  if (!device().is_cpu()) return to(Device::cpu()).to_vector();
   std::vector<float> out(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = load(raw(), dtype(), i);
   return out;
@@ -218,7 +223,7 @@ Tensor Tensor::operator[](int64_t i) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
-  std::memcpy(t.raw(), raw(), nbytes());
+  copy_bytes(t.raw(), device(), raw(), device(), nbytes());
   return t;
 }
 
@@ -226,7 +231,16 @@ void Tensor::copy_from(const Tensor& src) {
   REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
               src.shape(), shape());
   if (src.dtype() == dtype()) {
-    std::memcpy(raw(), src.raw(), nbytes());
+    copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+    return;
+  }
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    if (device() == src.device()) {  // convert where the data lives
+      device_memory(device()).convert(device().index, raw(), dtype(), src.raw(), src.dtype(),
+                                      numel());
+    } else {  // move first (same dtype), then convert on the destination
+      copy_from(src.to(device()));
+    }
     return;
   }
   void* dst = raw();
@@ -244,7 +258,18 @@ Tensor Tensor::to(DType t) const {
   return out;
 }
 
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  Tensor out = empty(shape(), dtype(), d);
+  copy_bytes(out.raw(), d, raw(), device(), nbytes());
+  return out;
+}
+
 void Tensor::fill(float value) {
+  if (!device().is_cpu()) {
+    device_memory(device()).fill(device().index, raw(), dtype(), numel(), value);
+    return;
+  }
   if (dtype() == DType::f32) {
     std::fill_n(data<float>(), numel(), value);
     return;
@@ -254,6 +279,7 @@ void Tensor::fill(float value) {
 
 std::string Tensor::str(int max_elems) const {
   if (!defined()) return "Tensor(undefined)";
+  if (!device().is_cpu()) return to(Device::cpu()).str(max_elems) + " on " + device().str();
   std::string s = fmt::format("{}{} {{", dtype_name(dtype()), shape().str());
   const int64_t n = std::min<int64_t>(numel(), max_elems);
   for (int64_t i = 0; i < n; ++i) s += fmt::format("{}{:.6g}", i ? ", " : "", load(raw(), dtype(), i));

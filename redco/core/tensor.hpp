@@ -100,6 +100,7 @@ class Tensor {
   float item() const;                    // a one-element tensor's value as float
   std::vector<float> to_vector() const;  // any floating dtype, converted to float
   template <typename T> std::vector<T> values() const {
+    if (!device().is_cpu()) return to(Device::cpu()).values<T>();
     const T* p = data<T>();
     return std::vector<T>(p, p + numel());
   }
@@ -110,7 +111,8 @@ class Tensor {
   Tensor operator[](int64_t i) const;               // row i of dim 0, rank - 1
   Tensor clone() const;                             // deep copy, no autograd history
   Tensor to(DType dtype) const;                     // converted copy (or *this if same)
-  void copy_from(const Tensor& src);                // same shape; converts dtype
+  Tensor to(Device device) const;                   // copy on `device` (or *this if there)
+  void copy_from(const Tensor& src);                // same numel; converts dtype and device
   void fill(float value);
   bool shares_storage_with(const Tensor& other) const {
     return defined() && other.defined() && impl_->storage == other.impl_->storage;

@@ -313,7 +313,10 @@ std::shared_ptr<Slot> ThreadsComm::enter(uint64_t seq, const std::string& desc, 
       std::shared_ptr<Slot>& s = group_->slots[seq];
       if (!s) {
         s = std::make_shared<Slot>();
-        s->seq = seq, s->desc = desc, s->first = rank_, s->phases = phases;
+        s->seq = seq;
+        s->desc = desc;
+        s->first = rank_;
+        s->phases = phases;
         s->reached.assign(size_t(size()), 0);
         s->bufs.resize(size_t(size()));
         s->parts.resize(size_t(size()));
@@ -421,8 +424,13 @@ Comm::Task ThreadsComm::do_send(uint64_t seq, Tensor t, int peer, int tag) {
     if (why.empty()) {
       std::shared_ptr<Envelope>& e = st_->mail[{group_->id, rank_, peer, tag, seq}];
       if (!e) e = std::make_shared<Envelope>();
-      e->src = world_rank(rank_), e->data = std::move(copy), e->sent = true;
-      if (e->waiting) wake.push_back(e->receiver), e->waiting = false;
+      e->src = world_rank(rank_);
+      e->data = std::move(copy);
+      e->sent = true;
+      if (e->waiting) {
+        wake.push_back(e->receiver);
+        e->waiting = false;
+      }
     }
   }
   for (const sched::Waiter& w : wake) w.resume();
@@ -442,7 +450,10 @@ struct ThreadsComm::Mailbox {
     ThreadsState& st = *comm.st_;
     std::lock_guard lock(st.mutex);
     std::shared_ptr<Envelope>& e = st.mail[key];
-    if (!e) e = std::make_shared<Envelope>(), e->src = src;
+    if (!e) {
+      e = std::make_shared<Envelope>();
+      e->src = src;
+    }
     env = e;
     if (e->sent || !e->error.empty()) return false;
     if (!st.failure.empty()) {
@@ -450,7 +461,9 @@ struct ThreadsComm::Mailbox {
     } else if (st.exited[size_t(src)]) {
       e->error = fmt::format("rank {} exited without sending it", src);
     } else {
-      e->waiting = true, e->receiver = {h, sched::RunQueue::current()}, e->since = Clock::now();
+      e->waiting = true;
+      e->receiver = {h, sched::RunQueue::current()};
+      e->since = Clock::now();
       return true;
     }
     return false;

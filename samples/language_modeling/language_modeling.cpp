@@ -139,15 +139,21 @@ int main(int argc, char** argv) try {
       "validation loss {:.3f} nats/token; unigram entropy of the validation tokens {:.3f}: {}\n",
       valid_loss, unigram, valid_loss < unigram - 0.5 ? "clearly below" : "NOT clearly below");
 
-  const std::vector<int64_t> p = encode(kjv.bpe, prompt);
-  const Tensor prompt_ids = Tensor::from<int64_t>(Window(p), {1, int64_t(p.size())});
-  const nn::GenerateOptions greedy{.max_new = max_new, .greedy = true, .context = cfg.context};
-  const nn::GenerateOptions nucleus{
-      .max_new = max_new, .temperature = 0.8f, .top_p = 0.9f, .context = cfg.context};
-  for (const auto& [name, o] : {std::pair{"greedy", greedy}, {"top-p 0.9", nucleus}}) {
-    const Tensor out = nn::generate(trainer.model(), trainer.params(), prompt_ids, o, seed);
-    fmt::print("--- {} ---\n{}\n", name, kjv.bpe.decode(out.values<int64_t>()));
-  }
+  // The third function, predict: continue a prompt, greedily or by nucleus sampling.
+  nn::GenerateOptions how{.max_new = max_new, .greedy = true, .context = cfg.context};
+  auto collate_prompt = [&](std::span<const std::string> texts) {  // one prompt per batch
+    const std::vector<int64_t> ids = encode(kjv.bpe, texts[0]);
+    return Tensor::from<int64_t>(Window(ids), {1, int64_t(ids.size())});
+  };
+  auto predict = [&](auto& model, const Tensor& ids, train::Rng rng) {
+    const Tensor out = nn::generate(model.layer(), model.params(), ids, how, rng.key());
+    return std::vector<std::string>{kjv.bpe.decode(out.values<int64_t>())};
+  };
+  train::Predictor generator(deployer, models::gpt2(cfg), collate_prompt, predict);
+  const std::vector<std::string> prompts{prompt};
+  fmt::print("--- greedy ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
+  how = {.max_new = max_new, .temperature = 0.8f, .top_p = 0.9f, .context = cfg.context};
+  fmt::print("--- top-p 0.9 ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
   return valid_loss < unigram - 0.5 ? 0 : 1;
 } catch (const std::exception& e) {
   fmt::print(stderr, "language_modeling: {}\n", e.what());

@@ -59,6 +59,9 @@ class Shape {
   int rank_ = 0;
 };
 
+// The shape a and b broadcast to (numpy rules); throws naming both shapes and the op.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
 }  // namespace redco
 
 template <>

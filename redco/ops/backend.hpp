@@ -105,8 +105,6 @@ class Backend {
 Backend& backend(Device device);
 void register_backend(DeviceKind kind, Backend* backend);
 
-// Shape that a and b broadcast to (numpy rules); throws naming both shapes and the op.
-Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
 // Kernel entry points: dispatch on the device of the first tensor argument.
 namespace kernels {

@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 
 namespace redco::cpu {
@@ -34,33 +35,7 @@ using Arr = Eigen::Map<Eigen::ArrayXf>;
 
 Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : x.to(DType::f32); }
 
-// Calls f(begin, end) over [0, n), in parallel chunks when n is large.
-template <typename F>
-void parallel_chunks(int64_t n, int64_t grain, const F& f) {
-  if (n <= 0) return;
-  if (n <= grain) {
-    f(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
-}
 
-// Numpy broadcasting, with the same semantics and message as
-// redco::broadcast_shapes (which lives in the backend library, not linked here).
-Shape broadcast_shape(const Shape& a, const Shape& b, const char* op) {
-  const int r = std::max(a.rank(), b.rank());
-  std::array<int64_t, Shape::kMaxRank> dims{};
-  for (int i = 0; i < r; ++i) {
-    const int ia = a.rank() - r + i, ib = b.rank() - r + i;
-    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    REDCO_CHECK(da == db || da == 1 || db == 1,
-                "{}: shapes {} and {} cannot be broadcast together (axis {}: {} vs {})", op, a, b,
-                i - r, da, db);
-    dims[size_t(i)] = da == 1 ? db : da;
-  }
-  return Shape(std::span<const int64_t>(dims.data(), size_t(r)));
-}
 
 const char* binary_name(BinaryOp op) {
   switch (op) {
@@ -284,7 +259,7 @@ Tensor unary(UnaryOp op, const Tensor& x_in) {
 }
 
 Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
-  const Shape out = broadcast_shape(a_in.shape(), b_in.shape(), binary_name(op));
+  const Shape out = broadcast_shapes(a_in.shape(), b_in.shape(), binary_name(op));
   const Tensor a = as_f32(a_in), b = as_f32(b_in);
   Tensor y = Tensor::empty(out, DType::f32, a.device());
   if (y.numel() == 0) return y;

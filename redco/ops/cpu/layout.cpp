@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 
 namespace redco::cpu {
@@ -30,20 +31,8 @@ constexpr int64_t kTile = 32;
 
 using Dims = std::array<int64_t, Shape::kMaxRank>;
 
-template <typename F>
-void parallel_tasks(int64_t n, int64_t grain, const F& f) {
-  if (n <= 0) return;
-  if (n <= grain) {
-    f(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
-}
 
-int64_t grain_for(int64_t bytes_per_task) {
-  return std::max<int64_t>(1, kGrainBytes / std::max<int64_t>(bytes_per_task, 1));
-}
+int64_t grain_for(int64_t bytes_per_item) { return cpu::grain_for(kGrainBytes, bytes_per_item); }
 
 // A contiguous output of shape dims[0, rank) read from a source with element
 // strides src[0, rank).
@@ -88,7 +77,7 @@ void transpose_copy(const T* in, T* out, const Gather& g) {
   for (int d = 0; d < r - 2; ++d) outer *= g.dims[size_t(d)];
   const int64_t row_tiles = (n1 + kTile - 1) / kTile;
   const int64_t tile_bytes = kTile * n2 * int64_t(sizeof(T));
-  parallel_tasks(outer * row_tiles, grain_for(tile_bytes), [&](int64_t t0, int64_t t1) {
+  parallel_chunks(outer * row_tiles, grain_for(tile_bytes), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / row_tiles, i0 = (t % row_tiles) * kTile;
       const T* src = in + g.offset(b, r - 2);
@@ -123,7 +112,7 @@ void gather_copy(const T* in, T* out, const Gather& g) {
   const int64_t n = g.dims[size_t(r - 1)], step = g.src[size_t(r - 1)];
   int64_t rows = 1;
   for (int d = 0; d < r - 1; ++d) rows *= g.dims[size_t(d)];
-  parallel_tasks(rows, grain_for(n * int64_t(sizeof(T))), [&](int64_t r0, int64_t r1) {
+  parallel_chunks(rows, grain_for(n * int64_t(sizeof(T))), [&](int64_t r0, int64_t r1) {
     for (int64_t row = r0; row < r1; ++row) {
       const T* s = in + g.offset(row, r - 1);
       T* d = out + row * n;
@@ -173,7 +162,7 @@ Dims contiguous_strides(const Shape& s) {
 void copy_blocks(const char* src, int64_t src_stride, char* dst, int64_t dst_stride, int64_t count,
                  int64_t block) {
   if (block == 0) return;
-  parallel_tasks(count, grain_for(block), [&](int64_t b0, int64_t b1) {
+  parallel_chunks(count, grain_for(block), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       std::memcpy(dst + b * dst_stride, src + b * src_stride, size_t(block));
   });

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 
 namespace redco::cpu {
 namespace {
@@ -41,13 +42,7 @@ void check_shape(const char* op, int64_t N, int64_t D) {
 // Calls f(row_begin, row_end) over [0, N), in parallel when there is enough work.
 template <typename F>
 void for_rows(int64_t N, int64_t D, const F& f) {
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / D);
-  if (N <= grain) {
-    if (N > 0) f(int64_t{0}, N);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, N, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
+  parallel_chunks(N, grain_for(kGrainElems, D), f);
 }
 
 // Scratch for the dgamma/dbeta partials, kept per calling thread so steady-state

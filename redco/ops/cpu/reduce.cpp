@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 
 namespace redco::cpu {
@@ -41,20 +42,8 @@ constexpr int kLanes = 16;
 
 Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : x.to(DType::f32); }
 
-template <typename F>
-void parallel_tasks(int64_t n, int64_t grain, const F& f) {
-  if (n <= 0) return;
-  if (n <= grain) {
-    f(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
-}
 
-int64_t grain_for(int64_t work_per_task) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(work_per_task, 1));
-}
+int64_t grain_for(int64_t work_per_item) { return cpu::grain_for(kGrain, work_per_item); }
 
 double sum_row(const float* p, int64_t n) {
   double total = 0;
@@ -80,7 +69,7 @@ float max_row(const float* p, int64_t n) {
 
 // y[o] = reduce(x[o, 0:R]).
 void reduce_rows(ReduceOp op, const float* x, float* y, int64_t O, int64_t R) {
-  parallel_tasks(O, grain_for(R), [&](int64_t o0, int64_t o1) {
+  parallel_chunks(O, grain_for(R), [&](int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; ++o)
       y[o] = op == ReduceOp::sum ? float(sum_row(x + o * R, R)) : max_row(x + o * R, R);
   });
@@ -124,7 +113,7 @@ void reduce_pass(ReduceOp op, const float* x, float* y, int64_t O, int64_t R, in
   // Tasks are (o, block of I): enough of them to use every core even when
   // O == 1 (a reduction over the leading axis).
   const int64_t bw = col_block(O, I), blocks = (I + bw - 1) / bw;
-  parallel_tasks(O * blocks, grain_for(R * std::min(I, bw)), [&](int64_t t0, int64_t t1) {
+  parallel_chunks(O * blocks, grain_for(R * std::min(I, bw)), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o = t / blocks, i0 = (t % blocks) * bw;
       reduce_columns(op, x + o * R * I, y + o * I, R, I, i0, std::min(I, i0 + bw));
@@ -182,7 +171,7 @@ Tensor argmax(const Tensor& x_in, int axis_in) {
   const float* px = x.data<float>();
   int64_t* py = y.data<int64_t>();
   // Strict '>' keeps the first index among equal maxima.
-  parallel_tasks(O, grain_for(R * I), [&](int64_t o0, int64_t o1) {
+  parallel_chunks(O, grain_for(R * I), [&](int64_t o0, int64_t o1) {
     std::vector<float> best(static_cast<size_t>(I));
     for (int64_t o = o0; o < o1; ++o) {
       const float* xo = px + o * R * I;

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 
 namespace redco::cpu {
 namespace {
@@ -35,13 +36,7 @@ void check_shape(const char* op, int64_t N, int64_t D) {
 
 template <typename F>
 void for_rows(int64_t N, int64_t D, const F& f) {
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / D);
-  if (N <= grain) {
-    if (N > 0) f(int64_t{0}, N);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, N, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
+  parallel_chunks(N, grain_for(kGrainElems, D), f);
 }
 
 // Validated serially before any work so the error is deterministic (first bad

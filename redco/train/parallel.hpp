@@ -1,0 +1,114 @@
+#pragma once
+// Data and tensor parallelism over a dist::Mesh.
+//
+// Tensor parallel: every rank of a model-parallel group holds only its shard
+// of each parameter (shard_params / init_shard, following the plan from
+// shard::resolve), under the parameter's own name, and runs the forward pass
+// on its shards with the collectives of redco/nn/parallel_ops.hpp between
+// blocks (tp_gpt_forward). Data parallel: each replica takes its rows of the
+// global batch (DataParallel::local_batch) and gradients are averaged across
+// the replicas in buckets (DataParallel::average).
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "redco/dist/comm.hpp"
+#include "redco/models/gpt2.hpp"
+#include "redco/shard/plan.hpp"
+
+namespace redco::train {
+
+using nn::ParamTree;
+
+// ---- parameter shards ------------------------------------------------------------------
+
+// The part of `full` that model shard `mp_rank` of `mp_size` holds under `split`.
+Tensor slice_shard(const Tensor& full, const shard::ParamSplit& split, int mp_rank, int mp_size);
+
+// Every parameter of `plan`, cut to this shard (replicated ones whole). Throws
+// if `full` lacks a parameter of the plan or holds it with another shape.
+ParamTree shard_params(const ParamTree& full, const std::vector<shard::ParamSplit>& plan,
+                       int mp_rank, int mp_size);
+
+// Draws only this shard's elements: element i of a parameter depends on
+// (seed, name, i) alone (see core/philox.hpp), so the result equals
+// shard_params(nn::init_params(model, seed), plan, ...) without ever holding
+// a whole parameter. `entries` and `plan` list the same parameters in the same
+// order (nn::param_entries(model) and shard::resolve(model, mp_size)).
+ParamTree init_shard(const std::vector<nn::ParamEntry>& entries,
+                     const std::vector<shard::ParamSplit>& plan, uint64_t seed, int mp_rank,
+                     int mp_size);
+
+// The whole tensor from every mp rank's shard (an all-gather along the split
+// dimension; a replicated tensor is returned as is). Collective over `mp`.
+Tensor unshard(const Tensor& local, const shard::ParamSplit& split, dist::Comm& mp);
+
+// ---- tensor-parallel GPT-2 -----------------------------------------------------------------
+
+// The forward pass of models::gpt2(config) on this rank's shards (from
+// shard_params / init_shard with shard::resolve(model, mp.size())): the
+// vocabulary-split embedding, heads split across ranks in attention, fc1
+// column- and fc2 row-parallel. Returns this rank's vocabulary slice of the
+// logits, [B, T, vocab / mp] (rows [rank * vocab / mp, ...) of the vocabulary):
+// full logits are never formed. Needs heads, 4 * dim and vocab divisible by mp.
+Tensor tp_gpt_forward(const models::Gpt2Config& config, const ParamTree& shard, const Tensor& ids,
+                      dist::Comm& mp, nn::Ctx& ctx);
+
+// The token embedding with the table split by vocabulary rows: each rank looks
+// up the ids it holds (zeros elsewhere) and the partial results are summed.
+Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, dist::Comm& mp);
+
+// cross_entropy(full logits, labels) from vocabulary-split logits [..., V/mp]:
+// the row max and the sum of exponentials are all-reduced, so the full logits
+// are never gathered. Labels i64 [...]; rows labelled ignore_index are skipped.
+Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& labels,
+                                    dist::Comm& mp, int64_t ignore_index = -100);
+
+// ---- data parallel ----------------------------------------------------------------------
+
+class DataParallel {
+ public:
+  // Gradients are all-reduced in buckets of at least `bucket_bytes` (f32).
+  explicit DataParallel(dist::Comm& dp, size_t bucket_bytes = size_t(25) << 20);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // This replica's rows of a global batch (dim 0 must divide by the dp size).
+  Tensor local_batch(const Tensor& global) const;
+
+  // Overlapping the gradient all-reduce with backward: call inside the loss
+  // function on the parameters it receives and compute with the result,
+  //   value_and_grad([&](const ParamTree& p) { return loss(dp.watch(p, order)); }, params);
+  // Buckets are filled in reverse `order` (execution order: backward finishes
+  // the last layers' gradients first), and as backward finalises the last
+  // gradient of a bucket, that bucket's all-reduce is started. Then
+  // finish(grads) awaits them all and replaces every gradient by its mean over
+  // the dp group, ready for the optimizer step.
+  ParamTree watch(const ParamTree& params, const std::vector<std::string>& order);
+  void finish(ParamTree& grads);
+
+  // The same averaging for gradients computed without watch(): all buckets
+  // are started at once.
+  void average(ParamTree& grads, const std::vector<std::string>& order);
+
+  // Of the last step: how many buckets, and how many were started by backward.
+  size_t last_bucket_count() const { return last_buckets_; }
+  size_t last_early_launches() const { return last_early_; }
+
+  struct Step;  // the buckets of the step in flight
+
+ private:
+  void begin(const ParamTree& shapes, const std::vector<std::string>& order);
+
+  dist::Comm* dp_;
+  size_t bucket_bytes_;
+  std::unique_ptr<Step> step_;
+  size_t last_buckets_ = 0, last_early_ = 0;
+};
+
+// Parameter names in execution order, for DataParallel::average.
+std::vector<std::string> param_order(const std::vector<shard::ParamSplit>& plan);
+
+}  // namespace redco::train

@@ -23,8 +23,10 @@ bool has_device_memory(DeviceKind kind) { return registry()[size_t(kind)] != nul
 
 DeviceMemory& device_memory(Device device) {
   DeviceMemory* m = registry()[size_t(device.kind)];
-  REDCO_CHECK(m, "device {} has no allocator in this build (reconfigure redco with "
-              "-Dcuda=enabled on a machine with the CUDA toolkit)", device.str());
+  REDCO_CHECK(m,
+              "device {} has no allocator in this build (reconfigure redco with "
+              "-Dcuda=enabled on a machine with the CUDA toolkit)",
+              device.str());
   return *m;
 }
 

@@ -14,8 +14,11 @@ namespace redco {
 
 Storage::~Storage() {
   if (!owned || !data) return;
-  if (device.is_cpu()) CachingAllocator::cpu().deallocate(data, capacity);
-  else device_memory(device).deallocate(device.index, data, capacity);
+  if (device.is_cpu()) {
+    CachingAllocator::cpu().deallocate(data, capacity);
+  } else {
+    device_memory(device).deallocate(device.index, data, capacity);
+  }
 }
 
 std::string Shape::str() const {
@@ -80,8 +83,11 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  if (device.is_cpu()) std::memset(t.raw(), 0, t.nbytes());
-  else device_memory(device).fill(device.index, t.raw(), dtype, t.numel(), 0.f);
+  if (device.is_cpu()) {
+    std::memset(t.raw(), 0, t.nbytes());
+  } else {
+    device_memory(device).fill(device.index, t.raw(), dtype, t.numel(), 0.f);
+  }
   return t;
 }
 

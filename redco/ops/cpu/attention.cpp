@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 
 namespace redco::cpu {
@@ -261,8 +262,8 @@ void flash_attention_forward(const AttentionShape& s, const float* q, const floa
   check_shape("flash_attention_forward", s);
   const int64_t D = s.D, group = s.Hq / s.Hkv;
   const int64_t q_tiles = (s.Tq + kBr - 1) / kBr;
-  tbb::enumerable_thread_specific<std::vector<float>> scratch(
-      [&] { return std::vector<float>(FwdScratch::floats(D)); });
+  tbb::enumerable_thread_specific<AlignedFloats> scratch(
+      [&] { return AlignedFloats(FwdScratch::floats(D)); });
   parallel_units(s.B * s.Hq * q_tiles, [&](int64_t u0, int64_t u1) {
     FwdScratch w(scratch.local().data(), D);
     for (int64_t u = u0; u < u1; ++u) {
@@ -281,14 +282,14 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
   check_shape("flash_attention_backward", s);
   const int64_t D = s.D, group = s.Hq / s.Hkv;
   const int64_t q_elems = s.B * s.Hq * s.Tq * D;
-  std::vector<float> delta(static_cast<size_t>(s.B * s.Hq * s.Tq));  // [B, Hq, Tq]
+  AlignedFloats delta(static_cast<size_t>(s.B * s.Hq * s.Tq));  // [B, Hq, Tq]
   backward_prologue(s, o, dout, delta.data(), dq);
   const int64_t splits = key_splits(s);
   // [splits - 1, B, Hq, Tq, D]: dq partial sums of key-tile sets 1.. (set 0 writes dq).
-  std::vector<float> dq_extra(static_cast<size_t>((splits - 1) * q_elems), 0.f);
+  AlignedFloats dq_extra(static_cast<size_t>((splits - 1) * q_elems), 0.f);
   const int64_t key_tiles = (s.Tk + kBc - 1) / kBc;
-  tbb::enumerable_thread_specific<std::vector<float>> scratch(
-      [] { return std::vector<float>(BwdScratch::floats()); });
+  tbb::enumerable_thread_specific<AlignedFloats> scratch(
+      [] { return AlignedFloats(BwdScratch::floats()); });
   parallel_units(s.B * s.Hkv * splits, [&](int64_t u0, int64_t u1) {
     BwdScratch w(scratch.local().data());
     std::vector<QHead> heads(static_cast<size_t>(group));  // [group]: per task, not per tile

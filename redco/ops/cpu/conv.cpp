@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 
 namespace redco::cpu {
@@ -187,7 +188,7 @@ void conv2d_backward(const float* dy, const float* x, const float* w, float* dx,
   const int64_t nchunks = std::clamp<int64_t>(
       std::min({g.N, kMaxPartials, kPartialBudget / wsize, g.N * g.O * ckk * ohw / kGrainWork}), 1,
       g.N);
-  std::vector<float> partials(static_cast<size_t>((nchunks - 1) * wsize));  // [nchunks-1, O, CKK]
+  AlignedFloats partials(static_cast<size_t>((nchunks - 1) * wsize));  // [nchunks-1, O, CKK]
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, nchunks, 1),
       [&](const auto& r) {

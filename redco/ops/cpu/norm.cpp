@@ -47,8 +47,8 @@ void for_rows(int64_t N, int64_t D, const F& f) {
 
 // Scratch for the dgamma/dbeta partials, kept per calling thread so steady-state
 // training steps do not page-fault a fresh allocation every call.
-std::vector<float>& partial_scratch() {
-  thread_local std::vector<float> buf;
+AlignedFloats& partial_scratch() {
+  thread_local AlignedFloats buf;
   return buf;
 }
 
@@ -61,7 +61,7 @@ void reduce_over_rows(int64_t N, int64_t D, int nout, float* const* outs, const 
   const int64_t rows = std::max<int64_t>(1, (N + want - 1) / want);
   const int64_t nchunks = (N + rows - 1) / rows;  // 0 when N == 0
   const int64_t stride = nout * D;                // floats per chunk: [nout, D]
-  std::vector<float>& scratch = partial_scratch();
+  AlignedFloats& scratch = partial_scratch();
   if (static_cast<int64_t>(scratch.size()) < nchunks * stride) scratch.resize(nchunks * stride);
   float* parts = scratch.data();
 

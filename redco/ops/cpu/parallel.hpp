@@ -5,8 +5,10 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace redco::cpu {
 
@@ -28,5 +30,12 @@ void parallel_chunks(int64_t n, int64_t grain, const F& f) {
 inline int64_t grain_for(int64_t target, int64_t per_item) {
   return std::max<int64_t>(1, target / std::max<int64_t>(per_item, 1));
 }
+
+// Scratch for kernels that reduce with Eigen. Eigen's vectorised reductions
+// peel to an aligned address first, so their summation order — and the last
+// bit of the result — depends on where a buffer starts; malloc's 16-byte
+// alignment would make results vary from call to call. Scratch aligned like
+// every tensor (64 bytes) keeps kernels bitwise reproducible.
+using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
 
 }  // namespace redco::cpu

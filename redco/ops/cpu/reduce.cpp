@@ -172,7 +172,7 @@ Tensor argmax(const Tensor& x_in, int axis_in) {
   int64_t* py = y.data<int64_t>();
   // Strict '>' keeps the first index among equal maxima.
   parallel_chunks(O, grain_for(R * I), [&](int64_t o0, int64_t o1) {
-    std::vector<float> best(static_cast<size_t>(I));
+    AlignedFloats best(static_cast<size_t>(I));
     for (int64_t o = o0; o < o1; ++o) {
       const float* xo = px + o * R * I;
       int64_t* yo = py + o * I;

@@ -1,0 +1,68 @@
+#pragma once
+// The CUDA backend: every kernel of redco/ops/backend.hpp on tensors in GPU
+// memory, with the CPU backend's semantics (f32 compute, f32 outputs,
+// half-precision inputs converted on the device). All inputs of a call must
+// live on the same CUDA device; the result is allocated there. Methods the
+// backend does not implement yet throw a redco::Error naming the op.
+#include "redco/ops/backend.hpp"
+
+namespace redco {
+
+class CudaBackend final : public Backend {
+ public:
+  static CudaBackend& instance();
+
+  // generic kernels (backend_cuda.cpp, matmul.cpp)
+  Tensor unary(UnaryOp op, const Tensor& x) override;
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
+  Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) override;
+  void add_inplace(Tensor& a, const Tensor& b) override;
+  Tensor reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) override;
+  Tensor argmax(const Tensor& x, int axis) override;
+  Tensor broadcast_to(const Tensor& x, const Shape& shape) override;
+  Tensor permute(const Tensor& x, std::span<const int> perm) override;
+  Tensor slice(const Tensor& x, int axis, int64_t start, int64_t len) override;
+  void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) override;
+  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override;
+  // nn kernels (backend_cuda_nn.cpp); attention, convolution and pooling throw
+  Tensor softmax(const Tensor& x) override;
+  Tensor softmax_backward(const Tensor& y, const Tensor& dy) override;
+  Tensor log_softmax(const Tensor& x) override;
+  Tensor log_softmax_backward(const Tensor& y, const Tensor& dy) override;
+  Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                    LayerNormSaved& saved) override;
+  TensorList layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 bool has_beta, const LayerNormSaved& saved) override;
+  Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps, LayerNormSaved& saved) override;
+  TensorList rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                               const LayerNormSaved& saved) override;
+  Tensor gelu(const Tensor& x, bool tanh_approx) override;
+  Tensor gelu_backward(const Tensor& x, const Tensor& dy, bool tanh_approx) override;
+  Tensor silu(const Tensor& x) override;
+  Tensor silu_backward(const Tensor& x, const Tensor& dy) override;
+  Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                       Tensor& lse) override;
+  Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                                const Tensor& dloss, int64_t ignore_index) override;
+  Tensor embedding(const Tensor& table, const Tensor& ids) override;
+  Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) override;
+  Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) override;
+  Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
+                   Tensor& lse) override;
+  TensorList attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const Tensor& lse, const Tensor& dout, bool causal,
+                                float scale) override;
+  Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
+                int64_t pad) override;
+  TensorList conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,
+                             int64_t stride, int64_t pad) override;
+  Tensor max_pool2d(const Tensor& x, int64_t k, int64_t stride, Tensor& argmax) override;
+  Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x, int64_t k,
+                             int64_t stride) override;
+  Tensor max_pool2d_gather(const Tensor& dx, const Tensor& argmax) override;
+  Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) override;
+  Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k, int64_t stride) override;
+  Tensor dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) override;
+};
+
+}  // namespace redco

@@ -1,0 +1,321 @@
+// CudaBackend, nn kernels: the checks and messages of ops/cpu/nn_backend.cpp,
+// with outputs on the input's device and the kernels in the .cu files.
+// Index validation (labels, ids) needs the answer on the host before the
+// error can be thrown, so those ops read back one 8-byte result (a sync).
+#include <algorithm>
+#include <cmath>
+
+#include "redco/ops/cuda/backend_cuda.hpp"
+#include "redco/ops/cuda/cuda_util.hpp"
+#include "redco/ops/cuda/tensor_util.hpp"
+
+namespace redco {
+namespace {
+using cuda::f32;
+using cuda::Scope;
+
+Tensor like(const Tensor& x) { return Tensor::empty(x.shape(), DType::f32, x.device()); }
+
+const int64_t* ids_of(const Tensor& t, Device dev, const char* op) {
+  cuda::expect_on(t, dev, op);
+  REDCO_CHECK(t.dtype() == DType::i64, "{}: indices must be i64, got {}{}", op,
+              dtype_name(t.dtype()), t.shape());
+  return t.data<int64_t>();
+}
+
+void check_last_dim(const Tensor& x, const Tensor& v, const char* op, const char* what) {
+  REDCO_CHECK(v.rank() == 1 && v.dim(0) == x.shape().last(),
+              "{}: {} has shape {} but the input {} needs [{}]", op, what, v.shape(), x.shape(),
+              x.shape().last());
+}
+
+// Element i of an i64 device tensor, read back for an error message.
+int64_t value_at(const Tensor& ids, int64_t i) {
+  return ids.view({-1})[i].to(Device::cpu()).values<int64_t>()[0];
+}
+
+void check_labels(const char* op, const Tensor& labels, int64_t V, int64_t ignore_index) {
+  const int64_t bad =
+      cuda::k::first_bad_id(labels.data<int64_t>(), labels.numel(), V, ignore_index);
+  if (bad < 0) return;
+  const int64_t l = value_at(labels, bad);
+  fail("{}: row {} has label {}, outside [0, {}) and not ignore_index ({})", op, bad, l, V,
+       ignore_index);
+}
+
+void check_ids(const char* op, const Tensor& ids, int64_t V) {
+  // ids < 0 are all bad, so -1 works as "skip nothing".
+  const int64_t bad = cuda::k::first_bad_id(ids.data<int64_t>(), ids.numel(), V, -1);
+  if (bad < 0) return;
+  const int64_t id = value_at(ids, bad);
+  fail("{}: id {} at position {} is out of range for a table of {} rows", op, id, bad, V);
+}
+
+// Sums [chunks, 2, D] partials over the chunks (in chunk order) into {dgamma, dbeta}.
+TensorList sum_partials(const Tensor& partials, int64_t D, bool has_beta) {
+  Tensor both = Tensor::empty({2 * D}, DType::f32, partials.device());
+  cuda::k::reduce_pass(false, partials.data<float>(), both.data<float>(), 1, partials.dim(0),
+                       2 * D);
+  Tensor dgamma = both.slice0(0, D).clone();
+  return {dgamma, has_beta ? both.slice0(D, 2 * D).clone() : Tensor()};
+}
+
+}  // namespace
+
+Tensor CudaBackend::softmax(const Tensor& x_in) {
+  Scope scope(x_in.device());
+  Tensor x = f32(x_in, x_in.device(), "softmax"), y = like(x);
+  cuda::k::softmax_forward(x.data<float>(), y.data<float>(), x.shape().rows(), x.shape().last(),
+                           false);
+  return y;
+}
+Tensor CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy_in) {
+  Scope scope(y.device());
+  Tensor dy = f32(dy_in, y.device(), "softmax backward"), dx = like(y);
+  check_same_shape(y, dy, "softmax backward");
+  cuda::k::softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.shape().rows(),
+                            y.shape().last(), false);
+  return dx;
+}
+Tensor CudaBackend::log_softmax(const Tensor& x_in) {
+  Scope scope(x_in.device());
+  Tensor x = f32(x_in, x_in.device(), "log_softmax"), y = like(x);
+  cuda::k::softmax_forward(x.data<float>(), y.data<float>(), x.shape().rows(), x.shape().last(),
+                           true);
+  return y;
+}
+Tensor CudaBackend::log_softmax_backward(const Tensor& y, const Tensor& dy_in) {
+  Scope scope(y.device());
+  Tensor dy = f32(dy_in, y.device(), "log_softmax backward"), dx = like(y);
+  check_same_shape(y, dy, "log_softmax backward");
+  cuda::k::softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.shape().rows(),
+                            y.shape().last(), true);
+  return dx;
+}
+
+Tensor CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& labels,
+                                  int64_t ignore_index, Tensor& lse) {
+  const Device dev = logits_in.device();
+  Scope scope(dev);
+  Tensor logits = f32(logits_in, dev, "cross_entropy");
+  const int64_t rows = logits.shape().rows(), vocab = logits.shape().last();
+  REDCO_CHECK(labels.numel() == rows,
+              "cross_entropy: logits {} need {} labels (one per row), got labels {}",
+              logits.shape(), rows, labels.shape());
+  const int64_t* l = ids_of(labels, dev, "cross_entropy");
+  check_labels("cross_entropy_forward", labels, vocab, ignore_index);
+  Tensor losses = Tensor::empty(labels.shape(), DType::f32, dev);
+  lse = Tensor::empty(labels.shape(), DType::f32, dev);
+  cuda::k::cross_entropy_forward(logits.data<float>(), l, losses.data<float>(), lse.data<float>(),
+                                 rows, vocab, ignore_index);
+  return losses;
+}
+Tensor CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& labels,
+                                           const Tensor& lse, const Tensor& dloss_in,
+                                           int64_t ignore_index) {
+  const Device dev = logits_in.device();
+  Scope scope(dev);
+  Tensor logits = f32(logits_in, dev, "cross_entropy backward");
+  Tensor dloss = f32(dloss_in, dev, "cross_entropy backward"), dlogits = like(logits);
+  check_same_shape(labels, dloss, "cross_entropy backward");
+  const int64_t* l = ids_of(labels, dev, "cross_entropy");
+  cuda::expect_on(lse, dev, "cross_entropy backward");
+  check_labels("cross_entropy_backward", labels, logits.shape().last(), ignore_index);
+  cuda::k::cross_entropy_backward(logits.data<float>(), l, lse.data<float>(), dloss.data<float>(),
+                                  dlogits.data<float>(), logits.shape().rows(),
+                                  logits.shape().last(), ignore_index);
+  return dlogits;
+}
+
+Tensor CudaBackend::layer_norm(const Tensor& x_in, const Tensor& gamma_in, const Tensor& beta_in,
+                               float eps, LayerNormSaved& saved) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor x = f32(x_in, dev, "layer_norm"), gamma = f32(gamma_in, dev, "layer_norm");
+  check_last_dim(x, gamma, "layer_norm", "gamma");
+  Tensor beta;
+  if (beta_in.defined()) {
+    beta = f32(beta_in, dev, "layer_norm");
+    check_last_dim(x, beta, "layer_norm", "beta");
+  }
+  const int64_t rows = x.shape().rows();
+  saved.mean = Tensor::empty({rows}, DType::f32, dev);
+  saved.rstd = Tensor::empty({rows}, DType::f32, dev);
+  Tensor y = like(x);
+  cuda::k::norm_forward(x.data<float>(), gamma.data<float>(),
+                        beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
+                        saved.mean.data<float>(), saved.rstd.data<float>(), rows, x.shape().last(),
+                        eps);
+  return y;
+}
+
+// Shared by layer norm (mean defined) and RMS norm.
+static TensorList norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& gamma_in,
+                                bool has_beta, const LayerNormSaved& saved, const char* op) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor dy = f32(dy_in, dev, op), x = f32(x_in, dev, op), gamma = f32(gamma_in, dev, op);
+  check_same_shape(x, dy, op);
+  const int64_t N = x.shape().rows(), D = x.shape().last();
+  const int64_t chunks = cuda::k::norm_chunks(N);
+  Tensor dx = like(x), partials = Tensor::empty({chunks, 2, D}, DType::f32, dev);
+  const bool layer = saved.mean.defined();
+  cuda::k::norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
+                         layer ? saved.mean.data<float>() : nullptr, saved.rstd.data<float>(),
+                         dx.data<float>(), partials.data<float>(), chunks, N, D);
+  TensorList dg = sum_partials(partials, D, has_beta);
+  return has_beta ? TensorList{dx, dg[0], dg[1]} : TensorList{dx, dg[0]};
+}
+
+TensorList CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                            bool has_beta, const LayerNormSaved& saved) {
+  TensorList r = norm_backward(dy, x, gamma, has_beta, saved, "layer_norm backward");
+  if (!has_beta) r.push_back(Tensor());  // {dx, dgamma, dbeta} like the CPU backend
+  return r;
+}
+
+Tensor CudaBackend::rms_norm(const Tensor& x_in, const Tensor& gamma_in, float eps,
+                             LayerNormSaved& saved) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor x = f32(x_in, dev, "rms_norm"), gamma = f32(gamma_in, dev, "rms_norm");
+  check_last_dim(x, gamma, "rms_norm", "gamma");
+  const int64_t rows = x.shape().rows();
+  saved.mean = Tensor();
+  saved.rstd = Tensor::empty({rows}, DType::f32, dev);
+  Tensor y = like(x);
+  cuda::k::norm_forward(x.data<float>(), gamma.data<float>(), nullptr, y.data<float>(), nullptr,
+                        saved.rstd.data<float>(), rows, x.shape().last(), eps);
+  return y;
+}
+TensorList CudaBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                          const LayerNormSaved& saved) {
+  REDCO_CHECK(!saved.mean.defined(), "rms_norm backward: saved state is from a layer norm");
+  return norm_backward(dy, x, gamma, false, saved, "rms_norm backward");
+}
+
+Tensor CudaBackend::gelu(const Tensor& x_in, bool tanh_approx) {
+  Scope scope(x_in.device());
+  Tensor x = f32(x_in, x_in.device(), "gelu"), y = like(x);
+  cuda::k::gelu_forward(x.data<float>(), y.data<float>(), x.numel(), tanh_approx);
+  return y;
+}
+Tensor CudaBackend::gelu_backward(const Tensor& x_in, const Tensor& dy_in, bool tanh_approx) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor x = f32(x_in, dev, "gelu backward"), dy = f32(dy_in, dev, "gelu backward"), dx = like(x);
+  check_same_shape(x, dy, "gelu backward");
+  cuda::k::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel(),
+                         tanh_approx);
+  return dx;
+}
+Tensor CudaBackend::silu(const Tensor& x_in) {
+  Scope scope(x_in.device());
+  Tensor x = f32(x_in, x_in.device(), "silu"), y = like(x);
+  cuda::k::silu_forward(x.data<float>(), y.data<float>(), x.numel());
+  return y;
+}
+Tensor CudaBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor x = f32(x_in, dev, "silu backward"), dy = f32(dy_in, dev, "silu backward"), dx = like(x);
+  check_same_shape(x, dy, "silu backward");
+  cuda::k::silu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+  return dx;
+}
+
+Tensor CudaBackend::embedding(const Tensor& table_in, const Tensor& ids) {
+  const Device dev = table_in.device();
+  Scope scope(dev);
+  Tensor table = f32(table_in, dev, "embedding");
+  REDCO_CHECK(table.rank() == 2, "embedding: the table must be [vocab, dim], got {}",
+              table.shape());
+  const int64_t* p = ids_of(ids, dev, "embedding");
+  check_ids("embedding_forward", ids, table.dim(0));
+  Tensor out = Tensor::empty(ids.shape().append(table.dim(1)), DType::f32, dev);
+  cuda::k::embedding_forward(table.data<float>(), p, out.data<float>(), ids.numel(), table.dim(1));
+  return out;
+}
+Tensor CudaBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab) {
+  const Device dev = dout_in.device();
+  Scope scope(dev);
+  Tensor dout = f32(dout_in, dev, "embedding backward");
+  const int64_t dim = dout.shape().last();
+  REDCO_CHECK(dout.numel() == ids.numel() * dim,
+              "embedding backward: gradient {} does not match ids {} x dim {}", dout.shape(),
+              ids.shape(), dim);
+  const int64_t* p = ids_of(ids, dev, "embedding");
+  check_ids("embedding_backward", ids, vocab);
+  Tensor dtable = Tensor::zeros({vocab, dim}, DType::f32, dev);
+  const size_t bytes = cuda::k::embedding_backward_scratch(ids.numel());
+  Tensor scratch = Tensor::empty({int64_t(bytes)}, DType::u8, dev);
+  cuda::k::embedding_backward(dout.data<float>(), p, dtable.data<float>(), ids.numel(), vocab, dim,
+                              scratch.raw(), bytes);
+  return dtable;
+}
+
+Tensor CudaBackend::rotary(const Tensor& x_in, int64_t pos_offset, float base, bool inverse) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor x = f32(x_in, dev, "rotary"), y = like(x);
+  REDCO_CHECK(x.rank() == 4 && x.dim(3) % 2 == 0,
+              "rotary: expected x [batch, heads, seq, head_dim] with an even head_dim, got {}",
+              x.shape());
+  REDCO_CHECK(base > 0.f && std::isfinite(base), "rotary_apply: base must be positive, got {}",
+              base);
+  const int64_t T = x.dim(2), D = x.dim(3);
+  Tensor table = Tensor::empty({2, T, D / 2}, DType::f32, dev);  // cos, sin
+  const int64_t rows = x.numel() / std::max<int64_t>(D, 1);
+  cuda::k::rotary(x.data<float>(), y.data<float>(), table.data<float>(), rows, T, D, pos_offset,
+                  base, inverse);
+  return y;
+}
+
+Tensor CudaBackend::dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) {
+  REDCO_CHECK(p >= 0.f && p < 1.f, "dropout: probability must be in [0, 1), got {}", p);
+  // The kernels entry point passes no tensor: the mask goes to the current device.
+  const Device dev = Device::cuda(cuda::current_device());
+  Tensor mask = Tensor::empty(shape, DType::f32, dev);
+  cuda::k::dropout_mask(mask.data<float>(), shape.numel(), p, seed, stream);
+  return mask;
+}
+
+// ---- not on the GPU yet: an honest error rather than a host loop over device memory
+namespace {
+[[noreturn]] void missing(const char* op) {
+  fail(
+      "{}: the CUDA backend does not implement this op yet; run it on the CPU (move the "
+      "inputs with .to(Device::cpu()))",
+      op);
+}
+}  // namespace
+
+Tensor CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, bool, float, Tensor&) {
+  missing("attention");
+}
+TensorList CudaBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&, const Tensor&, bool,
+                                           float) {
+  missing("attention backward");
+}
+Tensor CudaBackend::conv2d(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t) {
+  missing("conv2d");
+}
+TensorList CudaBackend::conv2d_backward(const Tensor&, const Tensor&, const Tensor&, bool, int64_t,
+                                        int64_t) {
+  missing("conv2d backward");
+}
+Tensor CudaBackend::max_pool2d(const Tensor&, int64_t, int64_t, Tensor&) { missing("max_pool2d"); }
+Tensor CudaBackend::max_pool2d_backward(const Tensor&, const Tensor&, const Shape&, int64_t,
+                                        int64_t) {
+  missing("max_pool2d backward");
+}
+Tensor CudaBackend::max_pool2d_gather(const Tensor&, const Tensor&) {
+  missing("max_pool2d gather");
+}
+Tensor CudaBackend::avg_pool2d(const Tensor&, int64_t, int64_t) { missing("avg_pool2d"); }
+Tensor CudaBackend::avg_pool2d_backward(const Tensor&, const Shape&, int64_t, int64_t) {
+  missing("avg_pool2d backward");
+}
+
+}  // namespace redco

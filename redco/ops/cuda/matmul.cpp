@@ -1,0 +1,211 @@
+// Batched matmul on cuBLAS: op(a)[..., M, K] x op(b)[..., K, N] with numpy
+// broadcasting of the batch dims, the same shapes and fast paths as
+// ops/cpu/matmul.cpp.
+//
+// cuBLAS is column-major: a row-major C[M, N] is the column-major C^T, and
+// C^T = op(B)^T op(A)^T, so every call passes B first with the dims swapped;
+// the transposes stay GEMM flags. Compute is fp32 (CUBLAS_COMPUTE_32F, the
+// CPU's result up to summation order) unless cuda::set_allow_tf32(true).
+// Two bf16 (or two f16) operands go to the GEMM as they are: their products
+// are exact in fp32 and accumulate in fp32, which is what converting them to
+// f32 first would compute, without the conversion pass.
+#include <cublas_v2.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "redco/core/error.hpp"
+#include "redco/ops/cuda/backend_cuda.hpp"
+#include "redco/ops/cuda/cuda_backend.hpp"
+#include "redco/ops/cuda/cuda_util.hpp"
+#include "redco/ops/cuda/tensor_util.hpp"
+
+namespace redco {
+namespace {
+
+std::atomic<bool> g_allow_tf32{false};
+constexpr int kMaxDevices = 16;
+// cuBLAS would otherwise cudaMalloc its own workspace inside a step.
+constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  REDCO_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLAS error in {}: {} ({})", what,
+              cublasGetStatusString(s), cublasGetStatusName(s));
+}
+
+// One handle per device, bound to the device's stream, with a workspace
+// taken from redco's caching allocator.
+cublasHandle_t handle(Device dev) {
+  static std::array<cublasHandle_t, kMaxDevices> handles{};
+  static std::array<Tensor, kMaxDevices> workspaces;
+  static std::mutex mu;
+  REDCO_CHECK(dev.index >= 0 && dev.index < kMaxDevices, "matmul: bad device {}", dev.str());
+  std::lock_guard lock(mu);
+  cublasHandle_t& h = handles[size_t(dev.index)];
+  if (!h) {
+    cublas_check(cublasCreate(&h), "cublasCreate");
+    cublas_check(cublasSetStream(h, cuda::stream()), "cublasSetStream");
+    Tensor& ws = workspaces[size_t(dev.index)];
+    ws = Tensor::empty({kWorkspaceBytes}, DType::u8, dev);
+    cublas_check(cublasSetWorkspace(h, ws.raw(), size_t(kWorkspaceBytes)), "cublasSetWorkspace");
+  }
+  return h;
+}
+
+using Dims = std::array<int64_t, Shape::kMaxRank>;
+
+struct Batch {
+  int rank = 0;
+  Dims dims{}, sa{}, sb{};
+};
+
+Shape batch_shape(const Shape& s) {
+  return Shape(std::span<const int64_t>(s.begin(), size_t(s.rank() - 2)));
+}
+
+// Broadcast batch dims with each operand's matrix strides (0 where broadcast),
+// size-1 dims dropped and dims adjacent in both operands merged.
+Batch broadcast_batch(const Shape& a, const Shape& b, int64_t mat_a, int64_t mat_b) {
+  const Shape ba = batch_shape(a), bb = batch_shape(b);
+  const int r = std::max(ba.rank(), bb.rank());
+  Dims dims{}, sa{}, sb{};
+  int64_t acc_a = mat_a, acc_b = mat_b;
+  for (int i = r - 1; i >= 0; --i) {
+    const int ia = ba.rank() - r + i, ib = bb.rank() - r + i;
+    const int64_t da = ia >= 0 ? ba[ia] : 1, db = ib >= 0 ? bb[ib] : 1;
+    REDCO_CHECK(da == db || da == 1 || db == 1,
+                "matmul: batch dims of shapes {} and {} cannot be broadcast together", a, b);
+    dims[size_t(i)] = da == 1 ? db : da;
+    sa[size_t(i)] = da == 1 ? 0 : acc_a;
+    sb[size_t(i)] = db == 1 ? 0 : acc_b;
+    acc_a *= da;
+    acc_b *= db;
+  }
+  Batch out;
+  for (int i = 0; i < r; ++i) {
+    const int64_t d = dims[size_t(i)];
+    if (d == 1) continue;
+    const size_t last = size_t(out.rank - 1);
+    if (out.rank > 0 && out.sa[last] == sa[size_t(i)] * d && out.sb[last] == sb[size_t(i)] * d) {
+      out.dims[last] *= d;
+      out.sa[last] = sa[size_t(i)];
+      out.sb[last] = sb[size_t(i)];
+    } else {
+      out.dims[size_t(out.rank)] = d;
+      out.sa[size_t(out.rank)] = sa[size_t(i)];
+      out.sb[size_t(out.rank)] = sb[size_t(i)];
+      ++out.rank;
+    }
+  }
+  return out;
+}
+
+struct Gemm {
+  bool ta, tb;
+  int64_t M, N, K, lda, ldb;
+  cudaDataType_t in_type;
+  size_t elem;  // bytes per input element
+};
+
+// count GEMMs C_i = op(A_i) op(B_i), A_i = A + i * stride_a elements, etc.
+void gemm_batched(cublasHandle_t h, const Gemm& g, int64_t count, const void* A, int64_t stride_a,
+                  const void* B, int64_t stride_b, float* C, int64_t stride_c) {
+  const float one = 1.f, zero = 0.f;
+  const cublasComputeType_t compute =
+      g.in_type == CUDA_R_32F && g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublas_check(
+      cublasGemmStridedBatchedEx(
+          h, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N), int(g.M),
+          int(g.K), &one, B, g.in_type, int(g.ldb), stride_b, A, g.in_type, int(g.lda), stride_a,
+          &zero, C, CUDA_R_32F, int(g.N), stride_c, int(count), compute, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmStridedBatchedEx");
+}
+
+void run_batched(cublasHandle_t h, const Gemm& g, const Batch& bt, const char* A, const char* B,
+                 float* C) {
+  const int64_t mat_c = g.M * g.N;
+  if (bt.rank == 0) return gemm_batched(h, g, 1, A, 0, B, 0, C, mat_c);
+  const size_t in = size_t(bt.rank - 1);
+  int64_t outer = 1;
+  for (size_t d = 0; d < in; ++d) outer *= bt.dims[d];
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off_a = 0, off_b = 0, rest = o;
+    for (size_t d = in; d-- > 0;) {
+      const int64_t idx = rest % bt.dims[d];
+      rest /= bt.dims[d];
+      off_a += idx * bt.sa[d];
+      off_b += idx * bt.sb[d];
+    }
+    gemm_batched(h, g, bt.dims[in], A + off_a * int64_t(g.elem), bt.sa[in],
+                 B + off_b * int64_t(g.elem), bt.sb[in], C + o * bt.dims[in] * mat_c, mat_c);
+  }
+}
+
+Shape output_shape(const Shape& as, const Shape& bs, int64_t M, int64_t N) {
+  Dims dims{};
+  const int r = std::max(as.rank(), bs.rank()) - 2;
+  for (int i = 0; i < r; ++i) {
+    const int ia = as.rank() - 2 - r + i, ib = bs.rank() - 2 - r + i;
+    dims[size_t(i)] = std::max(ia >= 0 ? as[ia] : 1, ib >= 0 ? bs[ib] : 1);
+  }
+  dims[size_t(r)] = M;
+  dims[size_t(r + 1)] = N;
+  return Shape(std::span<const int64_t>(dims.data(), size_t(r + 2)));
+}
+
+}  // namespace
+
+namespace cuda {
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
+}  // namespace cuda
+
+Tensor CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
+  const Device dev = a_in.device();
+  cuda::Scope scope(dev);
+  cuda::expect_on(b_in, dev, "matmul");
+  const Shape& as = a_in.shape();
+  const Shape& bs = b_in.shape();
+  REDCO_CHECK(as.rank() >= 2 && bs.rank() >= 2,
+              "matmul: both operands need at least 2 dims, got shapes {} and {}", as, bs);
+  REDCO_CHECK(is_floating(a_in.dtype()) && is_floating(b_in.dtype()),
+              "matmul: needs floating-point operands, got {} {} and {} {}",
+              dtype_name(a_in.dtype()), as, dtype_name(b_in.dtype()), bs);
+  const int64_t ar = as[-2], ac = as[-1], br = bs[-2], bc = bs[-1];
+  Gemm g{trans_a,    trans_b, trans_a ? ac : ar, trans_b ? br : bc, trans_a ? ar : ac, ac, bc,
+         CUDA_R_32F, 4};
+  const int64_t kb = trans_b ? bc : br;
+  REDCO_CHECK(g.K == kb,
+              "matmul: shapes {} and {} do not match: op(a) has K = {} but op(b) has K = {} "
+              "(trans_a={}, trans_b={})",
+              as, bs, g.K, kb, trans_a, trans_b);
+  const Batch bt = broadcast_batch(as, bs, ar * ac, br * bc);
+  Tensor c = Tensor::empty(output_shape(as, bs, g.M, g.N), DType::f32, dev);
+  if (c.numel() == 0) return c;
+  if (g.K == 0) {  // an empty sum
+    c.fill(0.f);
+    return c;
+  }
+  Tensor a = a_in, b = b_in;
+  if (a.dtype() == b.dtype() && a.dtype() != DType::f32) {
+    g.in_type = a.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    g.elem = 2;
+  } else {
+    a = a.to(DType::f32);
+    b = b.to(DType::f32);
+  }
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  if (bs.rank() == 2 && !trans_a) {
+    // Linear-layer fast path: a's rows are contiguous across its batch dims.
+    Gemm flat = g;
+    flat.M = a.numel() / g.K;
+    gemm_batched(handle(dev), flat, 1, pa, 0, pb, 0, c.data<float>(), 0);
+    return c;
+  }
+  run_batched(handle(dev), g, bt, pa, pb, c.data<float>());
+  return c;
+}
+
+}  // namespace redco

@@ -1,0 +1,395 @@
+// The CUDA backend against the CPU backend: every implemented op runs on the
+// same random inputs on both devices (copy to the GPU, run, copy back) and the
+// results must agree to a per-op tolerance (bitwise where the GPU kernel is
+// specified to match: embedding backward, dropout masks, layout ops). Plus
+// device memory (copies, conversions, allocator reuse) and a small autodiff
+// model whose loss and gradients must match the CPU run.
+//
+// Without a GPU (CI), every test returns after a warning.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "redco/autodiff/functional.hpp"
+#include "redco/autodiff/node.hpp"
+#include "redco/ops/backend.hpp"
+#include "redco/ops/cuda/cuda_backend.hpp"
+
+namespace redco {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+#define REQUIRE_GPU()                     \
+  if (cuda::device_count() == 0) {        \
+    WARN("no CUDA device: test skipped"); \
+    return;                               \
+  }
+
+Backend& cpu() { return backend(Device::cpu()); }
+Backend& gpu() { return backend(kGpu); }
+Tensor dev(const Tensor& t) { return t.to(kGpu); }
+Tensor rnd(const Shape& s, uint64_t seed, float lo = -2.f, float hi = 2.f) {
+  return Tensor::uniform(s, seed, 11, lo, hi);
+}
+Tensor ids(const Shape& s, uint64_t seed, int64_t V) {
+  Tensor u = rnd(s, seed, 0.f, float(V) - 0.01f);
+  std::vector<int64_t> v;
+  for (float f : u.to_vector()) v.push_back(int64_t(f));
+  return Tensor::from<int64_t>(v, s);
+}
+
+// |gpu - cpu| <= atol + rtol |cpu| everywhere; the GPU tensor comes back first.
+void close(const Tensor& g, const Tensor& c, float rtol, float atol) {
+  REQUIRE(g.device() == kGpu);
+  REQUIRE(g.shape() == c.shape());
+  REQUIRE(g.dtype() == c.dtype());
+  const std::vector<float> a = g.to_vector(), b = c.to_vector();
+  double worst = 0;
+  size_t at = 0;
+  bool ok = true;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = std::fabs(double(a[i]) - b[i]), tol = atol + rtol * std::fabs(b[i]);
+    const bool bad = !(err <= tol) && !(std::isnan(a[i]) && std::isnan(b[i])) &&
+                     !(std::isinf(a[i]) && a[i] == b[i]);
+    if (bad && (ok || err > worst)) worst = err, at = i;
+    ok = ok && !bad;
+  }
+  INFO("shape " << c.shape().str() << ": worst |diff| " << worst << " at " << at << " (gpu "
+                << (a.empty() ? 0 : a[at]) << ", cpu " << (b.empty() ? 0 : b[at]) << ")");
+  CHECK(ok);
+}
+void same(const Tensor& g, const Tensor& c) { close(g, c, 0.f, 0.f); }
+
+TEST_CASE("cuda: tensors move between host and device", "[cuda]") {
+  REQUIRE_GPU();
+  Tensor h = rnd({3, 5, 7}, 1);
+  Tensor d = dev(h);
+  CHECK(d.device() == kGpu);
+  CHECK_FALSE(d.shares_storage_with(h));
+  same(d, h);
+  CHECK(d.to(Device::cpu()).values<float>() == h.values<float>());
+  Tensor z = Tensor::zeros({1000, 3}, DType::f32, kGpu);
+  CHECK(z.to_vector() == std::vector<float>(3000, 0.f));
+  z.fill(2.5f);
+  CHECK(z.to_vector() == std::vector<float>(3000, 2.5f));
+  Tensor c = d.clone();  // device-to-device
+  d.fill(0.f);
+  same(c, h);
+  for (DType t : {DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    // Conversions on the device round exactly like the CPU ones.
+    Tensor hx = rnd({257}, 2, -300.f, 300.f).to(t), gx = dev(h.view({-1})).to(t);
+    CHECK(gx.to(Device::cpu()).to(DType::f32).values<float>() ==
+          h.view({-1}).to(t).to(DType::f32).values<float>());
+    same(dev(hx).to(DType::f32), hx.to(DType::f32));
+  }
+  Tensor dst = Tensor::empty({3, 5, 7}, DType::bf16, kGpu);
+  dst.copy_from(h);  // host f32 -> device bf16
+  same(dst.to(DType::f32), h.to(DType::bf16).to(DType::f32));
+  CHECK(Tensor::scalar(3.f).to(kGpu).item() == 3.f);
+  CHECK(d.str().find("cuda:0") != std::string::npos);
+}
+
+TEST_CASE("cuda: a repeated step allocates nothing new", "[cuda]") {
+  REQUIRE_GPU();
+  Tensor x = dev(rnd({64, 96}, 3)), w = dev(rnd({96, 80}, 4));
+  auto step = [&] {
+    Tensor y = gpu().matmul(x, w, false, false);
+    Tensor s = gpu().softmax(gpu().unary(UnaryOp::tanh, y));
+    return gpu().reduce(ReduceOp::sum, s, std::vector<int>{0}).to_vector();
+  };
+  step();
+  const AllocatorStats before = cuda::memory_stats();
+  for (int i = 0; i < 3; ++i) step();
+  const AllocatorStats after = cuda::memory_stats();
+  CHECK(after.system_allocs == before.system_allocs);
+  CHECK(after.cache_hits > before.cache_hits);
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+}
+
+TEST_CASE("cuda: unary ops match the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor x = rnd({37, 129}, 5), pos = rnd({37, 129}, 6, 0.05f, 4.f);
+  for (int op = 0; op <= int(UnaryOp::step); ++op) {
+    const UnaryOp u = UnaryOp(op);
+    const bool needs_pos =
+        u == UnaryOp::log || u == UnaryOp::sqrt || u == UnaryOp::rsqrt || u == UnaryOp::reciprocal;
+    const Tensor& in = needs_pos ? pos : x;
+    INFO("unary op " << op);
+    close(gpu().unary(u, dev(in)), cpu().unary(u, in), 2e-6f, 1e-6f);
+  }
+  Tensor half = x.to(DType::bf16);  // inputs of other dtypes compute in f32
+  close(gpu().unary(UnaryOp::exp, dev(half)), cpu().unary(UnaryOp::exp, half), 2e-6f, 0.f);
+}
+
+TEST_CASE("cuda: binary ops broadcast like the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{7, 13}, {7, 13}}, {{3, 1, 5}, {4, 5}}, {{1}, {6, 9}},          {{6, 9}, {}},
+      {{40, 33}, {33}},   {{2, 1}, {1, 3}},    {{5, 1, 7}, {5, 3, 1}}, {{1, 4, 1, 2}, {3, 1, 5, 2}},
+  };
+  uint64_t seed = 10;
+  for (const auto& [sa, sb] : shapes) {
+    const Tensor a = rnd(sa, ++seed, 0.25f, 2.f), b = rnd(sb, ++seed, 0.25f, 2.f);
+    // Small integers meet exact ties (eq, gt, max, min) and 0/0, 0^0 edge cases.
+    const Tensor ia = ids(sa, ++seed, 4).to(DType::f32), ib = ids(sb, ++seed, 4).to(DType::f32);
+    for (int op = 0; op <= int(BinaryOp::gt); ++op) {
+      const BinaryOp o = BinaryOp(op);
+      INFO("binary op " << op << " on " << sa.str() << " and " << sb.str());
+      close(gpu().binary(o, dev(a), dev(b)), cpu().binary(o, a, b), 2e-6f, 1e-7f);
+      close(gpu().binary(o, dev(ia), dev(ib)), cpu().binary(o, ia, ib), 2e-6f, 1e-7f);
+      close(gpu().binary_scalar(o, dev(a), 1.25f), cpu().binary_scalar(o, a, 1.25f), 2e-6f, 1e-7f);
+    }
+  }
+  CHECK_THROWS_WITH(gpu().binary(BinaryOp::add, dev(rnd({2, 3}, 1)), dev(rnd({4}, 2))),
+                    Catch::Contains("cannot be broadcast"));
+  CHECK_THROWS_WITH(gpu().binary(BinaryOp::add, dev(rnd({2, 3}, 1)), rnd({2, 3}, 2)),
+                    Catch::Contains("was mixed with tensors on cuda:0"));
+}
+
+TEST_CASE("cuda: add_inplace accumulates in place", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor a = rnd({33, 65}, 20), b = rnd({33, 65}, 21);
+  Tensor ga = dev(a), ca = a.clone();
+  gpu().add_inplace(ga, dev(b));
+  cpu().add_inplace(ca, b);
+  same(ga, ca);
+  Tensor gh = dev(a).to(DType::bf16), ch = a.to(DType::bf16);
+  gpu().add_inplace(gh, dev(b));
+  cpu().add_inplace(ch, b);
+  same(gh.to(DType::f32), ch.to(DType::f32));
+}
+
+TEST_CASE("cuda: reductions and argmax match the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor x = rnd({5, 7, 9, 3}, 30);
+  const std::vector<std::vector<int>> axes = {{}, {0}, {1}, {3}, {0, 2}, {1, 2}, {0, 1, 2, 3}};
+  for (const auto& ax : axes) {
+    INFO("axes " << ax.size());
+    close(gpu().reduce(ReduceOp::sum, dev(x), ax), cpu().reduce(ReduceOp::sum, x, ax), 1e-5f,
+          1e-5f);
+    same(gpu().reduce(ReduceOp::max, dev(x), ax), cpu().reduce(ReduceOp::max, x, ax));
+  }
+  const Tensor big = rnd({3, 200001}, 31);  // long rows: the tree sum stays accurate
+  close(gpu().reduce(ReduceOp::sum, dev(big), std::vector<int>{1}),
+        cpu().reduce(ReduceOp::sum, big, std::vector<int>{1}), 1e-5f, 2e-3f);
+  close(gpu().reduce(ReduceOp::sum, dev(big), std::vector<int>{0}),
+        cpu().reduce(ReduceOp::sum, big, std::vector<int>{0}), 1e-6f, 1e-6f);
+  // Coarse values force ties: the first maximum wins on both devices.
+  const Tensor t = ids({6, 11, 4}, 32, 3).to(DType::f32);
+  for (int axis : {0, 1, 2, -1}) same(gpu().argmax(dev(t), axis), cpu().argmax(t, axis));
+}
+
+TEST_CASE("cuda: layout ops match the cpu for every element size", "[cuda]") {
+  REQUIRE_GPU();
+  for (DType dt : {DType::f32, DType::bf16, DType::i64, DType::u8}) {
+    const Tensor x = rnd({4, 3, 5, 6}, 40, 0.f, 100.f).to(dt);
+    const std::vector<std::vector<int>> perms = {
+        {0, 1, 3, 2}, {3, 2, 1, 0}, {0, 2, 1, 3}, {1, 0, 2, 3}};
+    for (const auto& p : perms) same(gpu().permute(dev(x), p), cpu().permute(x, p));
+    same(gpu().broadcast_to(dev(x.slice0(0, 1)), {7, 3, 5, 6}),
+         cpu().broadcast_to(x.slice0(0, 1), {7, 3, 5, 6}));
+    const Tensor col = rnd({3, 1, 6}, 41).to(dt);
+    same(gpu().broadcast_to(dev(col), {2, 3, 5, 6}), cpu().broadcast_to(col, {2, 3, 5, 6}));
+    for (int axis = 0; axis < 4; ++axis) {
+      same(gpu().slice(dev(x), axis, 1, 2), cpu().slice(x, axis, 1, 2));
+      const Tensor src = rnd(x.shape().with(axis, 2), 42 + axis, 0.f, 100.f).to(dt);
+      Tensor gd = dev(x), cd = x.clone();
+      gpu().slice_assign(gd, dev(src), axis, 1);
+      cpu().slice_assign(cd, src, axis, 1);
+      same(gd.to(DType::f32), cd.to(DType::f32));
+    }
+  }
+  CHECK_THROWS_WITH(gpu().permute(dev(rnd({2, 3}, 1)), std::vector<int>{0, 0}),
+                    Catch::Contains("not a permutation"));
+}
+
+TEST_CASE("cuda: matmul matches the cpu (batched, transposed, broadcast)", "[cuda]") {
+  REQUIRE_GPU();
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{37, 29}, {29, 41}, false, false},   {{29, 37}, {29, 41}, true, false},
+      {{37, 29}, {41, 29}, false, true},    {{29, 37}, {41, 29}, true, true},
+      {{3, 5, 7}, {3, 7, 4}, false, false}, {{2, 1, 5, 6}, {3, 6, 4}, false, false},
+      {{4, 5, 6}, {6, 3}, false, false},    {{4, 6, 5}, {3, 6}, true, true},
+      {{5, 6}, {2, 3, 6, 4}, false, false}, {{2, 1, 3, 4}, {1, 5, 4, 2}, false, false},
+  };
+  uint64_t seed = 50;
+  for (const auto& c : cases) {
+    const Tensor a = rnd(c.a, ++seed), b = rnd(c.b, ++seed);
+    INFO(c.a.str() << " x " << c.b.str() << " ta=" << c.ta << " tb=" << c.tb);
+    close(gpu().matmul(dev(a), dev(b), c.ta, c.tb), cpu().matmul(a, b, c.ta, c.tb), 1e-5f, 1e-4f);
+    const Tensor ha = a.to(DType::bf16), hb = b.to(DType::bf16);  // bf16 in, fp32 accumulate
+    close(gpu().matmul(dev(ha), dev(hb), c.ta, c.tb), cpu().matmul(ha, hb, c.ta, c.tb), 1e-5f,
+          1e-4f);
+  }
+  const Tensor empty_k =
+      gpu().matmul(dev(Tensor::zeros({3, 0})), dev(Tensor::zeros({0, 4})), false, false);
+  CHECK(empty_k.to_vector() == std::vector<float>(12, 0.f));
+  const Tensor a = rnd({64, 256}, 60), b = rnd({256, 48}, 61);
+  cuda::set_allow_tf32(true);
+  const Tensor tf32 = gpu().matmul(dev(a), dev(b), false, false);
+  cuda::set_allow_tf32(false);
+  close(tf32, cpu().matmul(a, b, false, false), 1e-2f, 5e-2f);
+  CHECK_THROWS_WITH(gpu().matmul(dev(a), dev(a), false, false), Catch::Contains("do not match"));
+}
+
+TEST_CASE("cuda: softmax family matches the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  for (const Shape& s : {Shape{3}, Shape{17, 1000}, Shape{2, 3, 5001}}) {
+    const Tensor x = rnd(s, 70, -30.f, 30.f), dy = rnd(s, 71);
+    const Tensor y = cpu().softmax(x), ly = cpu().log_softmax(x);
+    close(gpu().softmax(dev(x)), y, 1e-5f, 1e-7f);
+    close(gpu().log_softmax(dev(x)), ly, 1e-5f, 1e-5f);
+    close(gpu().softmax_backward(dev(y), dev(dy)), cpu().softmax_backward(y, dy), 1e-4f, 1e-6f);
+    close(gpu().log_softmax_backward(dev(ly), dev(dy)), cpu().log_softmax_backward(ly, dy), 1e-4f,
+          1e-5f);
+  }
+}
+
+TEST_CASE("cuda: layer norm and rms norm match the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor x = cpu().binary_scalar(BinaryOp::add, rnd({130, 257}, 80), 50.f);  // large mean
+  const Tensor g = rnd({257}, 81), b = rnd({257}, 82), dy = rnd({130, 257}, 83);
+  for (bool with_beta : {true, false}) {
+    LayerNormSaved cs, gs;
+    const Tensor cb = with_beta ? b : Tensor(), gb = with_beta ? dev(b) : Tensor();
+    close(gpu().layer_norm(dev(x), dev(g), gb, 1e-5f, gs), cpu().layer_norm(x, g, cb, 1e-5f, cs),
+          1e-4f, 1e-4f);
+    close(gs.mean, cs.mean, 1e-6f, 1e-6f);
+    close(gs.rstd, cs.rstd, 1e-4f, 0.f);
+    const TensorList gg = gpu().layer_norm_backward(dev(dy), dev(x), dev(g), with_beta, gs);
+    const TensorList cg = cpu().layer_norm_backward(dy, x, g, with_beta, cs);
+    REQUIRE(gg.size() == cg.size());
+    for (size_t i = 0; i < cg.size(); ++i) {
+      REQUIRE(gg[i].defined() == cg[i].defined());
+      if (cg[i].defined()) close(gg[i], cg[i], 1e-3f, 1e-3f);
+    }
+  }
+  LayerNormSaved cs, gs;
+  const Tensor xs = rnd({130, 257}, 84);
+  close(gpu().rms_norm(dev(xs), dev(g), 1e-6f, gs), cpu().rms_norm(xs, g, 1e-6f, cs), 1e-5f, 1e-5f);
+  const TensorList gg = gpu().rms_norm_backward(dev(dy), dev(xs), dev(g), gs);
+  const TensorList cg = cpu().rms_norm_backward(dy, xs, g, cs);
+  REQUIRE(gg.size() == cg.size());
+  for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], 1e-4f, 1e-4f);
+}
+
+TEST_CASE("cuda: gelu and silu match the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor x = rnd({1001, 3}, 90, -12.f, 12.f), dy = rnd({1001, 3}, 91);
+  for (bool approx : {true, false}) {
+    close(gpu().gelu(dev(x), approx), cpu().gelu(x, approx), 1e-5f, 1e-6f);
+    close(gpu().gelu_backward(dev(x), dev(dy), approx), cpu().gelu_backward(x, dy, approx), 1e-5f,
+          1e-6f);
+  }
+  close(gpu().silu(dev(x)), cpu().silu(x), 1e-5f, 1e-6f);
+  close(gpu().silu_backward(dev(x), dev(dy)), cpu().silu_backward(x, dy), 1e-5f, 1e-6f);
+}
+
+TEST_CASE("cuda: cross entropy matches the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor logits = rnd({4, 9, 1003}, 100, -10.f, 10.f);
+  Tensor labels = ids({4, 9}, 101, 1003);
+  labels.data<int64_t>()[5] = labels.data<int64_t>()[20] = -100;  // ignored rows
+  Tensor clse, glse;
+  const Tensor closs = cpu().cross_entropy(logits, labels, -100, clse);
+  close(gpu().cross_entropy(dev(logits), dev(labels), -100, glse), closs, 1e-5f, 1e-5f);
+  close(glse, clse, 1e-6f, 1e-5f);
+  const Tensor dl = rnd({4, 9}, 102);
+  close(gpu().cross_entropy_backward(dev(logits), dev(labels), glse, dev(dl), -100),
+        cpu().cross_entropy_backward(logits, labels, clse, dl, -100), 1e-4f, 1e-7f);
+  labels.data<int64_t>()[7] = 1003;
+  CHECK_THROWS_WITH(gpu().cross_entropy(dev(logits), dev(labels), -100, glse),
+                    Catch::Contains("row 7 has label 1003"));
+}
+
+TEST_CASE("cuda: embedding matches the cpu bitwise", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor table = rnd({50, 33}, 110);
+  for (int64_t n : {int64_t(7), int64_t(3000)}) {  // tiny and sorted-path sizes on the CPU
+    const Tensor i = ids({n}, 111 + uint64_t(n), 50), dout = rnd({n, 33}, 112);
+    same(gpu().embedding(dev(table), dev(i)), cpu().embedding(table, i));
+    same(gpu().embedding_backward(dev(dout), dev(i), 50), cpu().embedding_backward(dout, i, 50));
+  }
+  Tensor bad = ids({9}, 113, 50);
+  bad.data<int64_t>()[4] = 50;
+  CHECK_THROWS_WITH(gpu().embedding(dev(table), dev(bad)), Catch::Contains("id 50 at position 4"));
+}
+
+TEST_CASE("cuda: dropout masks and rotary match the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  for (float p : {0.f, 0.1f, 0.5f}) {
+    const Tensor g = gpu().dropout_mask({33, 71}, p, 1234, 99);
+    same(g, cpu().dropout_mask({33, 71}, p, 1234, 99));  // same Philox draw, same mask
+  }
+  const Tensor x = rnd({2, 3, 17, 16}, 120);
+  for (bool inverse : {false, true}) {
+    close(gpu().rotary(dev(x), 5000, 10000.f, inverse), cpu().rotary(x, 5000, 10000.f, inverse),
+          1e-5f, 1e-5f);
+  }
+}
+
+TEST_CASE("cuda: ops without a CUDA kernel say so", "[cuda]") {
+  REQUIRE_GPU();
+  const Tensor q = dev(rnd({1, 2, 4, 8}, 130));
+  Tensor lse;
+  CHECK_THROWS_WITH(gpu().attention(q, q, q, true, 0.3f, lse),
+                    Catch::Contains("attention") && Catch::Contains("CUDA backend"));
+  const Tensor img = dev(rnd({1, 2, 6, 6}, 131)), w = dev(rnd({3, 2, 3, 3}, 132));
+  CHECK_THROWS_WITH(gpu().conv2d(img, w, Tensor(), 1, 0), Catch::Contains("CUDA backend"));
+  CHECK_THROWS_WITH(gpu().avg_pool2d(img, 2, 2), Catch::Contains("CUDA backend"));
+}
+
+// linear -> gelu -> layer_norm -> linear -> log-softmax NLL, differentiated by
+// the autodiff engine on each device.
+TensorList model_grads(Device d, float* loss_out) {
+  Tensor x = rnd({12, 16}, 140).to(d), onehot = Tensor::zeros({12, 10});
+  const Tensor lab = ids({12}, 141, 10);
+  for (int64_t r = 0; r < 12; ++r) onehot.data<float>()[r * 10 + lab.data<int64_t>()[r]] = 1.f;
+  TensorList params = {rnd({32, 16}, 142, -0.5f, 0.5f), rnd({32}, 143), rnd({32}, 144),
+                       rnd({32}, 145), rnd({10, 32}, 146, -0.5f, 0.5f)};
+  for (Tensor& p : params) p = p.to(d).set_requires_grad();
+  const Tensor h = layer_norm(gelu(linear(x, params[0], params[1])), params[2], params[3]);
+  const Tensor logp = log_softmax(linear(h, params[4]));
+  const Tensor loss = mul(sum(mul(logp, onehot.to(d))), -1.f / 12.f);
+  *loss_out = loss.item();
+  return grad({loss}, params, {Tensor::ones({}).to(d)});
+}
+
+TEST_CASE("cuda: autodiff through a small model matches the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  float lc = 0, lg = 0;
+  const TensorList gc = model_grads(Device::cpu(), &lc), gg = model_grads(kGpu, &lg);
+  CHECK(lg == Approx(lc).epsilon(1e-5));
+  REQUIRE(gg.size() == gc.size());
+  for (size_t i = 0; i < gc.size(); ++i) close(gg[i], gc[i], 1e-3f, 1e-5f);
+}
+
+TEST_CASE("cuda: matmul throughput", "[cuda][.bench]") {
+  REQUIRE_GPU();
+  const int64_t M = 4096, N = 3072, K = 768;
+  const Tensor a = dev(rnd({M, K}, 150)), b = dev(rnd({K, N}, 151));
+  for (int mode = 0; mode < 3; ++mode) {
+    cuda::set_allow_tf32(mode == 1);
+    const Tensor x = mode == 2 ? a.to(DType::bf16) : a, y = mode == 2 ? b.to(DType::bf16) : b;
+    for (int i = 0; i < 3; ++i) gpu().matmul(x, y, false, false);
+    cuda::synchronize();
+    const int iters = 50;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) gpu().matmul(x, y, false, false);
+    cuda::synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const char* names[] = {"fp32", "tf32", "bf16 (fp32 accumulate)"};
+    WARN("matmul " << M << "x" << N << "x" << K << " " << names[mode] << ": "
+                   << 2.0 * M * N * K * iters / s / 1e12 << " TFLOP/s");
+  }
+  cuda::set_allow_tf32(false);
+}
+
+}  // namespace
+}  // namespace redco

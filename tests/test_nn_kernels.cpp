@@ -174,8 +174,8 @@ TEST_CASE("layer_norm forward matches double reference", "[norm]") {
       const int64_t N = 5;
       Vf x = randn(N * D, D), g = randn(D, D + 1, 1.f, 0.5f), b = randn(D, D + 2);
       Vf y(N * D), mean(N), rstd(N);
-      layer_norm_forward(x.data(), g.data(), with_beta ? b.data() : nullptr, y.data(),
-                         mean.data(), rstd.data(), N, D, eps);
+      layer_norm_forward(x.data(), g.data(), with_beta ? b.data() : nullptr, y.data(), mean.data(),
+                         rstd.data(), N, D, eps);
       Vd rm(N), rr(N);
       const Vd ry = ln_ref(to_d(x), to_d(g), with_beta ? to_d(b) : Vd{}, N, D, eps, &rm, &rr);
       INFO("D=" << D << " beta=" << with_beta);
@@ -242,8 +242,8 @@ TEST_CASE("layer_norm threaded path matches analytic double gradients", "[norm]"
   Vf y(N * D), mean(N), rstd(N), dx(N * D), dg(D), db(D);
   layer_norm_forward(x.data(), g.data(), nullptr, y.data(), mean.data(), rstd.data(), N, D, 1e-5f);
   check_close(y, ln_ref(to_d(x), to_d(g), {}, N, D, 1e-5), 1e-5, 1e-5, "y");
-  layer_norm_backward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(),
-                      dg.data(), db.data(), N, D);
+  layer_norm_backward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+                      db.data(), N, D);
   Vd rdx, rdg, rdb;
   ln_grad_ref(to_d(dy), to_d(x), to_d(g), N, D, 1e-5, rdx, rdg, rdb);
   check_close(dx, rdx, 1e-5, 1e-4, "dx");
@@ -322,9 +322,9 @@ TEST_CASE("norms accept N = 0", "[norm]") {
                       0, 4);
   CHECK(dg == Vf(4, 0.f));
   CHECK(db == Vf(4, 0.f));
-  CHECK_THROWS_AS(layer_norm_forward(nullptr, g.data(), nullptr, nullptr, nullptr, nullptr, 1, 0,
-                                     1e-5f),
-                  redco::Error);
+  CHECK_THROWS_AS(
+      layer_norm_forward(nullptr, g.data(), nullptr, nullptr, nullptr, nullptr, 1, 0, 1e-5f),
+      redco::Error);
 }
 
 // ---- softmax / log-softmax ------------------------------------------------------
@@ -445,12 +445,12 @@ TEST_CASE("cross_entropy rejects out-of-range labels naming row and label", "[ce
     const std::vector<int64_t> labels = {0, kIgnore, bad, 1};
     INFO("label=" << bad);
     const std::string lbl = "label " + std::to_string(bad);
-    CHECK_THROWS_AS(cross_entropy_forward(x.data(), labels.data(), loss.data(), lse.data(), N, V,
-                                          kIgnore),
-                    redco::Error);
-    CHECK_THROWS_WITH(cross_entropy_forward(x.data(), labels.data(), loss.data(), lse.data(), N,
-                                            V, kIgnore),
-                      Contains("row 2") && Contains(lbl));
+    CHECK_THROWS_AS(
+        cross_entropy_forward(x.data(), labels.data(), loss.data(), lse.data(), N, V, kIgnore),
+        redco::Error);
+    CHECK_THROWS_WITH(
+        cross_entropy_forward(x.data(), labels.data(), loss.data(), lse.data(), N, V, kIgnore),
+        Contains("row 2") && Contains(lbl));
     CHECK_THROWS_WITH(cross_entropy_backward(x.data(), labels.data(), lse.data(), dl.data(),
                                              dx.data(), N, V, kIgnore),
                       Contains("row 2") && Contains(lbl));
@@ -469,8 +469,7 @@ TEST_CASE("cross_entropy with logits of +-1e4 stays finite", "[ce]") {
   x[V + 1234] = 5e4f;  // a row whose label is not the max
   labels[1] = 7;
   cross_entropy_forward(x.data(), labels.data(), loss.data(), lse.data(), N, V, kIgnore);
-  cross_entropy_backward(x.data(), labels.data(), lse.data(), dl.data(), dx.data(), N, V,
-                         kIgnore);
+  cross_entropy_backward(x.data(), labels.data(), lse.data(), dl.data(), dx.data(), N, V, kIgnore);
   check_close(loss, ce_ref(to_d(x), labels, N, V), 1e-5, 1e-6, "loss");
   CHECK(std::all_of(dx.begin(), dx.end(), [](float v) { return std::isfinite(v); }));
   for (int64_t n = 0; n < N; ++n) {

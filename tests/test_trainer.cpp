@@ -131,8 +131,10 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
                       .n_epochs = 4,
                       .eval_examples = valid,
                       .log_every = 4,
-                      .throughput = {.items_per_example = 3, .item_name = "points",
-                                     .flops_per_item = 1e3, .peak_flops = 1e12}});
+                      .throughput = {.items_per_example = 3,
+                                     .item_name = "points",
+                                     .flops_per_item = 1e3,
+                                     .peak_flops = 1e12}});
   const double after = trainer.eval_loss(valid, 64);
   INFO("eval loss " << before << " -> " << after);
   CHECK(after < 0.4 * before);

@@ -1,8 +1,8 @@
-#include <algorithm>
 #include "redco/core/allocator.hpp"
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -29,8 +29,10 @@ void* system_alloc(size_t capacity) {
 }
 
 void system_free(void* p, size_t capacity) {
-  if (capacity >= kLargeBlock) munmap(p, capacity);
-  else std::free(p);
+  if (capacity >= kLargeBlock)
+    munmap(p, capacity);
+  else
+    std::free(p);
 }
 
 }  // namespace
@@ -86,8 +88,10 @@ void* CachingAllocator::allocate(size_t bytes, size_t* capacity) {
     empty_cache();
     p = system_alloc(cap);
   }
-  REDCO_CHECK(p, "out of memory allocating {} bytes on cpu (in use: {} bytes); use a smaller "
-              "batch size or more model shards", cap, stats().bytes_in_use);
+  REDCO_CHECK(p,
+              "out of memory allocating {} bytes on cpu (in use: {} bytes); use a smaller "
+              "batch size or more model shards",
+              cap, stats().bytes_in_use);
   std::lock_guard lock(impl_->mu);
   auto& s = impl_->stats;
   ++s.system_allocs;

@@ -1,8 +1,8 @@
 #pragma once
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace redco {
 

@@ -4,12 +4,18 @@ namespace redco {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -19,7 +25,7 @@ uint16_t float_to_f16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t mag = x & 0x7fffffffu;
-  if (mag > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (mag > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
   if (mag >= 0x47800000u) return uint16_t(sign | 0x7c00u);  // overflow -> inf (65520 rounds up)
   if (mag < 0x38800000u) {  // result is subnormal (or zero): shift the implicit-1 mantissa
     const int shift = 126 - int(mag >> 23);  // 14 + (113 - exp)
@@ -40,13 +46,19 @@ float f16_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
   uint32_t out;
-  if (exp == 0x1f) out = sign | 0x7f800000u | (mant << 13);
-  else if (exp != 0) out = sign | ((exp + 112u) << 23) | (mant << 13);
-  else if (mant == 0) out = sign;
+  if (exp == 0x1f)
+    out = sign | 0x7f800000u | (mant << 13);
+  else if (exp != 0)
+    out = sign | ((exp + 112u) << 23) | (mant << 13);
+  else if (mant == 0)
+    out = sign;
   else {  // subnormal: normalise
     int e = -1;
     uint32_t m = mant;
-    do { ++e; m <<= 1; } while (!(m & 0x400u));
+    do {
+      ++e;
+      m <<= 1;
+    } while (!(m & 0x400u));
     out = sign | uint32_t(112 - e) << 23 | ((m & 0x3ffu) << 13);
   }
   float f;

@@ -21,7 +21,7 @@ template <typename... Args>
 }  // namespace redco
 
 // REDCO_CHECK(cond, "fmt {}", args...): throws redco::Error with the message.
-#define REDCO_CHECK(cond, ...)         \
-  do {                                 \
+#define REDCO_CHECK(cond, ...)               \
+  do {                                       \
     if (!(cond)) ::redco::fail(__VA_ARGS__); \
   } while (0)

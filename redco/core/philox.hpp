@@ -32,9 +32,9 @@ constexpr PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
 // counter = (i / 4, stream), key = seed; lane i % 4 of the output block.
 constexpr uint32_t philox_bits(uint64_t seed, uint64_t stream, uint64_t i) {
   const uint64_t block = i >> 2;
-  const PhiloxCounter out =
-      philox4x32_10({uint32_t(block), uint32_t(block >> 32), uint32_t(stream), uint32_t(stream >> 32)},
-                    {uint32_t(seed), uint32_t(seed >> 32)});
+  const PhiloxCounter out = philox4x32_10(
+      {uint32_t(block), uint32_t(block >> 32), uint32_t(stream), uint32_t(stream >> 32)},
+      {uint32_t(seed), uint32_t(seed >> 32)});
   return out[i & 3];
 }
 
@@ -44,8 +44,8 @@ constexpr uint32_t philox_bits(uint64_t seed, uint64_t stream, uint64_t i) {
 // truncated_normal: N(mean, std) restricted to [mean + a*std, mean + b*std],
 // by inverse CDF (no rejection, so still index-pure). bernoulli: 1 with
 // probability p else 0.
-void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, int64_t offset,
-                    float lo, float hi);
+void philox_uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, int64_t offset, float lo,
+                    float hi);
 void philox_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, int64_t offset,
                    float mean, float std);
 void philox_truncated_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, int64_t offset,

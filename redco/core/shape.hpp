@@ -42,8 +42,8 @@ class Shape {
     s[i] = v;
     return s;
   }
-  Shape drop(int i) const;                 // without axis i
-  Shape insert(int i, int64_t v) const;    // v inserted before axis i (i may equal rank)
+  Shape drop(int i) const;               // without axis i
+  Shape insert(int i, int64_t v) const;  // v inserted before axis i (i may equal rank)
   Shape append(int64_t v) const { return insert(rank_, v); }
   friend bool operator==(const Shape& a, const Shape& b) {
     if (a.rank_ != b.rank_) return false;

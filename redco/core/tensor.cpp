@@ -154,23 +154,41 @@ namespace {
 // Reads element i of any dtype as float.
 float load(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32: return float(static_cast<const int32_t*>(p)[i]);
-    case DType::i64: return float(static_cast<const int64_t*>(p)[i]);
-    case DType::u8: return float(static_cast<const uint8_t*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32:
+      return float(static_cast<const int32_t*>(p)[i]);
+    case DType::i64:
+      return float(static_cast<const int64_t*>(p)[i]);
+    case DType::u8:
+      return float(static_cast<const uint8_t*>(p)[i]);
   }
   return 0;
 }
 void store(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; break;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
-    case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
-    case DType::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+      break;
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(p)[i] = int32_t(v);
+      break;
+    case DType::i64:
+      static_cast<int64_t*>(p)[i] = int64_t(v);
+      break;
+    case DType::u8:
+      static_cast<uint8_t*>(p)[i] = uint8_t(v);
+      break;
   }
 }
 }  // namespace
@@ -193,8 +211,10 @@ Tensor Tensor::view(const Shape& s) const {
   int infer = -1;
   int64_t known = 1;
   for (int i = 0; i < target.rank(); ++i) {
-    if (target[i] == -1) infer = i;
-    else known *= target[i];
+    if (target[i] == -1)
+      infer = i;
+    else
+      known *= target[i];
   }
   if (infer >= 0) {
     REDCO_CHECK(known > 0 && numel() % known == 0, "cannot view {} as {}", shape(), s);
@@ -288,7 +308,8 @@ std::string Tensor::str(int max_elems) const {
   if (!device().is_cpu()) return to(Device::cpu()).str(max_elems) + " on " + device().str();
   std::string s = fmt::format("{}{} {{", dtype_name(dtype()), shape().str());
   const int64_t n = std::min<int64_t>(numel(), max_elems);
-  for (int64_t i = 0; i < n; ++i) s += fmt::format("{}{:.6g}", i ? ", " : "", load(raw(), dtype(), i));
+  for (int64_t i = 0; i < n; ++i)
+    s += fmt::format("{}{:.6g}", i ? ", " : "", load(raw(), dtype(), i));
   if (numel() > n) s += ", ...";
   return s + "}";
 }
@@ -303,8 +324,10 @@ Tensor& Tensor::set_requires_grad(bool r) {
 
 Tensor Tensor::grad() const { return impl().grad ? *impl().grad : Tensor(); }
 void Tensor::set_grad(const Tensor& g) {
-  if (g.defined()) impl().grad = std::make_unique<Tensor>(g);
-  else impl().grad.reset();
+  if (g.defined())
+    impl().grad = std::make_unique<Tensor>(g);
+  else
+    impl().grad.reset();
 }
 void Tensor::zero_grad() { impl().grad.reset(); }
 

@@ -28,7 +28,7 @@ struct Storage {
   void* data = nullptr;
   size_t capacity = 0;  // bytes, as rounded by the allocator
   Device device;
-  bool owned = true;    // false: borrowed memory (e.g. a mapped file), not freed here
+  bool owned = true;                 // false: borrowed memory (e.g. a mapped file), not freed here
   std::shared_ptr<void> keep_alive;  // for borrowed memory: whatever owns it
   ~Storage();
 };
@@ -40,8 +40,8 @@ struct TensorImpl {
   DType dtype = DType::f32;
   // autograd
   bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;  // null for leaves
-  int output_nr = 0;              // which output of grad_fn this is
+  std::shared_ptr<Node> grad_fn;    // null for leaves
+  int output_nr = 0;                // which output of grad_fn this is
   std::shared_ptr<Node> leaf_node;  // a leaf's gradient sink, created on demand
   std::unique_ptr<Tensor> grad;     // a leaf's accumulated gradient
   std::string name;                 // optional, used in error messages
@@ -88,18 +88,21 @@ class Tensor {
   }
 
   // ---- data access (checked dtype) ----------------------------------------
-  template <typename T> T* data() {
+  template <typename T>
+  T* data() {
     check_dtype(dtype_of<T>());
     return static_cast<T*>(raw());
   }
-  template <typename T> const T* data() const {
+  template <typename T>
+  const T* data() const {
     check_dtype(dtype_of<T>());
     return static_cast<const T*>(raw());
   }
   void* raw() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
   float item() const;                    // a one-element tensor's value as float
   std::vector<float> to_vector() const;  // any floating dtype, converted to float
-  template <typename T> std::vector<T> values() const {
+  template <typename T>
+  std::vector<T> values() const {
     if (!device().is_cpu()) return to(Device::cpu()).values<T>();
     const T* p = data<T>();
     return std::vector<T>(p, p + numel());

@@ -15,12 +15,13 @@ std::array<Backend*, kDeviceKinds>& registry() {
 
 Backend& backend(Device device) {
   Backend* b = registry()[size_t(device.kind)];
-  REDCO_CHECK(b, "no backend for device {}: this build of redco has no CUDA support "
-              "(reconfigure with -Dcuda=enabled on a machine with the CUDA toolkit)", device.str());
+  REDCO_CHECK(b,
+              "no backend for device {}: this build of redco has no CUDA support "
+              "(reconfigure with -Dcuda=enabled on a machine with the CUDA toolkit)",
+              device.str());
   return *b;
 }
 
 void register_backend(DeviceKind kind, Backend* b) { registry()[size_t(kind)] = b; }
-
 
 }  // namespace redco

@@ -105,7 +105,6 @@ class Backend {
 Backend& backend(Device device);
 void register_backend(DeviceKind kind, Backend* backend);
 
-
 // Kernel entry points: dispatch on the device of the first tensor argument.
 namespace kernels {
 #define REDCO_KERNEL(name)                                                \

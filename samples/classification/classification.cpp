@@ -25,7 +25,8 @@ int main(int argc, char** argv) try {
   std::string workdir = "cls_workdir", data_dir = data::kFashionMnistDir;
   app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch)->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "peak SGD learning rate (momentum 0.9, cosine decay)")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "peak SGD learning rate (momentum 0.9, cosine decay)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed);
   app.add_option("--workdir", workdir, "checkpoints, metrics.jsonl, TensorBoard events");
   app.add_option("--data-dir", data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");

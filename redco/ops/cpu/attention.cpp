@@ -40,8 +40,8 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
-#include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/gemm.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 
 namespace redco::cpu {
 namespace {

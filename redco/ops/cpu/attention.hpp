@@ -23,7 +23,7 @@ void flash_attention_forward(const AttentionShape& s, const float* q, const floa
 
 // Gradients are written (not accumulated) into dq [B,Hq,Tq,D], dk/dv [B,Hkv,Tk,D].
 void flash_attention_backward(const AttentionShape& s, const float* q, const float* k,
-                              const float* v, const float* o, const float* lse,
-                              const float* dout, float* dq, float* dk, float* dv);
+                              const float* v, const float* o, const float* lse, const float* dout,
+                              float* dq, float* dk, float* dv);
 
 }  // namespace redco::cpu

@@ -5,8 +5,8 @@
 namespace redco::cpu {
 
 struct Conv2dGeometry {
-  int64_t N, C, H, W;        // input
-  int64_t O, KH, KW;         // output channels, kernel
+  int64_t N, C, H, W;  // input
+  int64_t O, KH, KW;   // output channels, kernel
   int64_t stride = 1, pad = 0;
   int64_t out_h() const { return (H + 2 * pad - KH) / stride + 1; }
   int64_t out_w() const { return (W + 2 * pad - KW) / stride + 1; }

@@ -35,8 +35,6 @@ using Arr = Eigen::Map<Eigen::ArrayXf>;
 
 Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : x.to(DType::f32); }
 
-
-
 const char* binary_name(BinaryOp op) {
   switch (op) {
     case BinaryOp::add:

@@ -10,7 +10,7 @@ void embedding_forward(const float* table, const int64_t* ids, float* out, int64
                        int64_t D);
 // dtable[ids[i], :] += dout[i, :]. dtable is accumulated into (caller zeroes it).
 // Deterministic: the result does not depend on thread scheduling.
-void embedding_backward(const float* dout, const int64_t* ids, float* dtable, int64_t n,
-                        int64_t V, int64_t D);
+void embedding_backward(const float* dout, const int64_t* ids, float* dtable, int64_t n, int64_t V,
+                        int64_t D);
 
 }  // namespace redco::cpu

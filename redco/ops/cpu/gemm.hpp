@@ -10,9 +10,8 @@ namespace redco::cpu {
 // op(A) = A stored [M,K] with row stride lda, or A^T when trans_a (A stored [K,M]).
 // op(B) = B stored [K,N] with row stride ldb, or B^T when trans_b (B stored [N,K]).
 // beta == 0 means C is write-only (its old contents may be NaN).
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc);
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // `batch` independent GEMMs; matrix i uses A + i*stride_a etc. A stride of 0
 // broadcasts one matrix across the batch (e.g. a weight shared by every head).

@@ -31,7 +31,6 @@ constexpr int64_t kTile = 32;
 
 using Dims = std::array<int64_t, Shape::kMaxRank>;
 
-
 int64_t grain_for(int64_t bytes_per_item) { return cpu::grain_for(kGrainBytes, bytes_per_item); }
 
 // A contiguous output of shape dims[0, rank) read from a source with element

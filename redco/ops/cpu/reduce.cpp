@@ -42,7 +42,6 @@ constexpr int kLanes = 16;
 
 Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : x.to(DType::f32); }
 
-
 int64_t grain_for(int64_t work_per_item) { return cpu::grain_for(kGrain, work_per_item); }
 
 double sum_row(const float* p, int64_t n) {

@@ -17,6 +17,12 @@
 #include <set>
 #include <vector>
 
+// rapidjson's member iterators predate C++20's reversed comparison operators;
+// clang warns on every loop over them although the call is unambiguous.
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wambiguous-reversed-operator"
+#endif
+
 namespace redco::io {
 namespace fs = std::filesystem;
 

@@ -364,11 +364,13 @@ ParamTree DataParallel::watch(const ParamTree& params, const std::vector<std::st
     // An identity op on the parameter: the engine runs its backward once the
     // gradient reaching the parameter is complete, which is the moment to hand
     // it to its bucket.
-    out.emplace(name, record("grad_ready", {p}, p.detach(),
-                             [step, dp, name](const Node&, const TensorList& g) -> TensorList {
-                               arrive(*step, name, g[0], *dp);
-                               return {g[0]};
-                             }));
+    // A named copy: clang 14 cannot capture a structured binding.
+    const std::string key = name;
+    out.emplace(key, record("grad_ready", {p}, p.detach(),
+                            [step, dp, key](const Node&, const TensorList& g) -> TensorList {
+                              arrive(*step, key, g[0], *dp);
+                              return {g[0]};
+                            }));
   }
   return out;
 }

@@ -360,7 +360,7 @@ bool is_hex_suffix(std::string_view s) {
 }
 
 // A crash between the two renames of publish()'s fallback leaves no `dir`
-// and a complete "<dir>.old-XXXXXXXXXXXX": put it back.
+// and a complete "<dir>.old-<12 random characters>": put it back.
 void recover(const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec) || !fs::is_directory(parent_of(dir), ec)) return;

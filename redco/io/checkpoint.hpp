@@ -7,7 +7,7 @@
 // Python reads a checkpoint with no redco installed.
 //
 // Crash safety. save_checkpoint writes everything into a fresh sibling
-// "<dir>.tmp-XXXXXXXXXXXX", fsyncs every file and the folder, then publishes
+// "<dir>.tmp-<12 random characters>", fsyncs every file and the folder, then publishes
 // it with one rename. If <dir> already exists, the new folder and the old one
 // are swapped atomically (renameat2 RENAME_EXCHANGE) and the old one, now
 // under the temporary name, is deleted. So at every instant <dir> is either
@@ -17,7 +17,7 @@
 //   * "*.tmp-*" folders are never read: they are saves or deletions that did
 //     not finish. prune_checkpoints deletes them.
 //   * Where the filesystem cannot swap atomically, the old <dir> is first
-//     renamed to "<dir>.old-XXXXXXXXXXXX"; a crash between the two renames
+//     renamed to "<dir>.old-<12 random characters>"; a crash between the two renames
 //     leaves no <dir> and a complete ".old-" folder, which is renamed back.
 //   * Deletion renames a checkpoint to a ".tmp-" name first, so a half-deleted
 //     checkpoint is never mistaken for a complete one.

@@ -56,7 +56,7 @@ void load_safetensors_into(const std::filesystem::path& path, ParamTree& tensors
 // The format's name for a dtype ("F32", "BF16", ...).
 const char* safetensors_dtype(DType dtype);
 
-// A file written through a temporary sibling "<name>.tmp-XXXXXX": commit()
+// A file written through a temporary sibling "<name>.tmp-<6 random characters>": commit()
 // fsyncs it, renames it over the target and fsyncs the folder; destroying an
 // uncommitted AtomicFile deletes the temporary. Errors name the target.
 class AtomicFile {

@@ -22,6 +22,10 @@
 #include "redco/nn/name.hpp"
 #include "redco/shard/spec.hpp"
 
+namespace redco::dist {
+class Comm;
+}
+
 namespace redco::nn {
 
 using shard::Role;
@@ -215,6 +219,10 @@ struct Ctx {
   uint64_t dropout_calls = 0;
   Tensor source{};  // encoder input (token ids), for encoder-decoder models
   Tensor memory{};  // encoder output, for cross-attention
+  // The model-parallel group this rank computes with (nullptr or size 1: the
+  // whole model here). Parameters are then this rank's shards (see
+  // train::shard_params), and layers add the collectives of the plan.
+  dist::Comm* mp = nullptr;
 };
 
 using ParamTree = std::map<std::string, Tensor>;

@@ -16,6 +16,7 @@
 #include "redco/dist/comm.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/shard/plan.hpp"
+#include "redco/train/data_parallel.hpp"
 
 namespace redco::train {
 
@@ -64,49 +65,6 @@ Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, di
 // are never gathered. Labels i64 [...]; rows labelled ignore_index are skipped.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& labels,
                                     dist::Comm& mp, int64_t ignore_index = -100);
-
-// ---- data parallel ----------------------------------------------------------------------
-
-class DataParallel {
- public:
-  // Gradients are all-reduced in buckets of at least `bucket_bytes` (f32).
-  explicit DataParallel(dist::Comm& dp, size_t bucket_bytes = size_t(25) << 20);
-  ~DataParallel();
-  DataParallel(const DataParallel&) = delete;
-  DataParallel& operator=(const DataParallel&) = delete;
-
-  // This replica's rows of a global batch (dim 0 must divide by the dp size).
-  Tensor local_batch(const Tensor& global) const;
-
-  // Overlapping the gradient all-reduce with backward: call inside the loss
-  // function on the parameters it receives and compute with the result,
-  //   value_and_grad([&](const ParamTree& p) { return loss(dp.watch(p, order)); }, params);
-  // Buckets are filled in reverse `order` (execution order: backward finishes
-  // the last layers' gradients first), and as backward finalises the last
-  // gradient of a bucket, that bucket's all-reduce is started. Then
-  // finish(grads) awaits them all and replaces every gradient by its mean over
-  // the dp group, ready for the optimizer step.
-  ParamTree watch(const ParamTree& params, const std::vector<std::string>& order);
-  void finish(ParamTree& grads);
-
-  // The same averaging for gradients computed without watch(): all buckets
-  // are started at once.
-  void average(ParamTree& grads, const std::vector<std::string>& order);
-
-  // Of the last step: how many buckets, and how many were started by backward.
-  size_t last_bucket_count() const { return last_buckets_; }
-  size_t last_early_launches() const { return last_early_; }
-
-  struct Step;  // the buckets of the step in flight
-
- private:
-  void begin(const ParamTree& shapes, const std::vector<std::string>& order);
-
-  dist::Comm* dp_;
-  size_t bucket_bytes_;
-  std::unique_ptr<Step> step_;
-  size_t last_buckets_ = 0, last_early_ = 0;
-};
 
 // Parameter names in execution order, for DataParallel::average.
 std::vector<std::string> param_order(const std::vector<shard::ParamSplit>& plan);

@@ -1,0 +1,2 @@
+// Placeholder: being written.
+#include <catch2/catch.hpp>

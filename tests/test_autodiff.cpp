@@ -206,3 +206,28 @@ TEST_CASE("a training step allocates nothing new after the first", "[autodiff][m
   CHECK(CachingAllocator::cpu().stats().system_allocs == allocs);
   CHECK(last < first);
 }
+
+TEST_CASE("a matmul's backward runs in the precision its forward ran under", "[autodiff][bf16]") {
+  const Tensor x = randn({3, 5, 8}, 11, 1.f), w = randn({6, 8}, 12, 1.f);
+  auto loss = [&](const ParamTree& p) { return sum(matmul(x, p.at("w"), false, true)); };
+  const ParamTree params{{"w", w}};
+  ParamTree mixed;
+  {
+    PrecisionGuard bf16(Precision::bf16);
+    mixed = grad_of(loss, params);  // the forward runs under the guard
+  }
+  const ParamTree full = grad_of(loss, params);
+  // d sum(x w^T) / dw = 1^T x: in bf16 the ones are exact and x is rounded,
+  // so the gradient is the column sums of rounded x (accumulated in f32).
+  const Tensor xr = x.to(DType::bf16).to(DType::f32);
+  const Tensor want = matmul(Tensor::ones({6, 15}), reshape(xr, {15, 8}));
+  const auto got = mixed.at("w").to_vector(), ref = want.to_vector();
+  const auto f32 = full.at("w").to_vector();
+  float diff_from_f32 = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i] == Approx(ref[i]).margin(1e-5));
+    diff_from_f32 = std::max(diff_from_f32, std::abs(got[i] - f32[i]));
+  }
+  CHECK(diff_from_f32 > 1e-4f);  // the rounding did happen in the backward
+  CHECK(diff_from_f32 < 0.2f);
+}

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -532,3 +533,63 @@ TEST_CASE("cpu matmul errors name both shapes", "[cpu][matmul]") {
 
 }  // namespace
 }  // namespace redco
+
+// x with every element rounded to bf16 (through the bf16 storage type).
+Tensor bf16_rounded(const Tensor& x) { return x.to(DType::bf16).to(DType::f32); }
+
+TEST_CASE("cpu matmul under bf16 precision rounds both operands and accumulates in f32",
+          "[cpu][matmul][bf16]") {
+  for (int flags = 0; flags < 4; ++flags) {
+    const bool ta = flags & 1, tb = flags & 2;
+    const Tensor a = rnd(stored({2}, 33, 70, ta), 21);  // op(a): [2, 33, 70]
+    const Tensor b = rnd(stored({}, 70, 19, tb), 22);   // op(b): [70, 19]
+    INFO("ta=" << ta << " tb=" << tb);
+    Shape out;
+    const auto exact = ref_matmul(a, b, ta, tb, &out);
+    const auto want = ref_matmul(bf16_rounded(a), bf16_rounded(b), ta, tb, &out);
+    Tensor got;
+    {
+      PrecisionGuard mixed(Precision::bf16);
+      got = cpu::matmul(a, b, ta, tb);
+    }
+    CHECK(matmul_precision() == Precision::f32);  // the guard restored the default
+    // Products of bf16 values are exact in f32: only the f32 summation differs.
+    check_close(got, out, want, 1e-4f);
+    // ... and the result really is the bf16 one: it departs from the f32
+    // product by about bf16's precision (|x| <= 1, 70 terms), no more.
+    const auto g = got.to_vector();
+    float worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - exact[i]));
+    CHECK(worst > 1e-4f);
+    CHECK(worst < 70 * 2 * 0.0039f);
+  }
+}
+
+TEST_CASE("cpu matmul rounding to bf16 keeps infinities and NaN", "[cpu][matmul][bf16]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor a = Tensor::from({1.f, inf, 0.f, 1.f}, {2, 2});
+  const Tensor b = Tensor::from({1.00001f, 0.f, 0.f, 1.f}, {2, 2});
+  PrecisionGuard mixed(Precision::bf16);
+  const auto c = cpu::matmul(a, b, false, false).to_vector();  // [[1, inf], [0, 1]] (rounded b)
+  CHECK(c[0] == 1.f);  // 1.00001 rounds to 1 in bf16
+  CHECK(std::isinf(c[1]));
+  CHECK(c[3] == 1.f);
+  const Tensor nan = Tensor::from({std::numeric_limits<float>::quiet_NaN(), 1.f}, {1, 2});
+  CHECK(std::isnan(cpu::matmul(nan, Tensor::ones({2, 1}), false, false).item()));
+}
+
+TEST_CASE("cpu matmul: a transposed operand with a 1 KiB row stride", "[cpu][matmul]") {
+  // op(a) = a^T with a stored [K, M] and M = 256 floats per row: the weight
+  // gradient shape that takes the explicit-transpose path.
+  const int64_t K = 512, M = 256, N = 129;
+  const Tensor a = rnd({K, M}, 31), b = rnd({K, N}, 32);
+  const auto av = a.to_vector(), bv = b.to_vector();
+  std::vector<float> want(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(av[size_t(k * M + m)]) * bv[size_t(k * N + n)];
+      want[size_t(m * N + n)] = float(s);
+    }
+  check_close(cpu::matmul(a, b, true, false), {M, N}, want, 1e-4f);
+}

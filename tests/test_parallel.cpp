@@ -1,6 +1,7 @@
 // Tensor and data parallelism on the threads backend: differentiable
-// collectives, parameter shards, the tensor-parallel GPT-2 forward and
-// bucketed gradient averaging, each checked against the single-rank run.
+// collectives, parameter shards, GPT-2 run tensor-parallel through nn::apply,
+// and bucketed gradient averaging, each checked against the single-rank run.
+// (Every other model kind runs tensor-parallel in test_tensor_parallel.cpp.)
 // Catch2's assertions are not thread-safe, so ranks store what they computed
 // and the checks run on the test's thread after ThreadsWorld::run returns.
 #include <catch2/catch.hpp>
@@ -9,6 +10,7 @@
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/mesh.hpp"
 #include "redco/dist/threads_comm.hpp"
+#include "redco/models/gpt2.hpp"
 #include "redco/models/vision.hpp"
 #include "redco/nn/parallel_ops.hpp"
 #include "redco/optim/optimizer.hpp"
@@ -168,7 +170,9 @@ LossAndGrads reference_run(const Tensor& ids, const Tensor& labels) {
   return out;
 }
 
-// The same on `mp` ranks from their shards; gradients gathered to whole tensors.
+// The same on `mp` ranks from their shards, through the same nn::apply;
+// gradients gathered to whole tensors. The loss reads the vocabulary-split
+// logits as they are, or gathers them first.
 std::vector<LossAndGrads> tensor_parallel_run(int mp, const Tensor& ids, const Tensor& labels,
                                               bool vocab_parallel_loss) {
   const auto model = models::gpt2(tiny_gpt());
@@ -179,12 +183,11 @@ std::vector<LossAndGrads> tensor_parallel_run(int mp, const Tensor& ids, const T
     const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), mp);
     auto [loss, grads] = value_and_grad(
         [&](const ParamTree& p) {
-          nn::Ctx ctx;
-          const Tensor local = train::tp_gpt_forward(tiny_gpt(), p, ids, comm, ctx);
-          const Tensor logits = nn::gather_from_parallel(local, comm, -1);
+          nn::Ctx ctx{.train = true, .mp = &comm};
+          const Tensor split = nn::apply(model, p, ids, ctx);
+          const Tensor logits = nn::whole(split);
           mine.logits = logits.detach();
-          return vocab_parallel_loss ? train::vocab_parallel_cross_entropy(local, labels, comm)
-                                     : cross_entropy(logits, labels);
+          return cross_entropy(vocab_parallel_loss ? split : logits, labels);
         },
         shard);
     mine.loss = loss.item();
@@ -267,11 +270,9 @@ TrainRun train_on_mesh(int dp, int mp) {
       const Tensor labels = data.local_batch(token_batch(4, 8, 200 + step % 2));
       auto [loss, grads] = value_and_grad(
           [&](const ParamTree& p) {
-            nn::Ctx ctx;
+            nn::Ctx ctx{.train = true, .mp = &mesh.mp_comm()};
             const ParamTree watched = data.watch(p, train::param_order(plan));
-            const Tensor logits =
-                train::tp_gpt_forward(tiny_gpt(), watched, ids, mesh.mp_comm(), ctx);
-            return train::vocab_parallel_cross_entropy(logits, labels, mesh.mp_comm());
+            return cross_entropy(nn::apply(model, watched, ids, ctx), labels);
           },
           params);
       data.finish(grads);

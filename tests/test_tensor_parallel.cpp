@@ -1,2 +1,404 @@
-// Placeholder: being written.
+// Tensor parallelism through the ordinary nn::apply, for every kind of DSL
+// model, on the threads backend: with mp ranks each holding its shards, the
+// loss must equal the single-rank loss and each rank's gradient the slice of
+// the single-rank gradient (dropout on, in training mode). Plus placements:
+// cross_entropy on vocabulary-split logits, whole() and the error raised when
+// a split tensor is read as a whole one.
+// Catch2's assertions are not thread-safe, so ranks store what they computed
+// and the checks run on the test's thread after ThreadsWorld::run returns.
 #include <catch2/catch.hpp>
+#include <cmath>
+
+#include "redco/autodiff/value_and_grad.hpp"
+#include "redco/dist/threads_comm.hpp"
+#include "redco/models/gpt2.hpp"
+#include "redco/models/llama.hpp"
+#include "redco/models/t5.hpp"
+#include "redco/models/vision.hpp"
+#include "redco/train/parallel.hpp"
+
+using namespace redco;
+
+namespace {
+
+Tensor randn(const Shape& s, uint64_t stream) { return Tensor::normal(s, 7, stream, 0.f, 1.f); }
+
+Tensor tokens(int64_t rows, int64_t len, int64_t vocab, uint64_t stream) {
+  std::vector<int64_t> ids(size_t(rows * len));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(philox_bits(3, stream, i) % vocab);
+  return Tensor::from<int64_t>(std::span<const int64_t>(ids), Shape{rows, len});
+}
+
+// Labels with every fifth one ignored, so ignore_index is exercised too.
+Tensor labels_of(int64_t rows, int64_t len, int64_t classes, uint64_t stream) {
+  Tensor t = tokens(rows, len, classes, stream);
+  int64_t* l = t.data<int64_t>();
+  for (int64_t i = 0; i < t.numel(); i += 5) l[i] = -100;
+  return t;
+}
+
+float max_abs(const Tensor& t) {
+  float m = 0.f;
+  for (float v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto x = a.to_vector(), y = b.to_vector();
+  float m = 0.f;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// Close to 1e-5 relative to the tensor's largest entry.
+bool close(const Tensor& got, const Tensor& want) {
+  return max_abs_diff(got, want) <= 1e-5f * std::max(max_abs(want), 1e-3f);
+}
+
+struct Run {
+  float loss = 0.f;
+  ParamTree grads;
+  bool split_output = false;  // the model output carried a placement
+};
+
+// What a test computes from the model: (params, ctx, the model output) -> loss.
+using LossFn = std::function<Tensor(const ParamTree&, nn::Ctx&, Tensor&)>;
+
+nn::Ctx training_ctx() { return {.train = true, .seed = 3, .step = 2}; }
+
+Run one_rank(const ParamTree& params, const LossFn& loss_of) {
+  Run run;
+  Tensor out;
+  auto [loss, grads] = value_and_grad(
+      [&](const ParamTree& p) {
+        nn::Ctx ctx = training_ctx();
+        return loss_of(p, ctx, out);
+      },
+      params);
+  return {loss.item(), std::move(grads), out.placement() != nullptr};
+}
+
+// Every rank's run on its shards of the same initialisation.
+template <typename M>
+std::vector<Run> mp_ranks(const M& model, int mp, const LossFn& loss_of) {
+  const auto plan = shard::resolve(model, mp);
+  std::vector<Run> runs(static_cast<size_t>(mp));
+  dist::ThreadsWorld(mp).run([&](dist::Comm& comm) {
+    const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), mp);
+    Tensor out;
+    auto [loss, grads] = value_and_grad(
+        [&](const ParamTree& p) {
+          nn::Ctx ctx = training_ctx();
+          ctx.mp = &comm;
+          return loss_of(p, ctx, out);
+        },
+        shard);
+    runs[size_t(comm.rank())] = {loss.item(), std::move(grads), out.placement() != nullptr};
+  });
+  return runs;
+}
+
+// The mp-rank runs against the one-rank run; returns how many parameters the
+// plan split (so a test can insist that something was split).
+template <typename M>
+size_t check_against_one_rank(const M& model, int mp, const LossFn& loss_of,
+                              bool expect_split_output) {
+  const Run want = one_rank(nn::init_params(model, 5), loss_of);
+  REQUIRE(std::isfinite(want.loss));
+  const auto plan = shard::resolve(model, mp);
+  const std::vector<Run> got = mp_ranks(model, mp, loss_of);
+  size_t split = 0;
+  for (int r = 0; r < mp; ++r) {
+    INFO("mp " << mp << ", rank " << r);
+    const Run& g = got[size_t(r)];
+    CHECK(std::abs(g.loss - want.loss) <= 1e-5f * std::abs(want.loss));
+    CHECK(g.split_output == expect_split_output);
+    REQUIRE(g.grads.size() == plan.size());
+    for (const shard::ParamSplit& s : plan) {
+      INFO(s.name << " split dim " << s.split_dim);
+      const Tensor slice = train::slice_shard(want.grads.at(s.name), s, r, mp);
+      CHECK(close(g.grads.at(s.name), slice));
+    }
+  }
+  for (const shard::ParamSplit& s : plan) split += s.split_dim >= 0;
+  return split;
+}
+
+models::Gpt2Config tiny_gpt() {
+  return {.vocab = 16, .context = 8, .dim = 16, .layers = 2, .heads = 4, .dropout = 0.1f};
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel GPT-2 with dropout matches one rank", "[tensor_parallel]") {
+  const auto model = models::gpt2(tiny_gpt());
+  const Tensor ids = tokens(2, 8, 16, 1), labels = labels_of(2, 8, 16, 2);
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(model, p, ids, ctx);
+    return cross_entropy(out, labels);
+  };
+  for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 1 + 2 * 10);
+}
+
+TEST_CASE("tensor-parallel LLaMA (GQA, rotary, gated MLP, untied head) matches one rank",
+          "[tensor_parallel]") {
+  const auto model =
+      models::llama({.vocab = 16, .dim = 16, .layers = 2, .heads = 4, .kv_heads = 2, .hidden = 24});
+  const Tensor ids = tokens(2, 6, 16, 3), labels = labels_of(2, 6, 16, 4);
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(model, p, ids, ctx);
+    return cross_entropy(out, labels);
+  };
+  // Everything split but the norms: embedding, q k v o, gate up down, head.
+  CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 2 * 7 + 1);
+  // 2 kv heads do not divide into 4 shards: resolve replicates attention, and
+  // only the embedding, the MLPs and the head are split.
+  const auto plan = shard::resolve(model, 4);
+  for (const auto& s : plan)
+    if (s.name.find("self_attn") != std::string::npos) CHECK(s.split_dim == -1);
+  CHECK(check_against_one_rank(model, 4, loss, true) == 1 + 2 * 3 + 1);
+}
+
+TEST_CASE("tensor-parallel T5 (encoder-decoder, cross-attention) matches one rank",
+          "[tensor_parallel]") {
+  const auto model = models::t5({.vocab = 16,
+                                 .context = 8,
+                                 .dim = 16,
+                                 .heads = 4,
+                                 .hidden = 32,
+                                 .encoder_layers = 1,
+                                 .decoder_layers = 2,
+                                 .dropout = 0.1f});
+  const Tensor source = tokens(2, 7, 16, 5), target = tokens(2, 5, 16, 6);
+  const Tensor labels = labels_of(2, 5, 16, 7);
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    ctx.source = source;
+    out = nn::apply(model, p, target, ctx);
+    return cross_entropy(out, labels);
+  };
+  // Embeddings 2, encoder layer 4 + 2, decoder layers (4 + 4 + 2) each, head 1.
+  for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 2 + 6 + 20 + 1);
+}
+
+TEST_CASE("a tensor-parallel MLP classifier (column then row, dropout between) matches one rank",
+          "[tensor_parallel]") {
+  const auto model =
+      models::mlp_classifier({.inputs = 12, .hidden = 8, .classes = 3, .dropout = 0.3f});
+  const Tensor images = randn({5, 1, 3, 4}, 8);
+  const Tensor labels = tokens(1, 5, 3, 9).view({5});
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(model, p, images, ctx);
+    return cross_entropy(out, labels);
+  };
+  // fc_1's weight and bias, fc_2's weight; the logits leave fc_2 whole.
+  for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, false) == 3);
+}
+
+TEST_CASE(
+    "a last column-parallel layer gives class-split logits; blocks that do not divide stay "
+    "replicated",
+    "[tensor_parallel]") {
+  // fc_1 column, fc_2 row, fc_3 column again: its output is split by class.
+  const auto model = nn::flatten() | nn::linear(12, 8) | nn::relu() | nn::dropout(0.25f) |
+                     nn::linear(8, 8) | nn::relu() | nn::linear(8, 6);
+  const Tensor images = randn({4, 12}, 10);
+  const Tensor labels = Tensor::from<int64_t>(
+      std::span<const int64_t>(std::vector<int64_t>{5, 0, -100, 3}), Shape{4});
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(model, p, images, ctx);
+    return cross_entropy(out, labels);
+  };
+  CHECK(check_against_one_rank(model, 2, loss, true) == 5);
+  // 6 classes do not divide by 4: fc_3 is replicated and the logits are whole.
+  CHECK(check_against_one_rank(model, 4, loss, false) == 3);
+  // A CNN: replicated convolutions and pooling, then a class-split fc.
+  const auto cnn =
+      models::small_cnn({.channels = 1, .size = 8, .classes = 4, .conv1 = 3, .conv2 = 2});
+  const Tensor pictures = randn({3, 1, 8, 8}, 16);
+  const LossFn cnn_loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(cnn, p, pictures, ctx);
+    return cross_entropy(out, tokens(1, 3, 4, 17).view({3}));
+  };
+  CHECK(check_against_one_rank(cnn, 2, cnn_loss, true) == 2);
+  // 6 hidden units do not divide by 4 either: nothing splits, and the run
+  // with ctx.mp set equals the one-rank run.
+  const auto narrow = nn::flatten() | nn::linear(12, 6) | nn::relu() | nn::linear(6, 3);
+  const LossFn narrow_loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(narrow, p, images, ctx);
+    return cross_entropy(out, tokens(1, 4, 3, 11).view({4}));
+  };
+  CHECK(check_against_one_rank(narrow, 4, narrow_loss, false) == 0);
+}
+
+namespace {
+
+// Random logits [2, 3, 8] whose last dim is split across `mp` ranks, and
+// labels with ignored rows.
+Tensor split_logits() { return randn({2, 3, 8}, 50); }
+Tensor split_labels() {
+  const std::vector<int64_t> v{5, -100, 1, 7, 0, -100};
+  return Tensor::from<int64_t>(std::span<const int64_t>(v), Shape{2, 3});
+}
+
+}  // namespace
+
+TEST_CASE("cross_entropy on vocabulary-split logits skips ignored labels", "[tensor_parallel]") {
+  const Tensor logits = split_logits(), labels = split_labels();
+  Tensor whole_logits = logits.clone().set_requires_grad(true);
+  const Tensor want_loss = cross_entropy(whole_logits, labels);
+  const Tensor want_grad = grad({want_loss}, {whole_logits})[0];
+  const std::vector<int64_t> none(6, -100);
+  const Tensor all_ignored = Tensor::from<int64_t>(std::span<const int64_t>(none), Shape{2, 3});
+  for (int mp : {2, 4}) {
+    const int64_t m = 8 / mp;
+    std::vector<float> losses(static_cast<size_t>(mp)), ignored(static_cast<size_t>(mp));
+    std::vector<Tensor> grads(static_cast<size_t>(mp));
+    dist::ThreadsWorld(mp).run([&](dist::Comm& comm) {
+      const int64_t begin = comm.rank() * m;
+      Tensor mine = slice(logits, 2, begin, begin + m).clone().set_requires_grad(true);
+      const Tensor split = nn::split_by(mine, comm, -1);
+      const Tensor loss = cross_entropy(split, labels);
+      losses[size_t(comm.rank())] = loss.item();
+      grads[size_t(comm.rank())] = grad({loss}, {mine})[0];
+      ignored[size_t(comm.rank())] = cross_entropy(split, all_ignored).item();
+    });
+    for (int r = 0; r < mp; ++r) {
+      INFO("mp " << mp << ", rank " << r);
+      CHECK(losses[size_t(r)] == Approx(want_loss.item()).epsilon(1e-6));
+      CHECK(close(grads[size_t(r)], slice(want_grad, 2, r * m, (r + 1) * m)));
+      CHECK(ignored[size_t(r)] == 0.f);
+    }
+  }
+}
+
+TEST_CASE("whole() gathers split tensors and reduces partial sums", "[tensor_parallel]") {
+  const Tensor logits = split_logits(), w = randn({2, 3, 8}, 51);
+  std::vector<Tensor> gathered(2), summed(2), grads(2), locals(2);
+  std::vector<bool> plain(2);
+  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    const size_t r = size_t(comm.rank());
+    Tensor mine = slice(logits, 2, 4 * int64_t(r), 4 * int64_t(r) + 4).clone();
+    mine.set_requires_grad(true);
+    const Tensor split = nn::split_by(mine, comm, -1);
+    const Tensor all = nn::whole(split);
+    plain[r] = !all.placement() && !nn::whole(all).placement();
+    gathered[r] = all.detach();
+    grads[r] = grad({sum(all * w)}, {mine})[0];
+    locals[r] = nn::local(split).detach();
+    summed[r] = nn::whole(nn::partial_sum(mine.detach(), comm)).detach();
+  });
+  const Tensor sum_of_parts = slice(logits, 2, 0, 4) + slice(logits, 2, 4, 8);
+  for (size_t r = 0; r < 2; ++r) {
+    CHECK(plain[r]);
+    CHECK(max_abs_diff(gathered[r], logits) == 0.f);
+    CHECK(max_abs_diff(grads[r], slice(w, 2, 4 * int64_t(r), 4 * int64_t(r) + 4)) == 0.f);
+    CHECK(max_abs_diff(locals[r], slice(logits, 2, 4 * int64_t(r), 4 * int64_t(r) + 4)) == 0.f);
+    CHECK(max_abs_diff(summed[r], sum_of_parts) < 1e-6f);
+  }
+}
+
+TEST_CASE("evaluation returns whole logits, so prediction works as on one rank",
+          "[tensor_parallel]") {
+  const auto model = models::gpt2(tiny_gpt());
+  const Tensor ids = tokens(2, 8, 16, 12);
+  const Tensor want = nn::apply(model, nn::init_params(model, 5), ids);
+  const auto plan = shard::resolve(model, 2);
+  std::vector<Tensor> logits(2), predicted(2);
+  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), 2);
+    nn::Ctx ctx{.mp = &comm};  // train = false
+    logits[size_t(comm.rank())] = nn::apply(model, shard, ids, ctx);
+    predicted[size_t(comm.rank())] = argmax(logits[size_t(comm.rank())], -1);
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    REQUIRE(!logits[r].placement());
+    CHECK(close(logits[r], want));
+    CHECK(predicted[r].values<int64_t>() == argmax(want, -1).values<int64_t>());
+  }
+}
+
+TEST_CASE("a split tensor read as a whole one fails, naming whole()", "[tensor_parallel]") {
+  const auto model = models::gpt2(tiny_gpt());
+  const Tensor ids = tokens(2, 8, 16, 13);
+  const auto plan = shard::resolve(model, 2);
+  std::vector<std::string> softmax_error(2), values_error(2), reshape_error(2), shape(2);
+  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    const size_t r = size_t(comm.rank());
+    const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), 2);
+    nn::Ctx ctx = training_ctx();
+    ctx.mp = &comm;
+    const Tensor logits = nn::apply(model, shard, ids, ctx);
+    shape[r] = logits.shape().str() + " " + logits.str();  // str() names the split, no values
+    try {
+      softmax(logits);
+    } catch (const Error& e) {
+      softmax_error[r] = e.what();
+    }
+    try {
+      logits.detach().to_vector();
+    } catch (const Error& e) {
+      values_error[r] = e.what();
+    }
+    try {  // a reshape that moves the split dim cannot be gathered correctly
+      nn::whole(reshape(logits, {2, -1}));
+    } catch (const Error& e) {
+      reshape_error[r] = e.what();
+    }
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    // This rank's half of the vocabulary.
+    CHECK(shape[r] ==
+          "[2, 8, 8] f32[2, 8, 8] (split along its last dim across 2 model-parallel "
+          "ranks (rank " +
+              std::to_string(r) + " holds 8 of 16))");
+    CHECK_THAT(softmax_error[r], Catch::Contains("nn::whole(t)") &&
+                                     Catch::Contains("split along its last dim across 2"));
+    CHECK_THAT(values_error[r], Catch::Contains("nn::whole(t)"));
+    CHECK_THAT(reshape_error[r], Catch::Contains("call nn::whole() before reshaping"));
+  }
+}
+
+TEST_CASE("shards without their group, or cut for another group size, are refused",
+          "[tensor_parallel]") {
+  const auto model = models::mlp_classifier({.inputs = 12, .hidden = 8, .classes = 3});
+  const Tensor images = randn({2, 12}, 14);
+  const ParamTree halves =
+      train::shard_params(nn::init_params(model, 5), shard::resolve(model, 2), 0, 2);
+  nn::Ctx alone;  // no ctx.mp
+  CHECK_THROWS_WITH(nn::apply(model, halves, images, alone),
+                    Catch::Contains("fc_1.weight") && Catch::Contains("set nn::Ctx::mp"));
+  const ParamTree quarters =
+      train::shard_params(nn::init_params(model, 5), shard::resolve(model, 4), 0, 4);
+  std::vector<std::string> errors(2);
+  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    nn::Ctx ctx{.mp = &comm};
+    try {
+      nn::apply(model, quarters, images, ctx);
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  for (const std::string& e : errors)
+    CHECK_THAT(e, Catch::Contains("fc_1.weight") && Catch::Contains("[4, 12]") &&
+                      Catch::Contains("train::shard_params"));
+  // A tied head built without the vocabulary size cannot tell a split table.
+  const auto untold = nn::embedding(16, 8) | nn::tied_lm_head();
+  const auto told = nn::embedding(16, 8) | nn::tied_lm_head(16);
+  const ParamTree table =
+      train::shard_params(nn::init_params(told, 5), shard::resolve(told, 2), 0, 2);
+  std::vector<std::string> head_errors(2);
+  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    const ParamTree mine =
+        train::init_shard(nn::param_entries(told), shard::resolve(told, 2), 5, comm.rank(), 2);
+    nn::Ctx ctx{.mp = &comm};
+    try {
+      nn::apply(untold, mine, tokens(1, 3, 16, 15), ctx);
+    } catch (const Error& e) {
+      head_errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  CHECK(table.at("wte.weight").shape() == Shape{8, 8});
+  for (const std::string& e : head_errors)
+    CHECK_THAT(e, Catch::Contains("nn::tied_lm_head(vocab)"));
+}

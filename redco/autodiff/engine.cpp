@@ -67,6 +67,7 @@ void Engine::add_pending(const Edge& e, Tensor g) {
   TensorList& slots = pending_[e.node.get()];
   if (slots.empty()) slots.resize(e.node->output_meta().size());
   Tensor& s = slots[size_t(e.slot)];
+  profile::Scope scope("grad_accumulate");
   s = s.defined() ? add(s, g) : std::move(g);
 }
 
@@ -104,7 +105,11 @@ void Engine::execute(Node* n, const TensorList& gouts) {
               "backward through op '{}' a second time, but its saved tensors were "
               "freed; pass retain_graph = true to the first backward",
               n->name());
-  TensorList gins = n->backward_(*n, gouts);
+  TensorList gins;
+  {
+    profile::Scope scope(n->name(), ".backward");
+    gins = n->backward_(*n, gouts);
+  }
   if (!opts_.retain_graph && !opts_.create_graph) n->backward_ = nullptr;
   REDCO_CHECK(gins.size() == n->inputs().size(),
               "backward of '{}' returned {} gradients for {} inputs", n->name(), gins.size(),

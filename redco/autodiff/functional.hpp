@@ -82,7 +82,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
 Tensor gelu(const Tensor& x, bool tanh_approx = true);
 Tensor silu(const Tensor& x);
 // Mean over rows whose label != ignore_index of -log softmax(logits)[label].
-// logits [..., V] f32, labels [...] i64.
+// logits [..., V] f32, labels [...] i64. Logits split by their last dim across
+// a model-parallel group (a Placement, see nn::whole) give the same loss,
+// computed without gathering them.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100);
 Tensor embedding(const Tensor& table, const Tensor& ids);  // table [V, D], ids i64 [...]
 // Zeroes each element with probability p and scales the rest by 1/(1-p); the

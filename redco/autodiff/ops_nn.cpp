@@ -152,6 +152,10 @@ Tensor cross_entropy_rows(const Tensor& logits, const Tensor& labels, int64_t ig
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
+  // Logits split across a model-parallel group (by vocabulary, or by class):
+  // their placement computes the loss from the parts without gathering them.
+  if (const Placement* split = logits.placement())
+    return split->cross_entropy(logits, labels, ignore_index);
   REDCO_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be i64, got {}{}",
               dtype_name(labels.dtype()), labels.shape());
   REDCO_CHECK(logits.rank() >= 1 && labels.shape() == logits.shape().drop(-1),

@@ -20,6 +20,17 @@ std::string_view dtype_name(DType t) {
   return "?";
 }
 
+namespace {
+thread_local Precision t_precision = Precision::f32;
+}  // namespace
+
+Precision matmul_precision() { return t_precision; }
+
+std::string_view precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "f32"; }
+
+PrecisionGuard::PrecisionGuard(Precision p) : previous_(t_precision) { t_precision = p; }
+PrecisionGuard::~PrecisionGuard() { t_precision = previous_; }
+
 uint16_t float_to_f16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -64,6 +64,32 @@ inline float bf16_to_float(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// Mixed precision: the compute type of matrix products (linear, matmul,
+// attention projections). Under Precision::bf16 their operands are rounded to
+// bf16 and products accumulate and land in f32, so parameters, activations,
+// gradients and optimizer state stay f32 (master weights); everything else
+// (norms, softmax, losses, optimizer) computes in f32 as always.
+//
+//   { PrecisionGuard mixed(Precision::bf16); loss = loss_fn(params); }
+//
+// The setting is per thread, like a grad mode. A differentiable matmul
+// remembers the precision it ran under, so its backward products use the same
+// one even though backward runs after the guard has closed.
+enum class Precision : uint8_t { f32, bf16 };
+Precision matmul_precision();  // this thread's current setting (f32 by default)
+std::string_view precision_name(Precision p);
+
+class PrecisionGuard {
+ public:
+  explicit PrecisionGuard(Precision p);
+  PrecisionGuard(const PrecisionGuard&) = delete;
+  PrecisionGuard& operator=(const PrecisionGuard&) = delete;
+  ~PrecisionGuard();
+
+ private:
+  Precision previous_;
+};
+
 // IEEE binary16 (round to nearest even; overflow -> inf; subnormals kept).
 uint16_t float_to_f16(float f);
 float f16_to_float(uint16_t h);

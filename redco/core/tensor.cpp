@@ -60,6 +60,14 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
+void Tensor::refuse_split_read() const {
+  fail(
+      "a tensor of shape {} is {}: its data is one rank's part, and an op reading it as the "
+      "whole tensor would be wrong. Call nn::whole(t) to gather it (cross_entropy takes it "
+      "split, without gathering), or nn::local(t) for this rank's part as a plain tensor",
+      shape(), impl().placement->describe());
+}
+
 void Tensor::check_dtype(DType t) const {
   REDCO_CHECK(dtype() == t, "tensor{} holds {} but was read as {}",
               name().empty() ? "" : " '" + name() + "'", dtype_name(dtype()), dtype_name(t));
@@ -227,6 +235,7 @@ Tensor Tensor::view(const Shape& s) const {
   impl->offset = impl_->offset;
   impl->shape = target;
   impl->dtype = impl_->dtype;
+  impl->placement = impl_->placement;  // a view of a split tensor is still split
   return Tensor(std::move(impl));
 }
 
@@ -239,6 +248,7 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   impl->offset = impl_->offset + size_t(begin * row) * dtype_size(dtype());
   impl->shape = shape().with(0, end - begin);
   impl->dtype = dtype();
+  impl->placement = impl_->placement;
   return Tensor(std::move(impl));
 }
 
@@ -305,6 +315,8 @@ void Tensor::fill(float value) {
 
 std::string Tensor::str(int max_elems) const {
   if (!defined()) return "Tensor(undefined)";
+  if (placement())  // one rank's values would read as the whole tensor's
+    return fmt::format("{}{} ({})", dtype_name(dtype()), shape().str(), placement()->describe());
   if (!device().is_cpu()) return to(Device::cpu()).str(max_elems) + " on " + device().str();
   std::string s = fmt::format("{}{} {{", dtype_name(dtype()), shape().str());
   const int64_t n = std::min<int64_t>(numel(), max_elems);
@@ -337,6 +349,7 @@ Tensor Tensor::detach() const {
   impl->offset = impl_->offset;
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
+  impl->placement = impl_->placement;  // still one rank's part
   return Tensor(std::move(impl));
 }
 

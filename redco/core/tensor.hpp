@@ -22,6 +22,25 @@ namespace redco {
 class Node;
 class Tensor;
 
+// Where a tensor's values live across a model-parallel group. A tensor with
+// no placement is whole on this rank. One with a placement (split by
+// features, or a partial sum awaiting its reduction) holds only this rank's
+// part, so reading its data as if it were whole would be silently wrong:
+// raw() and data() refuse, with a message naming nn::whole(). Views and
+// detach() keep the placement; cross_entropy computes on split logits without
+// gathering them. Core knows no communicators: redco/nn/tensor_parallel.hpp
+// implements this interface holding one.
+struct Placement {
+  virtual ~Placement() = default;
+  // E.g. "split along its last dim across 2 model-parallel ranks (this rank holds 8 of 16)".
+  virtual std::string describe() const = 0;
+  // The whole tensor (a collective over the group; differentiable).
+  virtual Tensor whole(const Tensor& t) const = 0;
+  // cross_entropy(whole(logits), labels, ignore_index) without forming whole(logits).
+  virtual Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
+                               int64_t ignore_index) const = 0;
+};
+
 // A block of device memory. Returned to its allocator's cache when the last
 // tensor using it goes away.
 struct Storage {
@@ -40,11 +59,12 @@ struct TensorImpl {
   DType dtype = DType::f32;
   // autograd
   bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;    // null for leaves
-  int output_nr = 0;                // which output of grad_fn this is
-  std::shared_ptr<Node> leaf_node;  // a leaf's gradient sink, created on demand
-  std::unique_ptr<Tensor> grad;     // a leaf's accumulated gradient
-  std::string name;                 // optional, used in error messages
+  std::shared_ptr<Node> grad_fn;               // null for leaves
+  int output_nr = 0;                           // which output of grad_fn this is
+  std::shared_ptr<Node> leaf_node;             // a leaf's gradient sink, created on demand
+  std::unique_ptr<Tensor> grad;                // a leaf's accumulated gradient
+  std::string name;                            // optional, used in error messages
+  std::shared_ptr<const Placement> placement;  // null: whole on this rank
 };
 
 class Tensor {
@@ -98,7 +118,12 @@ class Tensor {
     check_dtype(dtype_of<T>());
     return static_cast<const T*>(raw());
   }
-  void* raw() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
+  void* raw() const {
+    const TensorImpl& i = impl();
+    if (i.placement) [[unlikely]]
+      refuse_split_read();
+    return static_cast<char*>(i.storage->data) + i.offset;
+  }
   float item() const;                    // a one-element tensor's value as float
   std::vector<float> to_vector() const;  // any floating dtype, converted to float
   template <typename T>
@@ -121,6 +146,8 @@ class Tensor {
     return defined() && other.defined() && impl_->storage == other.impl_->storage;
   }
   bool same(const Tensor& other) const { return impl_ == other.impl_; }
+  // How the values are spread over a model-parallel group (null: whole here).
+  const Placement* placement() const { return defined() ? impl_->placement.get() : nullptr; }
 
   // ---- autograd -------------------------------------------------------------
   bool requires_grad() const { return defined() && impl_->requires_grad; }
@@ -142,6 +169,7 @@ class Tensor {
 
  private:
   void check_dtype(DType t) const;
+  [[noreturn]] void refuse_split_read() const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

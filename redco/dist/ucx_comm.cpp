@@ -4,7 +4,12 @@
 #include <fmt/ranges.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -21,16 +26,19 @@ using Clock = std::chrono::steady_clock;
 
 // A 64-bit UCP tag names one message exactly, so receives never need
 // wildcards and messages of different calls can never be confused:
-//   [63] point-to-point | [62..48] group | [47..36] source world rank |
-//   [35..24] step within the algorithm (user tag for p2p) | [23..0] sequence.
-// The sequence number wraps; only 2^24 calls in flight at once could clash.
+//   [63] point-to-point | [62..48] group | [47..37] source world rank |
+//   [36..25] step within the algorithm (user tag for p2p) |
+//   [24..14] segment of a pipelined ring step | [13..0] sequence.
+// The sequence number wraps; only ranks 2^14 calls apart could clash, and
+// every collective keeps the ranks of a group within one call of each other.
 constexpr int kMaxRanks = 1 << 11;  // a ring's 2(n-1) steps must fit the step field
 constexpr int kMaxSteps = 1 << 12;
+constexpr int kMaxSegments = 1 << 11;
 constexpr uint64_t kGroupMask = (uint64_t(1) << 15) - 1;
 
-uint64_t make_tag(bool p2p, uint64_t group, int src, int step, uint64_t seq) {
-  return uint64_t(p2p) << 63 | (group & kGroupMask) << 48 | uint64_t(src) << 36 |
-         uint64_t(step) << 24 | (seq & 0xffffff);
+uint64_t make_tag(bool p2p, uint64_t group, int src, int step, uint64_t seq, int seg = 0) {
+  return uint64_t(p2p) << 63 | (group & kGroupMask) << 48 | uint64_t(src) << 37 |
+         uint64_t(step) << 25 | uint64_t(seg) << 14 | (seq & 0x3fff);
 }
 
 void check_ucs(ucs_status_t st, const char* what) {
@@ -54,6 +62,11 @@ struct Op {
   Clock::time_point deadline;
   void* req = nullptr;     // the UCX request while in flight
   bool completed = false;  // `done` is (about to be) set
+  // When set, runs instead of firing `done`: under the World's lock, on the
+  // thread that settles the World (mostly the progress thread), with "" or
+  // the reason it failed. A ring step uses it to chain the next message
+  // without waiting for its caller's thread (so it overlaps with compute).
+  std::function<void(const std::string&)> then;
 };
 using OpPtr = std::shared_ptr<Op>;
 
@@ -65,12 +78,14 @@ struct World {
   std::mutex mutex;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  std::vector<ucp_ep_h> eps;                      // by world rank; null for this rank
+  std::vector<ucp_ep_h> eps;     // data, by world rank; null for this rank
+  std::vector<ucp_ep_h> guards;  // same-host peers: an idle endpoint that detects their death
   std::vector<std::pair<World*, int>> peer_args;  // endpoint error-handler arguments
   int rank = 0, size = 1;
   UcxOptions options;
   std::map<Op*, OpPtr> pending;
   std::vector<std::pair<OpPtr, std::string>> to_fire;
+  std::vector<std::pair<OpPtr, std::string>> chained;  // finished ops whose `then` is due
   std::vector<std::string> dead;  // per world rank: why it is gone; "" while alive
   std::string failure;            // the first timeout; "" while healthy
   bool closing = false;
@@ -81,7 +96,7 @@ struct World {
   void finish(const OpPtr& op, std::string why) {
     if (op->completed) return;
     op->completed = true;
-    to_fire.emplace_back(op, std::move(why));
+    (op->then ? chained : to_fire).emplace_back(op, std::move(why));
   }
   // Fails `op` now; a receive is also withdrawn, so no late message lands
   // in a buffer its owner has moved on from; sends are left to finish.
@@ -89,8 +104,17 @@ struct World {
     finish(op, why);
     if (op->is_recv && op->req != nullptr) ucp_request_cancel(worker, op->req);
   }
-  // Under the lock: hands out what callbacks recorded.
-  std::vector<std::pair<OpPtr, std::string>> take_fired() { return std::exchange(to_fire, {}); }
+  // Under the lock: runs due continuations (which may post more messages),
+  // then hands out the completions to deliver after unlocking.
+  std::vector<std::pair<OpPtr, std::string>> settle() {
+    while (!chained.empty()) {
+      auto [op, why] = std::move(chained.back());
+      chained.pop_back();
+      std::exchange(op->then, {})(why);
+    }
+    return std::exchange(to_fire, {});
+  }
+  void submit(const OpPtr& op, uint64_t tag, void* buf, size_t len);
   void peer_failed(int peer, const std::string& why);
   void check_timeouts();
   bool poll();
@@ -170,7 +194,7 @@ bool World::poll() {
     std::lock_guard lock(mutex);
     progressed = ucp_worker_progress(worker) != 0;
     check_timeouts();
-    fired = take_fired();
+    fired = settle();
   }
   progressed |= !fired.empty();
   deliver(std::move(fired));
@@ -189,9 +213,14 @@ World::~World() {
     if (op->is_recv && op->req != nullptr) ucp_request_cancel(worker, op->req);
   std::vector<void*> closes;
   const ucp_request_param_t flush{};  // no flags: flush, then close
-  for (ucp_ep_h ep : eps)
-    if (void* r = ep != nullptr ? ucp_ep_close_nbx(ep, &flush) : nullptr; UCS_PTR_IS_PTR(r))
-      closes.push_back(r);
+  ucp_request_param_t force{};        // a dead peer cannot answer a flush
+  force.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  force.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  for (size_t r = 0; r < eps.size(); ++r)
+    for (ucp_ep_h ep : {eps[r], guards[r]})
+      if (void* q = ep ? ucp_ep_close_nbx(ep, dead[r].empty() ? &flush : &force) : nullptr;
+          UCS_PTR_IS_PTR(q))
+        closes.push_back(q);
   const Clock::time_point deadline = Clock::now() + std::chrono::seconds(2);
   for (void* r : closes) {
     while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline)
@@ -252,6 +281,102 @@ struct Chunks {
   int64_t len(int c) const { return numel * ((((c % n) + n) % n) + 1) / n - begin(c); }
 };
 
+// A pipelined ring over `work`'s n chunks, each cut into `segs` segments that
+// travel on their own: segment j of step s+1 leaves as soon as segment j of
+// step s has arrived (and, reducing, been added), so one segment's transfer
+// overlaps another's addition and no bandwidth is lost between steps. Each
+// step after the first is posted by its predecessor's completion (Op::then,
+// mostly on the progress thread), so the collective runs to the end while its
+// caller computes. Steps 0..n-2 reduce-scatter: step s sends chunk rank-s-1
+// right, receives chunk rank-s-2 from the left into a scratch slot and adds
+// this rank's values to it, so chunk c is summed in ring order starting at
+// rank c+1 and ends, complete, on rank c. The next n-1 steps all-gather:
+// step g passes chunk rank-g right and receives chunk rank-g-1 in place.
+struct Ring : std::enable_shared_from_this<Ring> {
+  Ring(World* world, uint64_t g, uint64_t q, std::vector<int> ring_ranks, int r, Tensor buf,
+       bool red, bool gat, bool avg)
+      : w(world), group(g), seq(q), ranks(std::move(ring_ranks)), n(int(ranks.size())), rank(r),
+        work(std::move(buf)), reduce(red), gather(gat), mean(avg), ch{work.numel(), n} {
+    const int64_t max_len = (work.numel() + n - 1) / n;
+    const int64_t want = (max_len * 4 + int64_t(w->options.segment_bytes) - 1) /
+                         std::max<int64_t>(int64_t(w->options.segment_bytes), 1);
+    segs = int(std::clamp<int64_t>(want, 1, kMaxSegments));
+    seg_cap = (max_len + segs - 1) / segs + 1;
+    scratch = Tensor::empty(Shape{reduce ? segs * seg_cap : 1});  // [segs * seg_cap] f32
+    steps = (reduce ? n - 1 : 0) + (gather ? n - 1 : 0);
+    final = std::make_shared<Op>(w, work, ranks[size_t(rank)], false, 0, Clock::time_point::max());
+  }
+
+  World* w;
+  uint64_t group, seq;
+  std::vector<int> ranks;  // world ranks, by group rank
+  int n, rank;
+  Tensor work;  // [numel] f32, reduced in place
+  bool reduce, gather, mean;
+  Chunks ch;
+  int segs = 1;
+  int64_t seg_cap = 0;  // the longest segment, in floats
+  Tensor scratch;       // [segs * seg_cap] f32: one receive slot per segment
+  int steps = 0, outstanding = 0, finished = 0;
+  std::string failed;
+  OpPtr final;                         // completes the caller's wait
+  std::vector<std::weak_ptr<Op>> ops;  // to withdraw receives after a failure
+
+  int64_t seg_begin(int c, int j) const { return ch.begin(c) + ch.len(c) * j / segs; }
+  int64_t seg_len(int c, int j) const { return seg_begin(c, j + 1) - seg_begin(c, j); }
+  bool reducing(int s) const { return reduce && s < n - 1; }
+  int out_chunk(int s) const { return reducing(s) ? rank - s - 1 : rank - (reduce ? s - n + 1 : s); }
+  int world_of(int r) const { return ranks[size_t(((r % n) + n) % n)]; }
+
+  // Under the World's lock, like every member below.
+  void start() {
+    for (int j = 0; j < segs; ++j) post_step(0, j);
+  }
+  void post(bool recv, int s, int j, float* buf, int64_t len, const Tensor& keep) {
+    const int peer = world_of(recv ? rank - 1 : rank + 1);
+    auto op = std::make_shared<Op>(w, keep, peer, recv, size_t(len) * 4,
+                                   Clock::now() + w->options.timeout);
+    op->then = [self = shared_from_this(), recv, s, j](const std::string& why) {
+      self->done(recv, s, j, why);
+    };
+    ++outstanding;
+    ops.push_back(op);
+    const int src = recv ? peer : ranks[size_t(rank)];
+    w->submit(op, make_tag(false, group, src, s, seq, j), buf, size_t(len) * 4);
+  }
+  void post_step(int s, int j) {
+    const int oc = out_chunk(s), ic = oc - 1;
+    float* x = work.data<float>();
+    float* in = reducing(s) ? scratch.data<float>() + j * seg_cap : x + seg_begin(ic, j);
+    post(true, s, j, in, seg_len(ic, j), reducing(s) ? scratch : work);
+    post(false, s, j, x + seg_begin(oc, j), seg_len(oc, j), work);
+  }
+  void done(bool recv, int s, int j, const std::string& why) {
+    --outstanding;
+    if (!why.empty()) return fail(why);
+    if (recv && failed.empty()) {
+      if (reducing(s)) {
+        const int ic = out_chunk(s) - 1;
+        const float* in = scratch.data<float>() + j * seg_cap;
+        float* acc = work.data<float>() + seg_begin(ic, j);
+        const int64_t len = seg_len(ic, j);
+        for (int64_t i = 0; i < len; ++i) acc[i] = in[i] + acc[i];
+        if (s == n - 2 && mean)  // chunk ic is this rank's, now complete
+          for (int64_t i = 0; i < len; ++i) acc[i] /= float(n);
+      }
+      s + 1 < steps ? post_step(s + 1, j) : void(++finished);
+    }
+    if (failed.empty() && outstanding == 0 && finished == segs) w->finish(final, "");
+  }
+  void fail(const std::string& why) {
+    if (!failed.empty()) return;
+    failed = why;
+    w->finish(final, why);
+    for (const std::weak_ptr<Op>& weak : ops)
+      if (OpPtr op = weak.lock(); op && op->is_recv && !op->completed) w->abort(op, "cancelled");
+  }
+};
+
 uint64_t subgroup_id(uint64_t parent, const std::vector<int>& members, uint64_t nth) {
   uint64_t h = 1469598103934665603ull ^ parent;  // FNV-1a over the group's identity
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
@@ -303,7 +428,7 @@ class UcxComm final : public Comm {
   Task wait(std::vector<OpPtr> ops, std::string what);
   Task gather(uint64_t seq, Tensor in, Tensor out, std::string what);
   Task direct_all_reduce(uint64_t seq, Tensor work, ReduceOp op, std::string what);
-  Task ring(uint64_t seq, Tensor work, bool reduce, ReduceOp op, std::string what);
+  Task ring(uint64_t seq, Tensor work, bool reduce, bool gather, ReduceOp op, std::string what);
   Task p2p(bool recv, uint64_t seq, Tensor t, int peer, int tag);
 
   std::shared_ptr<World> w_;
@@ -313,6 +438,35 @@ class UcxComm final : public Comm {
   std::map<std::vector<int>, uint64_t> created_;  // subgroups made, by member list
 };
 
+// Under the lock: hands `op` to UCX, or fails it at once when its peer or
+// the communicator is known to be gone.
+void World::submit(const OpPtr& op, uint64_t tag, void* buf, size_t len) {
+  if (!failure.empty()) return finish(op, "the communicator failed earlier: " + failure);
+  if (!dead[size_t(op->peer)].empty()) return finish(op, dead[size_t(op->peer)]);
+  pending[op.get()] = op;
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.user_data = op.get();
+  void* r;
+  if (op->is_recv) {
+    p.cb.recv = recv_cb;
+    r = ucp_tag_recv_nbx(worker, buf, len, tag, ~uint64_t(0), &p);
+  } else {
+    p.cb.send = send_cb;
+    r = ucp_tag_send_nbx(eps[size_t(op->peer)], buf, len, tag, &p);
+  }
+  if (UCS_PTR_IS_ERR(r)) {
+    pending.erase(op.get());
+    finish(op, fmt::format("rank {}: UCX {}", op->peer, ucs_status_string(UCS_PTR_STATUS(r))));
+  } else if (r == nullptr) {
+    pending.erase(op.get());
+    finish(op, "");
+  } else if (pending.count(op.get()) != 0) {
+    op->req = r;  // still in flight: its callback has not run yet
+  }
+}
+
 OpPtr UcxComm::post(bool recv, int peer, uint64_t tag, void* buf, size_t len, const Tensor& keep) {
   World& w = *w_;
   auto op =
@@ -320,36 +474,8 @@ OpPtr UcxComm::post(bool recv, int peer, uint64_t tag, void* buf, size_t len, co
   std::vector<std::pair<OpPtr, std::string>> fired;
   {
     std::lock_guard lock(w.mutex);
-    if (!w.failure.empty()) {
-      w.finish(op, "the communicator failed earlier: " + w.failure);
-    } else if (!w.dead[size_t(op->peer)].empty()) {
-      w.finish(op, w.dead[size_t(op->peer)]);
-    } else {
-      w.pending[op.get()] = op;
-      ucp_request_param_t p{};
-      p.op_attr_mask =
-          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-      p.user_data = op.get();
-      void* r;
-      if (recv) {
-        p.cb.recv = recv_cb;
-        r = ucp_tag_recv_nbx(w.worker, buf, len, tag, ~uint64_t(0), &p);
-      } else {
-        p.cb.send = send_cb;
-        r = ucp_tag_send_nbx(w.eps[size_t(op->peer)], buf, len, tag, &p);
-      }
-      if (UCS_PTR_IS_ERR(r)) {
-        w.pending.erase(op.get());
-        w.finish(op,
-                 fmt::format("rank {}: UCX {}", op->peer, ucs_status_string(UCS_PTR_STATUS(r))));
-      } else if (r == nullptr) {
-        w.pending.erase(op.get());
-        w.finish(op, "");
-      } else if (w.pending.count(op.get()) != 0) {
-        op->req = r;  // still in flight: its callback has not run yet
-      }
-    }
-    fired = w.take_fired();
+    w.submit(op, tag, buf, len);
+    fired = w.settle();
   }
   deliver(std::move(fired));
   w.engine->wake();
@@ -387,29 +513,22 @@ Comm::Task UcxComm::direct_all_reduce(uint64_t seq, Tensor work, ReduceOp op, st
     for (int64_t i = 0; i < numel; ++i) x[i] /= float(n);
 }
 
-// One pass of the ring over `work`'s n chunks. Reducing (reduce-scatter):
-// step s sends chunk rank-s-1 right, receives chunk rank-s-2 from the left
-// into scratch and adds this rank's values to it, so chunk c is summed in
-// ring order starting at rank c+1 and ends, complete, on rank c. Gathering
-// (all-gather): each rank starts with its own chunk complete; step s passes
-// chunk rank-s right and receives chunk rank-s-1 in place.
-Comm::Task UcxComm::ring(uint64_t seq, Tensor work, bool reduce, ReduceOp op, std::string what) {
-  const int n = size();
-  const Chunks ch{work.numel(), n};
-  float* x = work.data<float>();
-  Tensor tmp = Tensor::empty(Shape{reduce ? work.numel() / n + 1 : 1});
-  const int shift = reduce ? 1 : 0, base = reduce ? 0 : n - 1;  // gather steps come second
-  for (int s = 0; s < n - 1; ++s) {
-    const int out_c = rank_ - s - shift, in_c = out_c - 1, step = base + s;
-    float* in = reduce ? tmp.data<float>() : x + ch.begin(in_c);
-    OpPtr r = recv_from(left(), seq, step, in, size_t(ch.len(in_c)) * 4, reduce ? tmp : work);
-    OpPtr o = send_to(right(), seq, step, x + ch.begin(out_c), size_t(ch.len(out_c)) * 4, work);
-    co_await wait(ops_of(r, o), what);
-    float* acc = x + ch.begin(in_c);
-    for (int64_t i = 0; reduce && i < ch.len(in_c); ++i) acc[i] = in[i] + acc[i];
+// Runs a Ring (see there) and waits for it; the caller's thread is free
+// until the last segment has arrived.
+Comm::Task UcxComm::ring(uint64_t seq, Tensor work, bool reduce, bool gather, ReduceOp op,
+                         std::string what) {
+  World& w = *w_;
+  auto r = std::make_shared<Ring>(&w, id_, seq, members_, rank_, work, reduce, gather,
+                                  op == ReduceOp::mean);
+  std::vector<std::pair<OpPtr, std::string>> fired;
+  {
+    std::lock_guard lock(w.mutex);
+    r->start();
+    fired = w.settle();
   }
-  float* mine = x + ch.begin(rank_);
-  for (int64_t i = 0; reduce && op == ReduceOp::mean && i < ch.len(rank_); ++i) mine[i] /= float(n);
+  deliver(std::move(fired));
+  w.engine->wake();
+  co_await wait(ops_of(r->final), what);
 }
 
 Comm::Task UcxComm::do_all_reduce(uint64_t seq, Tensor t, ReduceOp op) {
@@ -420,8 +539,7 @@ Comm::Task UcxComm::do_all_reduce(uint64_t seq, Tensor t, ReduceOp op) {
   if (size_t(work.numel()) * 4 <= w_->options.small_bytes) {
     co_await direct_all_reduce(seq, work, op, what);
   } else {
-    co_await ring(seq, work, true, op, what);
-    co_await ring(seq, work, false, op, what);
+    co_await ring(seq, work, true, true, op, what);
   }
   if (work.raw() != t.raw()) t.copy_from(work);
 }
@@ -432,7 +550,7 @@ Comm::Task UcxComm::do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, Reduc
       fmt::format("reduce_scatter({}, {}) #{}", reduce_op_name(op), sig(in), seq);
   Tensor work = Tensor::empty(Shape{in.numel()});
   work.copy_from(in);  // a copy: the ring writes partial sums, and `out` may alias `in`
-  co_await ring(seq, work, true, op, what);
+  co_await ring(seq, work, true, false, op, what);
   out.copy_from(work.view(Shape{size(), out.numel()})[rank_]);
 }
 
@@ -520,7 +638,69 @@ std::unique_ptr<Comm> UcxComm::subgroup(std::span<const int> ranks) {
   return std::make_unique<UcxComm>(w_, subgroup_id(id_, members, nth), members, me);
 }
 
-// UCX context and worker; returns the worker's address for the rendezvous.
+// What decides whether two ranks can share memory: the same kernel boot and
+// the same network, IPC and PID namespaces (ranks in different network
+// namespaces are treated as different hosts, as they are in the netns test).
+std::string host_identity() {
+  std::string id;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  id += name;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  std::getline(boot, line);
+  id += "|" + line;
+  for (const char* ns : {"net", "ipc", "pid"}) {
+    char link[128] = {};
+    const std::string path = std::string("/proc/self/ns/") + ns;
+    if (::readlink(path.c_str(), link, sizeof link - 1) > 0) id += std::string("|") + link;
+  }
+  return id;
+}
+
+ucp_ep_h open_ep(World& w, int r, const std::string& address, bool handle_errors) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  ep.err_mode = handle_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  if (handle_errors) {
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_handler.cb = ep_error_cb;
+    ep.err_handler.arg = &w.peer_args[size_t(r)];
+  }
+  ucp_ep_h h = nullptr;
+  const ucs_status_t st = ucp_ep_create(w.worker, &ep, &h);
+  REDCO_CHECK(st == UCS_OK, "UCX: rank {} cannot open an endpoint to rank {}: {}", w.rank, r,
+              ucs_status_string(st));
+  return h;
+}
+
+// `blobs` are "identity\0address". A peer on another host gets one endpoint
+// that detects its failure (UCX then picks TCP or RDMA). UCX 1.13 offers no
+// shared-memory transport that detects a dead peer, so a same-host peer gets
+// two: one without error handling for data (shared memory, single-copy CMA
+// for large messages) and an idle one with it (TCP), whose error callback
+// reports the peer's death.
+void connect_peers(World& w, const std::vector<std::string>& blobs) {
+  w.eps.assign(size_t(w.size), nullptr);
+  w.guards.assign(size_t(w.size), nullptr);
+  w.peer_args.resize(size_t(w.size));  // sized once: endpoints keep pointers into it
+  const std::string& mine = blobs[size_t(w.rank)];
+  const std::string my_id = mine.substr(0, mine.find('\0'));
+  for (int r = 0; r < w.size; ++r) {
+    if (r == w.rank) continue;
+    w.peer_args[size_t(r)] = {&w, r};
+    const std::string& blob = blobs[size_t(r)];
+    const size_t cut = blob.find('\0');
+    REDCO_CHECK(cut != std::string::npos, "UCX: rank {} sent a malformed address", r);
+    const std::string address = blob.substr(cut + 1);
+    const bool local = blob.compare(0, cut, my_id) == 0;
+    w.eps[size_t(r)] = open_ep(w, r, address, !local);
+    if (local) w.guards[size_t(r)] = open_ep(w, r, address, true);
+  }
+}
+
+// UCX context and worker; returns "identity\0address" for the rendezvous.
 std::string init_worker(World& w) {
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
@@ -537,28 +717,10 @@ std::string init_worker(World& w) {
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   check_ucs(ucp_worker_get_address(w.worker, &addr, &len), "ucp_worker_get_address");
-  std::string blob(reinterpret_cast<const char*>(addr), len);
+  std::string blob = host_identity() + '\0';
+  blob.append(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(w.worker, addr);
   return blob;
-}
-
-void connect_peers(World& w, const std::vector<std::string>& blobs) {
-  w.eps.assign(size_t(w.size), nullptr);
-  w.peer_args.resize(size_t(w.size));  // sized once: endpoints keep pointers into it
-  for (int r = 0; r < w.size; ++r) {
-    if (r == w.rank) continue;
-    w.peer_args[size_t(r)] = {&w, r};
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(blobs[size_t(r)].data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = ep_error_cb;
-    ep.err_handler.arg = &w.peer_args[size_t(r)];
-    const ucs_status_t st = ucp_ep_create(w.worker, &ep, &w.eps[size_t(r)]);
-    REDCO_CHECK(st == UCS_OK, "UCX: rank {} cannot open an endpoint to rank {}: {}", w.rank, r,
-                ucs_status_string(st));
-  }
 }
 
 }  // namespace

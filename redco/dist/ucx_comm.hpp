@@ -58,6 +58,9 @@ struct UcxOptions {
   // all_reduce buffers up to this size (in f32 bytes) use the direct
   // algorithm, larger ones the ring.
   size_t small_bytes = size_t(64) << 10;
+  // The ring moves each chunk in segments of about this many bytes, so the
+  // transfer of one overlaps the reduction of the previous one.
+  size_t segment_bytes = size_t(1) << 20;
 };
 
 // Rendezvous, UCX set-up and endpoints; returns this rank's world communicator.

@@ -279,9 +279,9 @@ size_t Json::size() const {
 
 namespace {
 
-constexpr const char* kParams = "params.safetensors";
-constexpr const char* kOptState = "opt_state.safetensors";
-constexpr const char* kState = "state.json";
+constexpr const char* kParams = kCheckpointParams;
+constexpr const char* kOptState = kCheckpointOptState;
+constexpr const char* kState = kCheckpointState;
 constexpr size_t kSuffixLen = 12;  // hex digits after ".tmp-" / ".old-"
 
 std::string random_suffix() {
@@ -419,26 +419,45 @@ std::vector<fs::path> folder_entries(const fs::path& dir) {
 
 }  // namespace
 
-void save_checkpoint(const fs::path& dir_in, const ParamTree& params, const ParamTree& opt_state,
-                     const std::string& state_json) {
-  const fs::path dir = dir_in.has_filename() ? dir_in : dir_in.parent_path();
+namespace {
+fs::path folder_of(const fs::path& dir) { return dir.has_filename() ? dir : dir.parent_path(); }
+}  // namespace
+
+fs::path begin_checkpoint(const fs::path& dir_in, const std::string& state_json) {
+  const fs::path dir = folder_of(dir_in);
   Json::parse(state_json, fmt::format("state.json for checkpoint '{}'", dir.string()));
   std::error_code ec;
   fs::create_directories(parent_of(dir), ec);
   if (ec) fail("cannot create folder '{}': {}", parent_of(dir).string(), ec.message());
-  const fs::path tmp = make_temp_dir(dir);
+  return make_temp_dir(dir);
+}
+
+void finish_checkpoint(const fs::path& tmp, const fs::path& dir, const std::string& state_json) {
+  AtomicFile state(tmp / kState);
+  state.write(state_json.data(), state_json.size());
+  state.commit();  // also fsyncs `tmp`, making all three entries durable
+  publish(tmp, folder_of(dir));
+}
+
+void abandon_checkpoint(const fs::path& tmp) noexcept {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
+void save_checkpoint(const fs::path& dir, const ParamTree& params, const ParamTree& opt_state,
+                     const std::string& state_json) {
+  const fs::path tmp = begin_checkpoint(dir, state_json);
   try {
     save_safetensors(tmp / kParams, params);
     save_safetensors(tmp / kOptState, opt_state);
-    AtomicFile state(tmp / kState);
-    state.write(state_json.data(), state_json.size());
-    state.commit();  // also fsyncs `tmp`, making all three entries durable
-    publish(tmp, dir);
+    finish_checkpoint(tmp, dir, state_json);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    abandon_checkpoint(tmp);
     throw;
   }
 }
+
+std::string read_checkpoint_state(const fs::path& dir) { return open_checkpoint(dir); }
 
 Checkpoint load_checkpoint(const fs::path& dir) {
   Checkpoint c;

@@ -45,6 +45,30 @@ struct Checkpoint {
 void save_checkpoint(const std::filesystem::path& dir, const ParamTree& params,
                      const ParamTree& opt_state, const std::string& state_json);
 
+// ---- a checkpoint written by several processes -------------------------------
+// One process calls begin_checkpoint, all write their tensors into the
+// temporary folder it returns (SharedSafetensorsFile), and once every writer
+// has closed its files the same process calls finish_checkpoint, which writes
+// state.json and publishes the folder exactly as save_checkpoint does.
+// save_checkpoint is begin + two whole-file writes + finish.
+inline constexpr const char* kCheckpointParams = "params.safetensors";
+inline constexpr const char* kCheckpointOptState = "opt_state.safetensors";
+inline constexpr const char* kCheckpointState = "state.json";
+
+// Checks `state_json`, creates dir's parent folders and a fresh
+// "<dir>.tmp-<12 random characters>" folder, and returns it.
+std::filesystem::path begin_checkpoint(const std::filesystem::path& dir,
+                                       const std::string& state_json);
+// Writes state.json into `tmp` and makes `tmp` the checkpoint `dir`.
+void finish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& dir,
+                       const std::string& state_json);
+// Deletes an unfinished temporary folder (after a failed write).
+void abandon_checkpoint(const std::filesystem::path& tmp) noexcept;
+
+// Checks that `dir` is a complete checkpoint (repairing an interrupted
+// publish, see above) and returns its state.json, validated as JSON.
+std::string read_checkpoint_state(const std::filesystem::path& dir);
+
 // Loads and validates all three files; errors name the file (and tensor).
 Checkpoint load_checkpoint(const std::filesystem::path& dir);
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 // rapidjson's member iterators predate C++20's reversed comparison operators;
@@ -67,6 +68,10 @@ const DTypeName& dtype_entry(DType t) {
   for (const auto& d : kDTypes)
     if (d.dtype == t) return d;
   fail("dtype {} has no safetensors name", int(t));
+}
+
+uint64_t spec_bytes(const TensorSpec& t) {
+  return uint64_t(t.shape.numel()) * uint64_t(dtype_size(t.dtype));
 }
 
 std::optional<DType> parse_dtype(std::string_view s) {
@@ -265,8 +270,8 @@ void write_string(JsonWriter& w, const std::string& s, bool key, const fs::path&
 
 // The header text as the reference writer produces it: compact JSON,
 // metadata first, then the tensors in data order, padded to 8 bytes.
-std::string build_header(const std::vector<const ParamTree::value_type*>& order,
-                         const Metadata& metadata, const fs::path& path) {
+std::string build_header(const std::vector<TensorSpec>& order, const Metadata& metadata,
+                         const fs::path& path) {
   rapidjson::StringBuffer buf;
   JsonWriter w(buf);
   w.StartObject();
@@ -280,20 +285,19 @@ std::string build_header(const std::vector<const ParamTree::value_type*>& order,
     w.EndObject();
   }
   uint64_t offset = 0;
-  for (const auto* kv : order) {
-    const Tensor& t = kv->second;
-    write_string(w, kv->first, true, path);
+  for (const TensorSpec& t : order) {
+    write_string(w, t.name, true, path);
     w.StartObject();
     w.Key("dtype");
-    w.String(safetensors_dtype(t.dtype()));
+    w.String(safetensors_dtype(t.dtype));
     w.Key("shape");
     w.StartArray();
-    for (int64_t d : t.shape()) w.Uint64(uint64_t(d));
+    for (int64_t d : t.shape) w.Uint64(uint64_t(d));
     w.EndArray();
     w.Key("data_offsets");
     w.StartArray();
     w.Uint64(offset);
-    w.Uint64(offset += t.nbytes());
+    w.Uint64(offset += spec_bytes(t));
     w.EndArray();
     w.EndObject();
   }
@@ -303,30 +307,56 @@ std::string build_header(const std::vector<const ParamTree::value_type*>& order,
   return text;
 }
 
+// The reference writer's data order: decreasing element size, then name.
+void sort_specs(std::vector<TensorSpec>& specs, const fs::path& path) {
+  std::set<std::string_view> seen;
+  for (const TensorSpec& t : specs) {
+    if (t.name == "__metadata__") bad(path, "'__metadata__' is reserved and cannot name a tensor");
+    if (!seen.insert(t.name).second) bad(path, "tensor '{}' is listed twice", t.name);
+  }
+  std::stable_sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
+    const int ra = dtype_entry(a.dtype).rank, rb = dtype_entry(b.dtype).rank;
+    return ra != rb ? ra > rb : a.name < b.name;
+  });
+}
+
+// The 8-byte little-endian header size followed by the header text.
+std::string header_bytes(const std::string& header) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(uint64_t(header.size()) >> (8 * i)));
+  return out + header;
+}
+
+void write_exact(int fd, const void* src, uint64_t size, uint64_t offset, const fs::path& path) {
+  const auto* p = static_cast<const char*>(src);
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, p, std::min<uint64_t>(size, 1ull << 30), off_t(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) bad(path, "cannot write at byte {}: {}", offset, std::strerror(errno));
+    p += n, size -= uint64_t(n), offset += uint64_t(n);
+  }
+}
+
 }  // namespace
 
 const char* safetensors_dtype(DType dtype) { return dtype_entry(dtype).name; }
 
 void save_safetensors(const fs::path& path, const ParamTree& tensors, const Metadata& metadata) {
-  std::vector<const ParamTree::value_type*> order;
-  for (const auto& kv : tensors) {
-    const auto& [name, t] = kv;
-    if (name == "__metadata__") bad(path, "'__metadata__' is reserved and cannot name a tensor");
+  std::vector<TensorSpec> order;
+  for (const auto& [name, t] : tensors) {
     if (!t.defined()) bad(path, "tensor '{}' is undefined", name);
     if (!t.device().is_cpu())
       bad(path, "tensor '{}' is on {}; copy it to the CPU first", name, t.device().str());
-    order.push_back(&kv);
+    order.push_back({name, t.dtype(), t.shape()});
   }
-  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    return dtype_entry(a->second.dtype()).rank > dtype_entry(b->second.dtype()).rank;
-  });
-  const std::string header = build_header(order, metadata, path);
-  unsigned char size_bytes[8];
-  for (int i = 0; i < 8; ++i) size_bytes[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
+  sort_specs(order, path);
+  const std::string head = header_bytes(build_header(order, metadata, path));
   AtomicFile file(path);
-  file.write(size_bytes, 8);
-  file.write(header.data(), header.size());
-  for (const auto* kv : order) file.write(kv->second.raw(), kv->second.nbytes());
+  file.write(head.data(), head.size());
+  for (const TensorSpec& t : order) {
+    const Tensor& data = tensors.at(t.name);
+    file.write(data.raw(), data.nbytes());
+  }
   file.commit();
 }
 
@@ -419,6 +449,97 @@ void fsync_directory(const fs::path& dir) {
   // Some filesystems cannot fsync a folder (EINVAL); they have nothing to flush.
   if (::fsync(fd.fd) != 0 && errno != EINVAL)
     fail("cannot fsync folder '{}': {}", dir.string(), std::strerror(errno));
+}
+
+// ---- SharedSafetensorsFile ------------------------------------------------------------------
+
+SharedSafetensorsFile::SharedSafetensorsFile(fs::path path, std::vector<TensorSpec> specs,
+                                             bool creator, const Metadata& metadata)
+    : path_(std::move(path)) {
+  sort_specs(specs, path_);
+  const std::string head = header_bytes(build_header(specs, metadata, path_));
+  // Every writer derives the same offsets from the same specs.
+  uint64_t offset = head.size(), total = head.size();
+  for (const TensorSpec& t : specs) total += spec_bytes(t);
+  for (TensorSpec& t : specs) {
+    const uint64_t bytes = spec_bytes(t);
+    std::string name = t.name;  // named before `t` moves into its slot
+    slots_.emplace(std::move(name), Slot{std::move(t), offset});
+    offset += bytes;
+  }
+  const int flags = creator ? O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC : O_WRONLY | O_CLOEXEC;
+  fd_ = ::open(path_.c_str(), flags, 0666);
+  if (fd_ < 0) bad(path_, "cannot open for writing: {}", std::strerror(errno));
+  if (!creator) return;
+  write_exact(fd_, head.data(), head.size(), 0, path_);
+  // Sized up front, so writers that finish early leave no short file behind.
+  if (::ftruncate(fd_, off_t(total)) != 0)
+    bad(path_, "cannot size the file to {} bytes: {}", total, std::strerror(errno));
+}
+
+SharedSafetensorsFile::~SharedSafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SharedSafetensorsFile::write(const std::string& name, const Tensor& t) {
+  const auto it = slots_.find(name);
+  if (it == slots_.end()) bad(path_, "tensor '{}' is not in the header", name);
+  const TensorSpec& spec = it->second.spec;
+  if (!t.defined() || !t.device().is_cpu())
+    bad(path_, "tensor '{}' must be a defined CPU tensor", name);
+  if (t.shape() != spec.shape || t.dtype() != spec.dtype)
+    bad(path_, "tensor '{}' is {}{} but the header says {}{}", name, safetensors_dtype(t.dtype()),
+        t.shape(), safetensors_dtype(spec.dtype), spec.shape);
+  write_exact(fd_, t.raw(), t.nbytes(), it->second.offset, path_);
+}
+
+void SharedSafetensorsFile::close() {
+  if (fd_ < 0) return;
+  if (::fsync(fd_) != 0) bad(path_, "cannot fsync: {}", std::strerror(errno));
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) bad(path_, "cannot close: {}", std::strerror(errno));
+}
+
+// ---- SafetensorsReader ----------------------------------------------------------------------
+
+struct SafetensorsReader::Impl {
+  int fd = -1;
+  Header header;
+  std::map<std::string_view, const Entry*> by_name;
+};
+
+SafetensorsReader::SafetensorsReader(fs::path path)
+    : path_(std::move(path)), impl_(std::make_unique<Impl>()) {
+  Fd fd = open_for_reading(path_);
+  impl_->header = read_header(fd.fd, path_);
+  for (const Entry& e : impl_->header.entries) impl_->by_name.emplace(e.name, &e);
+  impl_->fd = std::exchange(fd.fd, -1);
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (impl_ && impl_->fd >= 0) ::close(impl_->fd);
+}
+
+std::vector<TensorSpec> SafetensorsReader::specs() const {
+  std::vector<TensorSpec> out;
+  for (const Entry& e : impl_->header.entries) out.push_back({e.name, e.dtype, e.shape});
+  return out;
+}
+
+bool SafetensorsReader::contains(std::string_view name) const {
+  return impl_->by_name.count(name) > 0;
+}
+
+Tensor SafetensorsReader::read(std::string_view name) const {
+  const auto it = impl_->by_name.find(name);
+  if (it == impl_->by_name.end()) bad(path_, "tensor '{}' is missing from the file", name);
+  const Entry& e = *it->second;
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  read_exact(impl_->fd, t.raw(), e.end - e.begin, impl_->header.data_start + e.begin, path_,
+             fmt::format("tensor '{}'", e.name));
+  t.set_name(e.name);
+  return t;
 }
 
 }  // namespace redco::io

@@ -29,7 +29,10 @@
 // destination tensors, with no intermediate copy.
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "redco/autodiff/value_and_grad.hpp"
 
@@ -52,6 +55,60 @@ ParamTree load_safetensors(const std::filesystem::path& path, Metadata* metadata
 // anything is written, so a mismatched file leaves `tensors` untouched.
 void load_safetensors_into(const std::filesystem::path& path, ParamTree& tensors,
                            Metadata* metadata = nullptr);
+
+// One tensor as a header describes it, before any data.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+
+// A safetensors file written by several processes at once, each pwrite()-ing
+// the tensors it holds: every writer computes the same header (and so the
+// same offsets) from the same specs. The creator makes the file, writes the
+// header and sizes it; the others open it only after the creator's
+// constructor has returned (behind a barrier). close() fsyncs. The caller
+// publishes the file (checkpoints write into a temporary folder that one
+// process renames once every writer has closed).
+class SharedSafetensorsFile {
+ public:
+  SharedSafetensorsFile(std::filesystem::path path, std::vector<TensorSpec> specs, bool creator,
+                        const Metadata& metadata = {});
+  ~SharedSafetensorsFile();
+  SharedSafetensorsFile(const SharedSafetensorsFile&) = delete;
+  SharedSafetensorsFile& operator=(const SharedSafetensorsFile&) = delete;
+  // `t` must match its spec's dtype and shape.
+  void write(const std::string& name, const Tensor& t);
+  void close();
+
+ private:
+  struct Slot {
+    TensorSpec spec;
+    uint64_t offset;  // of the tensor's first byte in the file
+  };
+  std::filesystem::path path_;
+  std::map<std::string, Slot> slots_;
+  int fd_ = -1;
+};
+
+// Reads the tensors of a safetensors file one at a time (bounded memory),
+// after checking the whole header as load_safetensors does.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::filesystem::path path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  std::vector<TensorSpec> specs() const;  // in data order
+  bool contains(std::string_view name) const;
+  Tensor read(std::string_view name) const;  // throws naming the file if absent
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  struct Impl;
+  std::filesystem::path path_;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The format's name for a dtype ("F32", "BF16", ...).
 const char* safetensors_dtype(DType dtype);

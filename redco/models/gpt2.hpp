@@ -28,7 +28,7 @@ inline auto gpt2(const Gpt2Config& c) {
       nn::residual(nn::layer_norm(d) | nn::mlp(d, 4 * d, nn::Act::gelu) | nn::dropout(c.dropout));
   return (nn::embedding(c.vocab, d) + nn::positions(c.context, d)) | nn::dropout(c.dropout) |
          nn::repeat(c.layers, std::move(attn_block) | std::move(mlp_block)) |
-         nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head();
+         nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head(c.vocab);
 }
 
 using Gpt2 = decltype(gpt2(Gpt2Config{}));

@@ -5,8 +5,11 @@
 // mlp_classifier: flatten | fc_1 | relu | dropout | fc_2. One hidden layer
 // keeps the tensor-parallel plan a single column/row pair (fc_1 splits its
 // outputs, fc_2 its inputs, one all-reduce), so the logits come out whole.
-// small_cnn: conv_1 | relu | pool | conv_2 | relu | pool | flatten | fc,
-// replicated (image models this small are data-parallel).
+// small_cnn: conv_1 | relu | pool | conv_2 | relu | pool | flatten | fc.
+// The convolutions are replicated (image models this small are
+// data-parallel); under tensor parallelism the last fc splits the classes when
+// they divide, and the logits come out class-split (cross_entropy reads them
+// as they are; nn::whole gathers them).
 #include "redco/nn/model.hpp"
 
 namespace redco::models {

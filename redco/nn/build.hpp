@@ -10,7 +10,8 @@ inline Embedding embedding(int64_t vocab, int64_t dim) { return {.vocab = vocab,
 inline Positions positions(int64_t max_len, int64_t dim) {
   return {.max_len = max_len, .dim = dim};
 }
-inline TiedLMHead<> tied_lm_head() { return {}; }
+// `vocab` (the embedding's rows) is needed to run tensor-parallel.
+inline TiedLMHead<> tied_lm_head(int64_t vocab = 0) { return {.vocab = vocab}; }
 inline LMHead lm_head(int64_t dim, int64_t vocab) { return {.dim = dim, .vocab = vocab}; }
 inline LayerNorm<true> layer_norm(int64_t dim, float eps = 1e-5f) {
   return {.dim = dim, .eps = eps};

@@ -7,6 +7,8 @@
 //   repeat(n, b)     n copies of b with their own parameters: h.0, h.1, ...
 //   named<"n">(l)    l under the name n instead of its default
 //   encoder_decoder(e, d)  e reads ctx.source, d reads its input and attends to e's output
+// Under tensor parallelism each gathers split features where its walk says
+// need_whole (the residual add, the sum, between repeated copies).
 #include <tuple>
 
 #include "redco/nn/layers.hpp"
@@ -59,7 +61,8 @@ struct Residual {
     w.need_whole();  // the sum needs the block's whole output
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    return x + apply_child(block, p, x, ctx);
+    const Tensor in = whole_features(x, ctx);
+    return in + whole_features(apply_child(block, p, in, ctx), ctx);
   }
 };
 
@@ -81,8 +84,10 @@ struct Sum {
     w.need_whole();
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    Tensor ya = apply_child(a, p, x, ctx);
-    return ya + apply_child(b, p, x, ctx);
+    const bool split_in = ctx.split_features;  // b reads the same input as a
+    Tensor ya = whole_features(apply_child(a, p, x, ctx), ctx);
+    ctx.split_features = split_in;
+    return ya + whole_features(apply_child(b, p, x, ctx), ctx);
   }
 };
 
@@ -105,7 +110,8 @@ struct Repeat {
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     Tensor h = x;
     for (int64_t i = 0; i < count; ++i)
-      h = block.forward(p.indexed(i).template content<B>(), h, ctx);
+      h = whole_features(
+          block.forward(p.indexed(i).template content<B>(), whole_features(h, ctx), ctx), ctx);
     return h;
   }
 };
@@ -141,7 +147,8 @@ struct EncoderDecoder {
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     REDCO_CHECK(ctx.source.defined(),
                 "encoder_decoder: set ctx.source to the encoder's input ids before calling it");
-    ctx.memory = apply_child(encoder, p, ctx.source, ctx);
+    ctx.split_features = false;  // the encoder reads ids
+    ctx.memory = whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
     Tensor y = apply_child(decoder, p, x, ctx);
     ctx.memory = Tensor();
     return y;

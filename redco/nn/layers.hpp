@@ -1,12 +1,15 @@
 #pragma once
 // Layers. Each one holds its sizes (run-time values) and says, in `walk`,
 // which parameters it owns and what part each plays in tensor parallelism;
-// `forward` computes with the parameters found under its path.
+// `forward` computes with the parameters found under its path: whole ones,
+// or this rank's shards when ctx.mp is a model-parallel group, which a layer
+// tells apart by their shapes (see tensor_parallel.hpp).
 // Shapes: tokens are [B, T] (i64), activations [B, T, d], images [N, C, H, W].
 #include <cmath>
 
 #include "redco/autodiff/functional.hpp"
 #include "redco/core/philox.hpp"
+#include "redco/nn/tensor_parallel.hpp"
 #include "redco/nn/walk.hpp"
 
 namespace redco::nn {
@@ -28,8 +31,9 @@ struct Linear {
       w.param("bias", role == Role::column ? Role::column_bias : Role::row_bias,
               l ? Dims{l->out} : Dims{}, Init::zeros);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return linear(x, p["weight"], Bias ? p["bias"] : Tensor());
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    return parallel_linear(x, p["weight"], Bias ? p["bias"] : Tensor(), in, out, ctx,
+                           p.path().dot("weight").view());
   }
 };
 
@@ -45,8 +49,8 @@ struct Embedding {  // ids [B, T] -> [B, T, d]; the vocabulary is split across s
             kTransformerInitStd);
     w.add_collective(Collective::all_reduce);  // each shard looks up its slice of the vocabulary
   }
-  Tensor forward(const Params& p, const Tensor& ids, Ctx&) const {
-    return embedding(p["weight"], ids);
+  Tensor forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
+    return parallel_embedding(p["weight"], ids, vocab, ctx, p.path().dot("weight").view());
   }
 };
 
@@ -62,16 +66,20 @@ struct Positions {  // ids [B, T] -> learned positions [T, d] (broadcast over B)
 };
 
 // Logits from the token embedding (GPT-2's tied head): [B, T, d] -> [B, T, vocab].
+// `vocab` tells a vocabulary-split table from a whole one under tensor
+// parallelism (0: unknown, enough on one rank).
 template <Literal Embedding = "wte.weight">
 struct TiedLMHead {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "";
+  int64_t vocab = 0;
   static constexpr void walk(Walker& w, const TiedLMHead*) {
     w.need_whole();
     w.add_collective(Collective::vocab_logits);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return matmul(x, p.at_root(Embedding.view()), false, true);
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    const Tensor& table = p.at_root(Embedding.view());
+    return matmul(enter_vocab_head(x, table, vocab, ctx, Embedding.view()), table, false, true);
   }
 };
 
@@ -86,7 +94,11 @@ struct LMHead {  // an untied head [vocab, d]
             kTransformerInitStd);
     w.add_collective(Collective::vocab_logits);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const { return linear(x, p["weight"]); }
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    const Tensor& table = p["weight"];
+    const Name name = p.path().dot("weight");
+    return linear(enter_vocab_head(x, table, vocab, ctx, name.view()), table);
+  }
 };
 
 // ---- norms ------------------------------------------------------------------------------
@@ -101,8 +113,8 @@ struct LayerNorm {
     w.param("weight", Role::replicated, l ? Dims{l->dim} : Dims{}, Init::ones);
     if constexpr (Bias) w.param("bias", Role::replicated, l ? Dims{l->dim} : Dims{}, Init::zeros);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return layer_norm(x, p["weight"], Bias ? p["bias"] : Tensor(), eps);
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    return layer_norm(whole_features(x, ctx), p["weight"], Bias ? p["bias"] : Tensor(), eps);
   }
 };
 
@@ -115,8 +127,8 @@ struct RMSNorm {
     w.need_whole();
     w.param("weight", Role::replicated, l ? Dims{l->dim} : Dims{}, Init::ones);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return rms_norm(x, p["weight"], eps);
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    return rms_norm(whole_features(x, ctx), p["weight"], eps);
   }
 };
 
@@ -124,6 +136,8 @@ struct RMSNorm {
 // Multi-head attention, q/k/v/o projections named as in Hugging Face models.
 // kv_heads < heads is grouped-query attention; `rotary` applies rotary
 // positions to q and k. Cross-attention reads keys and values from ctx.memory.
+// Tensor-parallel: each rank holds whole heads of q, k and v (as many local
+// heads as its q rows hold) and the matching input columns of o.
 template <bool Bias = true, bool Cross = false>
 struct Attention {
   static constexpr bool kTransparent = false;
@@ -155,7 +169,8 @@ struct Attention {
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
 
  private:
-  Tensor project(const Params& p, const char* name, const Tensor& x, int64_t n_heads) const;
+  bool split_heads(const Params& p, const Ctx& ctx) const;
+  Tensor project(const Params& p, const char* name, const Tensor& x) const;
 };
 
 // ---- feed-forward blocks --------------------------------------------------------------------
@@ -180,9 +195,13 @@ struct MLP {
                 l ? Dims{shape.d[0]} : Dims{}, Init::zeros);
     }
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    Tensor h = activate(act, linear(x, p["fc1.weight"], Bias ? p["fc1.bias"] : Tensor()));
-    return linear(h, p["fc2.weight"], Bias ? p["fc2.bias"] : Tensor());
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    const Name fc1 = p.path().dot("fc1.weight"), fc2 = p.path().dot("fc2.weight");
+    const Tensor h =
+        activate(act, parallel_linear(x, p["fc1.weight"], Bias ? p["fc1.bias"] : Tensor(), dim,
+                                      hidden, ctx, fc1.view()));
+    return parallel_linear(h, p["fc2.weight"], Bias ? p["fc2.bias"] : Tensor(), hidden, dim, ctx,
+                           fc2.view());
   }
 };
 
@@ -201,10 +220,7 @@ struct GatedMLP {
             kTransformerInitStd);
     w.end_block();
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return linear(silu(linear(x, p["gate_proj.weight"])) * linear(x, p["up_proj.weight"]),
-                  p["down_proj.weight"]);
-  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
 };
 
 // ---- parameter-free layers ---------------------------------------------------------------------
@@ -216,15 +232,15 @@ struct Activation {  // elementwise: works on split features as well as whole on
   Tensor forward(const Params&, const Tensor& x, Ctx&) const { return activate(act, x); }
 };
 
-struct Dropout {  // masks depend on (seed, step, call index): identical under any sharding
+// Masks depend on (seed, step, call index, element index): identical under any
+// sharding (split features take their slice of the whole mask).
+struct Dropout {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "";
   float rate = 0.1f;
   static constexpr void walk(Walker&, const Dropout*) {}
   Tensor forward(const Params&, const Tensor& x, Ctx& ctx) const {
-    if (!ctx.train || rate == 0.f) return x;
-    const uint64_t stream = stream_of("dropout") ^ (ctx.step << 20) ^ ctx.dropout_calls++;
-    return dropout(x, rate, ctx.seed, stream);
+    return parallel_dropout(x, rate, ctx);
   }
 };
 
@@ -240,8 +256,8 @@ struct Conv2d {  // replicated: small image models are data-parallel
             Init::normal, std);
     w.param("bias", Role::replicated, l ? Dims{l->out} : Dims{}, Init::zeros);
   }
-  Tensor forward(const Params& p, const Tensor& x, Ctx&) const {
-    return conv2d(x, p["weight"], p["bias"], stride, pad);
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    return conv2d(whole_features(x, ctx), p["weight"], p["bias"], stride, pad);
   }
 };
 
@@ -251,8 +267,9 @@ struct Pool2d {
   int64_t kernel = 2, stride = 2;
   bool max = true;
   static constexpr void walk(Walker& w, const Pool2d*) { w.need_whole(); }
-  Tensor forward(const Params&, const Tensor& x, Ctx&) const {
-    return max ? max_pool2d(x, kernel, stride) : avg_pool2d(x, kernel, stride);
+  Tensor forward(const Params&, const Tensor& x, Ctx& ctx) const {
+    const Tensor in = whole_features(x, ctx);
+    return max ? max_pool2d(in, kernel, stride) : avg_pool2d(in, kernel, stride);
   }
 };
 
@@ -260,7 +277,9 @@ struct Flatten {  // [N, C, H, W] -> [N, C*H*W]
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "";
   static constexpr void walk(Walker& w, const Flatten*) { w.need_whole(); }
-  Tensor forward(const Params&, const Tensor& x, Ctx&) const { return flatten(x, 1); }
+  Tensor forward(const Params&, const Tensor& x, Ctx& ctx) const {
+    return flatten(whole_features(x, ctx), 1);
+  }
 };
 
 }  // namespace redco::nn

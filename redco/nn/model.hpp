@@ -32,9 +32,15 @@ int64_t count_parameters(const ParamTree& params);
 // shapes; the message names the first offender and what was expected.
 void check_params(const std::vector<ParamEntry>& expected, const ParamTree& params);
 
+// With ctx.mp a model-parallel group, `params` are this rank's shards
+// (train::shard_params / train::init_shard with shard::resolve(model, n)),
+// and an output split by its last dim (vocabulary-split logits) is returned
+// as ctx.split_output says: this rank's part carrying its placement (which
+// cross_entropy reads without gathering; nn::whole gathers it), or whole.
 template <Layer L>
 Tensor apply(const L& model, const ParamTree& params, const Tensor& x, Ctx& ctx) {
-  return model.forward(Params(params).content<L>(), x, ctx);
+  ctx.split_features = false;  // the input is whole
+  return finish_output(model.forward(Params(params).content<L>(), x, ctx), ctx);
 }
 template <Layer L>
 Tensor apply(const L& model, const ParamTree& params, const Tensor& x) {

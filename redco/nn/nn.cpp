@@ -84,35 +84,82 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx&) const {
 }
 
 template <bool Bias, bool Cross>
-Tensor Attention<Bias, Cross>::project(const Params& p, const char* name, const Tensor& x,
-                                       int64_t n_heads) const {
-  const std::string proj(name);
-  Tensor y = linear(x, p[proj + ".weight"], Bias ? p[proj + ".bias"] : Tensor());  // [B, T, h*hd]
-  return transpose(reshape(y, {x.dim(0), x.dim(1), n_heads, head_dim()}), 1, 2);   // [B, h, T, hd]
+bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {
+  const std::string at(p.path().view());
+  const int64_t hd = head_dim(), kv = kv_heads * hd;
+  const Tensor& wq = p["q_proj.weight"];
+  const Tensor& wk = p["k_proj.weight"];
+  const int q = shard_dim(wq, Shape{dim, dim}, {0}, ctx, at + ".q_proj.weight");
+  const int k = shard_dim(wk, Shape{kv, dim}, {0}, ctx, at + ".k_proj.weight");
+  const int v = shard_dim(p["v_proj.weight"], Shape{kv, dim}, {0}, ctx, at + ".v_proj.weight");
+  const int o = shard_dim(p["o_proj.weight"], Shape{dim, dim}, {1}, ctx, at + ".o_proj.weight");
+  REDCO_CHECK(q == k && k == v && (o == 1) == (q == 0),
+              "{}: q/k/v/o_proj are split inconsistently (one split, another whole); cut them "
+              "with train::shard_params(full, shard::resolve(model, n), rank, n)",
+              at);
+  REDCO_CHECK(q < 0 || (wq.dim(0) % hd == 0 && wk.dim(0) % hd == 0),
+              "{}: a shard of {} query and {} key rows splits a {}-wide head; {} heads and {} kv "
+              "heads must divide by the number of model shards",
+              at, wq.dim(0), wk.dim(0), hd, heads, kv_heads);
+  return q == 0;
 }
 
 template <bool Bias, bool Cross>
-Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+Tensor Attention<Bias, Cross>::project(const Params& p, const char* name, const Tensor& x) const {
+  const std::string proj(name);
+  Tensor y = linear(x, p[proj + ".weight"], Bias ? p[proj + ".bias"] : Tensor());  // [B, T, h*hd]
+  const int64_t h = y.dim(2) / head_dim();                                  // this rank's heads
+  return transpose(reshape(y, {x.dim(0), x.dim(1), h, head_dim()}), 1, 2);  // [B, h, T, hd]
+}
+
+template <bool Bias, bool Cross>
+Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx& ctx) const {
+  const Tensor x = whole_features(x_in, ctx);
   REDCO_CHECK(x.rank() == 3 && x.dim(2) == dim, "{}: expected input [batch, seq, {}], got {}",
               p.path().view(), dim, x.shape());
-  const Tensor& kv_in = Cross ? ctx.memory : x;
-  REDCO_CHECK(kv_in.defined(), "{}: cross-attention needs the encoder output (ctx.memory)",
-              p.path().view());
-  Tensor q = project(p, "q_proj", x, heads);
-  Tensor k = project(p, "k_proj", kv_in, kv_heads);
-  Tensor v = project(p, "v_proj", kv_in, kv_heads);
+  REDCO_CHECK(!Cross || ctx.memory.defined(),
+              "{}: cross-attention needs the encoder output (ctx.memory)", p.path().view());
+  // Split heads: the whole input enters the parallel region (its gradient is
+  // summed over the ranks' heads), as does the encoder output.
+  const bool split = split_heads(p, ctx);
+  const Tensor in = split ? to_parallel(x, ctx) : x;
+  const Tensor kv_in = !Cross ? in : split ? to_parallel(ctx.memory, ctx) : ctx.memory;
+  Tensor q = project(p, "q_proj", in);
+  Tensor k = project(p, "k_proj", kv_in);
+  Tensor v = project(p, "v_proj", kv_in);
   if (rotary) {
     q = redco::rotary(q, 0, rope_base);
     k = redco::rotary(k, 0, rope_base);
   }
-  Tensor o = transpose(attention(q, k, v, causal), 1, 2);  // [B, T, heads, hd]
-  return linear(reshape(o, {x.dim(0), x.dim(1), dim}), p["o_proj.weight"],
-                Bias ? p["o_proj.bias"] : Tensor());
+  Tensor o = transpose(attention(q, k, v, causal), 1, 2);  // [B, T, local heads, hd]
+  o = reshape(o, {x.dim(0), x.dim(1), q.dim(1) * head_dim()});
+  const Tensor bias = Bias ? p["o_proj.bias"] : Tensor();
+  if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);
+  return linear(o, p["o_proj.weight"], bias);
 }
 
 template struct Attention<true, false>;
 template struct Attention<false, false>;
 template struct Attention<true, true>;
 template struct Attention<false, true>;
+
+Tensor GatedMLP::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+  const std::string at(p.path().view());
+  const Tensor& gate = p["gate_proj.weight"];
+  const Tensor& up = p["up_proj.weight"];
+  const Tensor& down = p["down_proj.weight"];
+  const int g = shard_dim(gate, Shape{hidden, dim}, {0}, ctx, at + ".gate_proj.weight");
+  const int u = shard_dim(up, Shape{hidden, dim}, {0}, ctx, at + ".up_proj.weight");
+  const int d = shard_dim(down, Shape{dim, hidden}, {1}, ctx, at + ".down_proj.weight");
+  REDCO_CHECK(g == u && (g == 0) == (d == 1),
+              "{}: gate/up/down_proj are split inconsistently (one split, another whole); cut "
+              "them with train::shard_params(full, shard::resolve(model, n), rank, n)",
+              at);
+  // Split: gate and up column-parallel on one entered input, down row-parallel.
+  const bool split = g == 0;
+  const Tensor in = split ? enter_parallel(x, ctx) : whole_features(x, ctx);
+  const Tensor h = silu(linear(in, gate)) * linear(in, up);  // [B, T, hidden (/ n)]
+  return split ? leave_parallel(linear(h, down), Tensor(), ctx) : linear(h, down);
+}
 
 }  // namespace redco::nn

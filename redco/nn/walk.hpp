@@ -221,8 +221,19 @@ struct Ctx {
   Tensor memory{};  // encoder output, for cross-attention
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
-  // train::shard_params), and layers add the collectives of the plan.
+  // train::shard_params), and each layer tells from the shapes of the shards
+  // it receives whether it is split, adding the collectives of the plan.
   dist::Comm* mp = nullptr;
+  // Whether the current activation is split by features (its last dim) across
+  // mp, as Walker::sharded() says at plan time; layers that need whole
+  // features gather first. nn::apply resets it.
+  bool split_features = false;
+  // Whether a model output left split by its last dim (vocabulary-split
+  // logits) is returned split, carrying a placement that cross_entropy reads
+  // without gathering, or gathered whole. By default it stays split in
+  // training, and evaluation and prediction get whole outputs (argmax works).
+  enum class SplitOutput : uint8_t { in_training, always, never };
+  SplitOutput split_output = SplitOutput::in_training;
 };
 
 using ParamTree = std::map<std::string, Tensor>;

@@ -1,6 +1,10 @@
 #include "redco/ops/backend.hpp"
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <map>
+#include <mutex>
 
 #include "redco/ops/cpu/backend_cpu.hpp"
 
@@ -23,5 +27,62 @@ Backend& backend(Device device) {
 }
 
 void register_backend(DeviceKind kind, Backend* b) { registry()[size_t(kind)] = b; }
+
+namespace profile {
+namespace {
+using Clock = std::chrono::steady_clock;
+struct Frame {
+  std::string path;
+  Clock::time_point start;
+  double nested = 0;  // seconds spent in scopes opened inside this one
+};
+struct Totals {
+  std::mutex mu;
+  std::map<std::string, Entry> by_path;
+};
+Totals& totals() {
+  static Totals t;
+  return t;
+}
+thread_local std::vector<Frame> t_stack;  // this thread's open scopes, innermost last
+}  // namespace
+
+void enable(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+
+void reset() {
+  std::lock_guard lock(totals().mu);
+  totals().by_path.clear();
+}
+
+std::vector<Entry> report() {
+  std::vector<Entry> out;
+  {
+    std::lock_guard lock(totals().mu);
+    for (const auto& [path, e] : totals().by_path) out.push_back(e);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+void Scope::begin(const char* name, const char* suffix) {
+  std::string path = t_stack.empty() ? std::string() : t_stack.back().path + " > ";
+  path += name;
+  if (suffix) path += suffix;
+  t_stack.push_back({std::move(path), Clock::now(), 0});
+}
+
+void Scope::end() {
+  Frame f = std::move(t_stack.back());
+  t_stack.pop_back();
+  const double s = std::chrono::duration<double>(Clock::now() - f.start).count();
+  if (!t_stack.empty()) t_stack.back().nested += s;
+  std::lock_guard lock(totals().mu);
+  Entry& e = totals().by_path[f.path];
+  e.path = f.path;
+  e.seconds += s - f.nested;
+  e.calls += 1;
+}
+}  // namespace profile
 
 }  // namespace redco

@@ -4,12 +4,53 @@
 // free functions in `redco::kernels`, which pick the backend of their first
 // argument's device. The CPU backend is always registered; the CUDA backend
 // registers itself when built.
+#include <atomic>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "redco/core/tensor.hpp"
 
 namespace redco {
+
+// Per-op wall-time totals, off by default. Kernel entry points below, backward
+// rules (redco/autodiff) and optimizer steps open a profile::Scope; when
+// profiling is off a scope costs one relaxed atomic load. Time is attributed
+// exclusively to the innermost open scope and keyed by the path of open
+// scopes ("linear.backward > matmul"), so the totals add up to the profiled
+// wall time without double counting.
+namespace profile {
+struct Entry {
+  std::string path;    // open scopes, outermost first, joined by " > "
+  double seconds = 0;  // exclusive: time spent in nested scopes is not counted
+  int64_t calls = 0;
+};
+inline std::atomic<bool> g_enabled{false};
+inline bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
+void enable(bool on);
+void reset();
+std::vector<Entry> report();  // sorted by decreasing seconds
+
+class Scope {
+ public:
+  explicit Scope(const char* name) : active_(enabled()) {
+    if (active_) begin(name, nullptr);
+  }
+  Scope(const char* name, const char* suffix) : active_(enabled()) {
+    if (active_) begin(name, suffix);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+  ~Scope() {
+    if (active_) end();
+  }
+
+ private:
+  static void begin(const char* name, const char* suffix);
+  static void end();
+  bool active_;
+};
+}  // namespace profile
 
 enum class UnaryOp {
   neg,
@@ -110,17 +151,27 @@ namespace kernels {
 #define REDCO_KERNEL(name)                                                \
   template <typename... A>                                                \
   auto name(const Tensor& first, A&&... rest) {                           \
+    profile::Scope scope(#name);                                          \
     return backend(first.device()).name(first, std::forward<A>(rest)...); \
   }
-inline Tensor unary(UnaryOp op, const Tensor& x) { return backend(x.device()).unary(op, x); }
+inline Tensor unary(UnaryOp op, const Tensor& x) {
+  profile::Scope scope("unary");
+  return backend(x.device()).unary(op, x);
+}
 inline Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  profile::Scope scope("binary");
   return backend(a.device()).binary(op, a, b);
 }
 inline Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
+  profile::Scope scope("binary_scalar");
   return backend(a.device()).binary_scalar(op, a, s);
 }
-inline void add_inplace(Tensor& a, const Tensor& b) { backend(a.device()).add_inplace(a, b); }
+inline void add_inplace(Tensor& a, const Tensor& b) {
+  profile::Scope scope("add_inplace");
+  backend(a.device()).add_inplace(a, b);
+}
 inline Tensor reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) {
+  profile::Scope scope("reduce");
   return backend(x.device()).reduce(op, x, axes);
 }
 inline Tensor dropout_mask(const Shape& s, float p, uint64_t seed, uint64_t stream, Device d) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/backend.hpp"
 
 namespace redco::optim {
 namespace {
@@ -201,6 +202,7 @@ Optimizer::Slot& Optimizer::slot_for(const std::string& name, const Tensor& para
 }
 
 void Optimizer::step(ParamTree& params, const ParamTree& grads) {
+  profile::Scope scope("optimizer.step");
   check_trees(params, grads);
   // Everything that can fail runs before the first parameter is touched.
   const double norm = global_norm(grads);

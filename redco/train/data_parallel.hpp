@@ -13,7 +13,6 @@
 
 namespace redco::train {
 
-
 // ---- data parallel ----------------------------------------------------------------------
 
 class DataParallel {

@@ -11,11 +11,15 @@
 //       .n_examples = train.size(), .global_batch_size = 32, .n_epochs = 2,
 //       .warmup_fraction = 0.1}));
 //
-// The mesh is one device today: n_model_shards must be 1 (a larger value
-// fails with a message until the distributed runtime lands), and the data-
-// parallel size is the device count divided by n_model_shards. Everything
-// below is already written in terms of dp_size(), so batches, steps and
-// schedules will not change meaning when it grows.
+// The mesh. The ranks of a run come from, in order: DeployerConfig::world (a
+// communicator the caller built, e.g. ThreadsWorld::comm(r) to run ranks as
+// threads of one process); the launch environment (redco-run, Slurm, Open
+// MPI: a TCP rendezvous at rank 0, then UCX between the processes); else this
+// process alone. They form a dist::Mesh of dp_size() = ranks / n_model_shards
+// data-parallel replicas of n_model_shards model shards each, so the same
+// program runs on one device, N threads, N processes or N hosts, changed only
+// by flags and environment. Collective methods (marked so below) must be
+// called by every rank, in the same order.
 #include <cstdint>
 #include <filesystem>
 #include <iosfwd>
@@ -29,9 +33,20 @@
 #include "redco/io/checkpoint.hpp"
 #include "redco/io/events.hpp"
 #include "redco/optim/schedule.hpp"
+#include "redco/shard/name_rules.hpp"
 #include "redco/train/rng.hpp"
 
+namespace redco::dist {
+class Comm;
+class Mesh;
+class ThreadsWorld;
+}  // namespace redco::dist
+
 namespace redco::train {
+
+// Which dimension of each parameter is split across the model shards (from
+// shard::resolve): how checkpoints gather and slice tensors.
+using ShardPlan = std::vector<shard::ParamSplit>;
 
 struct DeployerConfig {
   int n_model_shards = 1;
@@ -39,6 +54,9 @@ struct DeployerConfig {
   std::filesystem::path workdir = {};  // empty: no checkpoints or metric files
   bool quiet = false;                  // no console output (progress bars, evaluation lines)
   std::ostream* console = nullptr;     // where console output goes; nullptr: std::cout
+  // The ranks of this run; nullptr: from the launch environment, else this process alone.
+  // Not owned: it must outlive the Deployer.
+  dist::Comm* world = nullptr;
 };
 
 // A learning-rate schedule in the units a user thinks in (examples, epochs);
@@ -66,14 +84,21 @@ class Deployer {
   uint64_t seed() const { return config_.seed; }
   const std::filesystem::path& workdir() const { return config_.workdir; }
   bool quiet() const { return config_.quiet; }
+  // The console on the main rank; elsewhere a stream that discards, so a
+  // program prints its results once whatever the number of ranks.
   std::ostream& console() const;
 
   // ---- the mesh ------------------------------------------------------------------------------
-  int n_devices() const { return 1; }
+  int n_devices() const;  // ranks in the run (world size)
   int n_model_shards() const { return config_.n_model_shards; }
-  int dp_size() const { return n_devices() / config_.n_model_shards; }  // data-parallel replicas
-  int dp_rank() const { return 0; }
-  bool is_main() const { return dp_rank() == 0; }  // the process that writes files and logs
+  int dp_size() const;  // data-parallel replicas: n_devices() / n_model_shards()
+  int dp_rank() const;  // this rank's replica
+  int mp_rank() const;  // this rank's model shard
+  int rank() const;     // in the world
+  bool is_main() const { return rank() == 0; }  // the rank that writes logs and prints
+  dist::Mesh& mesh() const { return *mesh_; }
+  // Collective: returns once every rank has called it.
+  void barrier() const;
 
   // ---- randomness ----------------------------------------------------------------------------
   // The stream for one step of one purpose: train steps, evaluation and
@@ -102,21 +127,32 @@ class Deployer {
   // Periodic checkpoints are workdir/ckpt/step-NNNNNN, the best by a metric
   // workdir/ckpt/best-<metric>; each holds params.safetensors,
   // opt_state.safetensors and state.json, and is replaced atomically (see
-  // io/checkpoint.hpp). Only the main process writes.
+  // io/checkpoint.hpp). Tensors are saved whole under their names whatever
+  // the mesh, so a checkpoint loads into any mesh.
   std::filesystem::path step_dir(int64_t step) const;
   std::filesystem::path best_dir(std::string_view metric) const;
+  // Collective. `params` and `opt_state` are this rank's shards under `plan`
+  // (empty: whole tensors); each tensor is gathered on its own and written
+  // by one rank into the shared files (see train/sharded_checkpoint.hpp).
   void save_checkpoint(const std::filesystem::path& dir, const ParamTree& params,
-                       const ParamTree& opt_state, const std::string& state_json) const;
-  CheckpointData load_checkpoint(const std::filesystem::path& dir) const;
+                       const ParamTree& opt_state, const std::string& state_json,
+                       const ShardPlan& plan = {}) const;
+  // Collective. This rank's shards under `plan` (empty: whole tensors).
+  CheckpointData load_checkpoint(const std::filesystem::path& dir,
+                                 const ShardPlan& plan = {}) const;
   // The complete step checkpoints, oldest first (none without a workdir).
   std::vector<io::CheckpointEntry> list_checkpoints() const;
+  // Collective: the newest, as rank 0 sees it.
   std::optional<io::CheckpointEntry> latest_checkpoint() const;
-  // Deletes all but the newest k step checkpoints (k <= 0 keeps all).
+  // Collective: deletes all but the newest k step checkpoints (k <= 0 keeps all).
   void keep_last(int64_t k) const;
 
  private:
   DeployerConfig config_;
   std::unique_ptr<io::MetricsLog> log_;
+  std::unique_ptr<dist::ThreadsWorld> alone_;  // the world of a single-process run
+  std::unique_ptr<dist::Comm> connected_;      // the world from the launch environment
+  std::unique_ptr<dist::Mesh> mesh_;
 };
 
 }  // namespace redco::train

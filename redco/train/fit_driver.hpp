@@ -60,6 +60,9 @@ struct FitConfig {
   int64_t log_every = 10;
   int64_t max_steps = 0;
   Throughput throughput = {};
+  // How the parameters the Trainer passes in are split over the model shards
+  // (checkpoints gather and slice by it); nullptr: they are whole.
+  const ShardPlan* plan = nullptr;
 };
 
 // Where a run is: optimizer steps done, and the epoch and step within it that
@@ -118,6 +121,7 @@ class FitDriver {
   void validate();
   void restore_state(const std::string& state_json, const std::string& where);
   bool can_save() const;
+  const ShardPlan& plan() const;
   void say(const std::string& line);  // above the progress bar, unless quiet
 
   Deployer& deployer_;

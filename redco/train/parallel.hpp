@@ -3,9 +3,11 @@
 //
 // Tensor parallel: every rank of a model-parallel group holds only its shard
 // of each parameter (shard_params / init_shard, following the plan from
-// shard::resolve), under the parameter's own name, and runs the forward pass
-// on its shards with the collectives of redco/nn/parallel_ops.hpp between
-// blocks (tp_gpt_forward). Data parallel: each replica takes its rows of the
+// shard::resolve), under the parameter's own name, and runs the ordinary
+// nn::apply(model, shard, x, ctx) with ctx.mp set to its model-parallel group:
+// the layers add the collectives (redco/nn/tensor_parallel.hpp). Logits come
+// out split by vocabulary, which cross_entropy reads without gathering.
+// Data parallel: each replica takes its rows of the
 // global batch (DataParallel::local_batch) and gradients are averaged across
 // the replicas in buckets (DataParallel::average).
 #include <cstddef>
@@ -14,7 +16,7 @@
 #include <vector>
 
 #include "redco/dist/comm.hpp"
-#include "redco/models/gpt2.hpp"
+#include "redco/nn/tensor_parallel.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/data_parallel.hpp"
 
@@ -45,24 +47,14 @@ ParamTree init_shard(const std::vector<nn::ParamEntry>& entries,
 // dimension; a replicated tensor is returned as is). Collective over `mp`.
 Tensor unshard(const Tensor& local, const shard::ParamSplit& split, dist::Comm& mp);
 
-// ---- tensor-parallel GPT-2 -----------------------------------------------------------------
+// ---- vocabulary-parallel pieces (nn::vocab_parallel_*) ------------------------------------
 
-// The forward pass of models::gpt2(config) on this rank's shards (from
-// shard_params / init_shard with shard::resolve(model, mp.size())): the
-// vocabulary-split embedding, heads split across ranks in attention, fc1
-// column- and fc2 row-parallel. Returns this rank's vocabulary slice of the
-// logits, [B, T, vocab / mp] (rows [rank * vocab / mp, ...) of the vocabulary):
-// full logits are never formed. Needs heads, 4 * dim and vocab divisible by mp.
-Tensor tp_gpt_forward(const models::Gpt2Config& config, const ParamTree& shard, const Tensor& ids,
-                      dist::Comm& mp, nn::Ctx& ctx);
-
-// The token embedding with the table split by vocabulary rows: each rank looks
-// up the ids it holds (zeros elsewhere) and the partial results are summed.
+// The token embedding with the table split by vocabulary rows.
 Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, dist::Comm& mp);
 
-// cross_entropy(full logits, labels) from vocabulary-split logits [..., V/mp]:
-// the row max and the sum of exponentials are all-reduced, so the full logits
-// are never gathered. Labels i64 [...]; rows labelled ignore_index are skipped.
+// cross_entropy(full logits, labels) from vocabulary-split logits [..., V/mp]
+// without gathering them. cross_entropy(logits, labels) does this by itself
+// for the split logits nn::apply returns.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& labels,
                                     dist::Comm& mp, int64_t ignore_index = -100);
 

@@ -4,6 +4,7 @@
 // the step never waits for data (unless collation is slower than compute).
 #include <tbb/task_group.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <ranges>
@@ -70,5 +71,45 @@ auto gather(const R& examples, std::span<const int64_t> order) {
   for (int64_t i : order) out.push_back(first[i]);
   return out;
 }
+
+// The examples [begin, begin + n) of a random-access range, copied likewise.
+template <typename R>
+auto gather_range(const R& examples, int64_t begin, int64_t n) {
+  std::vector<std::ranges::range_value_t<const R>> out;
+  out.reserve(size_t(n));
+  const auto first = std::ranges::begin(examples) + begin;
+  for (int64_t i = 0; i < n; ++i) out.push_back(first[i]);
+  return out;
+}
+
+// An evaluation or prediction pass over n examples as one data-parallel
+// replica sees it: batch b covers examples [b * B, (b + 1) * B) (B =
+// per_device × dp; the last batch may be partial) and replica r takes
+// [b * B + r * per_device, ...) of it, clipped to n. The batches a replica
+// has examples in are a prefix of them; it skips the rest (nothing passes
+// between replicas per batch, and a model-parallel group shares one replica's
+// slices, so its ranks skip together).
+class Slices {
+ public:
+  Slices(int64_t n, int64_t per_device, int64_t dp, int64_t rank)
+      : n_(n), per_device_(per_device), dp_(dp), rank_(rank) {}
+  int64_t count() const { return count(rank_); }
+  int64_t count(int64_t rank) const {
+    const int64_t skip = rank * per_device_, batch = per_device_ * dp_;
+    return n_ <= skip ? 0 : (n_ - skip + batch - 1) / batch;
+  }
+  int64_t begin(int64_t b) const { return begin(b, rank_); }
+  int64_t begin(int64_t b, int64_t rank) const { return (b * dp_ + rank) * per_device_; }
+  int64_t size(int64_t b) const { return size(b, rank_); }
+  int64_t size(int64_t b, int64_t rank) const {
+    return std::clamp<int64_t>(n_ - begin(b, rank), 0, per_device_);
+  }
+  // Keys batch b's randomness: b itself with one replica.
+  int64_t id(int64_t b) const { return b * dp_ + rank_; }
+  int64_t replicas() const { return dp_; }
+
+ private:
+  int64_t n_, per_device_, dp_, rank_;
+};
 
 }  // namespace redco::train::detail

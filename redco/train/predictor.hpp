@@ -12,6 +12,15 @@
 // remainder (it is smaller, not padded or dropped). The model runs in
 // evaluation mode (no dropout, no autograd history); batch b sees
 // Rng{seed, b, Purpose::predict}, so sampling is reproducible.
+//
+// On a mesh, predict() is collective: the data-parallel replicas split every
+// batch (replica r's slice of batch b sees Rng{seed, b * dp_size + r}), the
+// ranks of a model-parallel group share theirs, and every rank gets all the
+// outputs back in input order. Outputs cross processes serialised with
+// cereal, so with more than one replica the value type must be serialisable
+// (standard containers, strings and arithmetic types are; a user type needs
+// a serialize() member, see cereal's documentation). Parameters may be this
+// rank's shards (Trainer::params()) or whole tensors, which are sliced.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -20,8 +29,12 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/dist/mesh.hpp"
+#include "redco/shard/plan.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco/train/gather_outputs.hpp"
+#include "redco/train/parallel.hpp"
 #include "redco/train/pipeline.hpp"
 
 namespace redco::train {
@@ -93,34 +106,56 @@ class Predictor {
     REDCO_CHECK(per_device_batch_size > 0,
                 "Predictor::predict: per_device_batch_size must be > 0, got {}",
                 per_device_batch_size);
-    nn::check_params(nn::param_entries(model_), params);
+    const ParamTree& local = local_params(params, local_);
     const int64_t n = int64_t(std::ranges::size(examples));
-    const int64_t batch = per_device_batch_size * deployer_->dp_size();
-    std::vector<int64_t> order(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), int64_t(0));
+    const detail::Slices slices(n, per_device_batch_size, deployer_->dp_size(),
+                                deployer_->dp_rank());
+    dist::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
     std::vector<Value> out;
     out.reserve(size_t(n));
     NoGradGuard no_grad;
     auto make = [&](int64_t b) {
-      const int64_t begin = b * batch, size = std::min(batch, n - begin);
-      const auto ex =
-          detail::gather(examples, std::span(order).subspan(size_t(begin), size_t(size)));
-      return collate_(std::span<const Ex>(ex));
+      return collate_(
+          std::span<const Ex>(detail::gather_range(examples, slices.begin(b), slices.size(b))));
     };
     auto use = [&](int64_t b, const Batch& x) {
-      const int64_t expected = std::min(batch, n - b * batch);
-      BoundModel<L> bound(model_, params,
-                          nn::Ctx{.train = false, .seed = deployer_->seed(), .step = uint64_t(b)});
-      auto preds = predict_(bound, x, deployer_->rng(Purpose::predict, uint64_t(b)));
-      REDCO_CHECK(int64_t(std::ranges::size(preds)) == expected,
+      const auto id = uint64_t(slices.id(b));
+      BoundModel<L> bound(model_, local,
+                          nn::Ctx{.train = false, .seed = deployer_->seed(), .step = id, .mp = mp});
+      auto preds = predict_(bound, x, deployer_->rng(Purpose::predict, id));
+      REDCO_CHECK(int64_t(std::ranges::size(preds)) == slices.size(b),
                   "predict returned {} outputs for a batch of {} examples; it must return one per "
                   "example",
-                  std::ranges::size(preds), expected);
+                  std::ranges::size(preds), slices.size(b));
       for (auto&& p : preds) out.push_back(output_(std::move(p)));
       return true;
     };
-    detail::pipelined<Batch>((n + batch - 1) / batch, make, use);
-    return out;
+    detail::pipelined<Batch>(slices.count(), make, use);
+    if (deployer_->dp_size() == 1) return out;
+    return detail::gather_outputs(std::move(out), slices, deployer_->mesh().dp_comm());
+  }
+
+  // `params` as this rank's shards: used as they are when they already are
+  // (the Trainer's params()), sliced into `scratch` when whole (a loaded
+  // checkpoint, an imported model).
+  const ParamTree& local_params(const ParamTree& params, ParamTree& scratch) const {
+    const int mp = deployer_->n_model_shards();
+    if (mp == 1) {
+      nn::check_params(nn::param_entries(model_), params);
+      return params;
+    }
+    const ShardPlan plan = shard::resolve(model_, mp);
+    bool whole = true, sharded = true;
+    for (const shard::ParamSplit& s : plan) {
+      const auto it = params.find(s.name);
+      REDCO_CHECK(it != params.end(), "Predictor: parameter '{}' is missing", s.name);
+      whole = whole && it->second.shape() == s.shape;
+      sharded = sharded && it->second.shape() == shard::shard_shape(s, mp);
+    }
+    if (sharded) return params;
+    nn::check_params(nn::param_entries(model_), params);  // names the first misfit
+    scratch = shard_params(params, plan, deployer_->mp_rank(), mp);
+    return scratch;
   }
 
   const Deployer* deployer_;
@@ -131,6 +166,7 @@ class Predictor {
   mutable Predict predict_;
   mutable Output output_;
   std::optional<ParamTree> params_;
+  mutable ParamTree local_;  // this rank's slices of whole parameters given to predict()
 };
 
 }  // namespace redco::train

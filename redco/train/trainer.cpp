@@ -1,4 +1,4 @@
-// Deployer and the type-independent half of Trainer::fit (FitDriver).
+// The type-independent half of Trainer::fit (FitDriver).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,118 +14,13 @@
 
 namespace redco::train {
 
-// ---- Deployer ------------------------------------------------------------------------------
-
-Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
-  REDCO_CHECK(config_.n_model_shards >= 1, "Deployer: n_model_shards must be >= 1, got {}",
-              config_.n_model_shards);
-  REDCO_CHECK(n_devices() % config_.n_model_shards == 0,
-              "Deployer: n_model_shards = {} needs a multiple of {} devices; this process has {} "
-              "(multi-device runs come with the distributed runtime)",
-              config_.n_model_shards, config_.n_model_shards, n_devices());
-}
-
-Deployer::~Deployer() = default;
-
-std::ostream& Deployer::console() const { return config_.console ? *config_.console : std::cout; }
-
-std::vector<int64_t> Deployer::epoch_order(int64_t epoch, int64_t n, bool shuffle) const {
-  std::vector<int64_t> order(size_t(std::max<int64_t>(n, 0)));
-  std::iota(order.begin(), order.end(), int64_t(0));
-  if (!shuffle) return order;
-  // Fisher-Yates with j drawn from index i of the epoch's stream, scaled to
-  // [0, i] by a 64x64 -> 128-bit multiply (bias below 2^-40 for any n we see).
-  const Rng rng = this->rng(Purpose::shuffle, uint64_t(epoch));
-  for (int64_t i = n - 1; i > 0; --i) {
-    const uint64_t r = (uint64_t(rng.bits(2 * uint64_t(i))) << 32) | rng.bits(2 * uint64_t(i) + 1);
-    const auto j = int64_t((unsigned __int128)r * uint64_t(i + 1) >> 64);
-    std::swap(order[size_t(i)], order[size_t(j)]);
-  }
-  return order;
-}
-
-int64_t Deployer::steps_per_epoch(int64_t n_examples, int64_t global_batch_size) {
-  REDCO_CHECK(global_batch_size > 0, "global_batch_size must be > 0, got {}", global_batch_size);
-  return n_examples / global_batch_size;
-}
-
-int64_t Deployer::total_steps(const ScheduleSpec& spec) {
-  return steps_per_epoch(spec.n_examples, spec.global_batch_size) * spec.n_epochs;
-}
-
-namespace {
-// Splits spec into (warmup steps, decay steps), at least one decay step.
-std::pair<int64_t, int64_t> schedule_steps(const ScheduleSpec& spec) {
-  REDCO_CHECK(spec.warmup_fraction >= 0 && spec.warmup_fraction <= 1,
-              "schedule: warmup_fraction must be in [0, 1], got {}", spec.warmup_fraction);
-  const int64_t total = Deployer::total_steps(spec);
-  const auto warm = int64_t(std::llround(double(total) * spec.warmup_fraction));
-  return {warm, std::max<int64_t>(total - warm, 1)};
-}
-}  // namespace
-
-optim::Schedule Deployer::linear_schedule(const ScheduleSpec& spec) const {
-  const auto [warm, decay] = schedule_steps(spec);
-  const float peak = spec.learning_rate;
-  optim::Schedule after = optim::linear(peak, peak * spec.end_fraction, decay);
-  return warm > 0 ? optim::warmup(warm, after) : after;
-}
-
-optim::Schedule Deployer::cosine_schedule(const ScheduleSpec& spec) const {
-  const auto [warm, decay] = schedule_steps(spec);
-  optim::Schedule after = optim::cosine(spec.learning_rate, decay, spec.end_fraction);
-  return warm > 0 ? optim::warmup(warm, after) : after;
-}
-
-void Deployer::log(int64_t step, std::string_view split, const io::Metrics& metrics) {
-  if (config_.workdir.empty() || !is_main()) return;
-  if (!log_) log_ = std::make_unique<io::MetricsLog>(config_.workdir);
-  log_->log(step, split, metrics);
-}
-
-std::filesystem::path Deployer::step_dir(int64_t step) const {
-  return io::checkpoint_dir(config_.workdir, step);
-}
-
-std::filesystem::path Deployer::best_dir(std::string_view metric) const {
-  // Metric names are the user's: keep them readable but a single path component.
-  std::string name(metric);
-  for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') c = '_';
-  return config_.workdir / "ckpt" / ("best-" + name);
-}
-
-void Deployer::save_checkpoint(const std::filesystem::path& dir, const ParamTree& params,
-                               const ParamTree& opt_state, const std::string& state_json) const {
-  if (is_main()) io::save_checkpoint(dir, params, opt_state, state_json);
-}
-
-CheckpointData Deployer::load_checkpoint(const std::filesystem::path& dir) const {
-  return io::load_checkpoint(dir);
-}
-
-std::vector<io::CheckpointEntry> Deployer::list_checkpoints() const {
-  if (config_.workdir.empty()) return {};
-  return io::list_checkpoints(config_.workdir);
-}
-
-std::optional<io::CheckpointEntry> Deployer::latest_checkpoint() const {
-  if (config_.workdir.empty()) return std::nullopt;
-  return io::latest_checkpoint(config_.workdir);
-}
-
-void Deployer::keep_last(int64_t k) const {
-  if (k > 0 && !config_.workdir.empty() && is_main())
-    io::prune_checkpoints(config_.workdir, size_t(k));
-}
-
 // ---- FitDriver ------------------------------------------------------------------------------
 
 FitDriver::FitDriver(Deployer& deployer, FitConfig config)
     : deployer_(deployer), config_(std::move(config)), best_(config_.save_best_by.size()) {
   validate();
   timer_ = std::make_unique<io::StepTimer>();
-  if (!deployer_.quiet()) {
+  if (!deployer_.quiet() && deployer_.is_main()) {
     const int64_t total =
         config_.max_steps > 0 ? std::min(config_.max_steps, total_steps()) : total_steps();
     bar_ = std::make_unique<io::ProgressBar>(total, "train",
@@ -138,7 +33,15 @@ FitDriver::~FitDriver() = default;
 void FitDriver::validate() {
   FitConfig& c = config_;
   const int64_t dp = deployer_.dp_size();
-  REDCO_CHECK(c.per_device_batch_size > 0, "fit: per_device_batch_size must be > 0, got {}",
+  if (c.per_device_batch_size == 0 && c.global_batch_size > 0) {
+    REDCO_CHECK(c.global_batch_size % dp == 0,
+                "fit: global_batch_size {} does not split across {} data-parallel replicas; use a "
+                "multiple of {} or set per_device_batch_size",
+                c.global_batch_size, dp, dp);
+    c.per_device_batch_size = c.global_batch_size / dp;
+  }
+  REDCO_CHECK(c.per_device_batch_size > 0,
+              "fit: per_device_batch_size must be > 0, got {} (give it, or global_batch_size)",
               c.per_device_batch_size);
   if (c.global_batch_size == 0) c.global_batch_size = c.per_device_batch_size * dp;
   REDCO_CHECK(
@@ -163,6 +66,11 @@ void FitDriver::validate() {
 }
 
 bool FitDriver::can_save() const { return !deployer_.workdir().empty(); }
+
+const ShardPlan& FitDriver::plan() const {
+  static const ShardPlan whole;
+  return config_.plan ? *config_.plan : whole;
+}
 
 bool FitDriver::done() const {
   return pos_.epoch >= config_.n_epochs ||
@@ -234,7 +142,7 @@ void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params,
   // The state is written after every improvement is recorded, so each best
   // checkpoint's state.json lists the bests as of its own step.
   for (const std::string& name : improved) {
-    deployer_.save_checkpoint(deployer_.best_dir(name), params, {}, state_json(opt));
+    deployer_.save_checkpoint(deployer_.best_dir(name), params, {}, state_json(opt), plan());
     say(fmt::format("best {} so far: saved {}", name, deployer_.best_dir(name).string()));
   }
 }
@@ -249,7 +157,10 @@ bool FitDriver::save_due() const {
 
 void FitDriver::save(const ParamTree& params, const optim::Optimizer& opt) {
   if (!can_save() || last_saved_ == pos_.step) return;
-  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, opt.state(), state_json(opt));
+  // Buffers of parameters named "~..." are the Trainer's bookkeeping, not the model's.
+  ParamTree state = opt.state();
+  std::erase_if(state, [](const auto& kv) { return kv.first.find(".~") != std::string::npos; });
+  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, state, state_json(opt), plan());
   last_saved_ = pos_.step;
   deployer_.keep_last(config_.keep_last);
 }
@@ -284,7 +195,7 @@ std::string FitDriver::state_json(const optim::Optimizer& opt) const {
   c["steps_per_epoch"] = steps_per_epoch_;
   c["n_epochs"] = config_.n_epochs;
   c["shuffle"] = config_.shuffle;
-  c["dp_size"] = deployer_.dp_size();
+  c["dp_size"] = deployer_.dp_size();  // the mesh it was written with; any mesh can load it
   c["n_model_shards"] = deployer_.n_model_shards();
   c["data_order"] = "philox fisher-yates of (seed, epoch)";
   return s.dump(true);
@@ -297,7 +208,7 @@ std::optional<CheckpointData> FitDriver::resume() {
                     (deployer_.workdir() / "ckpt").string()));
     return std::nullopt;
   }
-  CheckpointData ck = deployer_.load_checkpoint(latest->dir);
+  CheckpointData ck = deployer_.load_checkpoint(latest->dir, plan());
   restore_state(ck.state_json, latest->dir.string());
   last_saved_ = pos_.step;
   say(fmt::format("resume: {} at step {} (epoch {}, step {} of {})", latest->dir.string(),

@@ -12,6 +12,17 @@
 // Batches. A step consumes global_batch_size examples: dp_size() devices ×
 // accumulation micro-batches of per_device_batch_size each, so
 // global_batch_size must be a multiple of per_device_batch_size × dp_size().
+// Give only global_batch_size and the per-device size follows from the mesh,
+// so the same options run on any number of devices.
+//
+// The mesh (see Deployer). Every data-parallel replica collates only its
+// slice of each global batch; its gradients are averaged across the replicas
+// in buckets (DataParallel), each bucket's all-reduce started by backward;
+// reported losses are global means. Every rank of a model-parallel group holds
+// only its shards of the parameters (shard::resolve(model, n_model_shards)),
+// and so does the optimizer's state; the model runs with ctx.mp set, and
+// global-norm clipping counts split parameters across the group once.
+// params() are this rank's shards; whole_params() gathers them.
 // Gradients of the micro-batches are averaged (loss should be a mean over its
 // batch) and the schedule advances once per step. An epoch is
 // floor(n / global_batch_size) steps: training drops the last partial batch
@@ -31,6 +42,7 @@
 // one is computed, so collate must be safe to call concurrently with loss
 // (it usually only reads the examples).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,12 +54,18 @@
 #include <utility>
 #include <vector>
 
+#include "redco/dist/mesh.hpp"
 #include "redco/optim/optimizer.hpp"
+#include "redco/sched/task.hpp"
+#include "redco/shard/plan.hpp"
 #include "redco/train/concepts.hpp"
+#include "redco/train/data_parallel.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/fit_driver.hpp"
+#include "redco/train/parallel.hpp"
 #include "redco/train/pipeline.hpp"
 #include "redco/train/predictor.hpp"
+#include "redco/train/sharded_checkpoint.hpp"
 
 namespace redco::train {
 
@@ -91,14 +109,14 @@ class Evaluation {
 struct StepInfo {
   int64_t step = 0;  // optimizer steps done, this one included
   int64_t epoch = 0;
-  double loss = 0;  // mean over the step's micro-batches
+  double loss = 0;  // mean over the step's micro-batches and the data-parallel replicas
   double lr = 0;    // the rate this step used
 };
 
 template <typename Example>
 struct FitOptions {
-  int64_t per_device_batch_size = 8;
-  int64_t global_batch_size = 0;  // 0: per_device_batch_size × dp_size() (no accumulation)
+  int64_t per_device_batch_size = 0;  // 0: global_batch_size / dp_size()
+  int64_t global_batch_size = 0;      // 0: per_device_batch_size × dp_size() (no accumulation)
   int64_t n_epochs = 1;
   bool shuffle = true;
   // Evaluation: loss over these (split "eval", metric "loss") plus `evaluate`'s metrics,
@@ -143,7 +161,8 @@ using fit_options_t = FitOptions<typename detail::example_of<R>::type>;
 template <nn::Layer L, typename Collate, typename Loss>
 class Trainer {
  public:
-  // Parameters start from nn::init_params(model, deployer.seed()) unless given.
+  // Parameters start from nn::init_params(model, deployer.seed()) unless
+  // given (whole tensors); each rank keeps only its shards of them.
   Trainer(Deployer& deployer, L model, Collate collate, Loss loss, optim::Optimizer optimizer,
           std::optional<ParamTree> params = std::nullopt)
       : deployer_(&deployer),
@@ -151,8 +170,10 @@ class Trainer {
         collate_(std::move(collate)),
         loss_(std::move(loss)),
         opt_(std::move(optimizer)),
-        params_(params ? std::move(*params) : nn::init_params(model_, deployer.seed())) {
-    nn::check_params(nn::param_entries(model_), params_);
+        plan_(shard::resolve(model_, deployer.n_model_shards())),
+        order_(param_order(plan_)),
+        params_(initial_params(std::move(params))) {
+    if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
   }
 
   template <typename Ex>
@@ -168,7 +189,7 @@ class Trainer {
 
   // Trains on `train` (a random-access range of examples). Each call starts
   // at step 0 of epoch 0 with the current parameters and optimizer state,
-  // unless .resume finds a checkpoint in the workdir.
+  // unless .resume finds a checkpoint in the workdir. Collective.
   template <typename R>
   void fit(const R& train, const fit_options_t<R>& options) {
     static_assert(ExampleRange<R>, REDCO_EXAMPLES_MESSAGE);
@@ -179,7 +200,7 @@ class Trainer {
 
   // The mean loss over `examples` in evaluation mode (batches of
   // per_device_batch_size × dp_size(), the last one partial; each batch's
-  // loss weighted by its size).
+  // loss weighted by its size). Collective.
   template <typename R>
   double eval_loss(const R& examples, int64_t per_device_batch_size) {
     static_assert(ExampleRange<R>, REDCO_EXAMPLES_MESSAGE);
@@ -190,13 +211,38 @@ class Trainer {
     return 0;
   }
 
+  // This rank's shards of the parameters (whole ones with one model shard).
   const ParamTree& params() const { return params_; }
   ParamTree& params() { return params_; }
+  // Every parameter whole, on every rank. Collective over the model shards.
+  ParamTree whole_params() const {
+    ParamTree out;
+    for (const shard::ParamSplit& s : plan_)
+      out.emplace(s.name, gather_whole(params_.at(s.name), s, deployer_->mesh().mp_comm()));
+    return out;
+  }
+  const ShardPlan& plan() const { return plan_; }
   optim::Optimizer& optimizer() { return opt_; }
   const L& model() const { return model_; }
   Deployer& deployer() const { return *deployer_; }
 
  private:
+  ParamTree initial_params(std::optional<ParamTree> given) const {
+    const int mp = deployer_->n_model_shards(), rank = deployer_->mp_rank();
+    if (given) {
+      nn::check_params(nn::param_entries(model_), *given);
+      return mp == 1 ? std::move(*given) : shard_params(*given, plan_, rank, mp);
+    }
+    if (mp == 1) return nn::init_params(model_, deployer_->seed());
+    return init_shard(nn::param_entries(model_), plan_, deployer_->seed(), rank, mp);
+  }
+
+  // The forward context: the model-parallel group when there is one.
+  nn::Ctx ctx(bool train, uint64_t step) const {
+    dist::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
+    return nn::Ctx{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
+  }
+
   template <typename R>
   void fit_checked(const R& train, const fit_options_t<R>& o) {
     using Ex = example_t<R>;
@@ -210,7 +256,7 @@ class Trainer {
       const std::vector<int64_t> order = deployer_->epoch_order(at.epoch, n, o.shuffle);
       const int64_t micro = run.micro_batch(), first = at.step_in_epoch * run.accumulation();
       const int64_t n_micro = run.steps_per_epoch() * run.accumulation() - first;
-      // Micro-batch i of this epoch, this device's share of it: devices take
+      // Micro-batch i of this epoch, this replica's share of it: replicas take
       // consecutive slices, so the step covers the same examples at any dp_size.
       const int64_t dp = deployer_->dp_size(), rank = deployer_->dp_rank();
       auto make = [&](int64_t i) {
@@ -225,7 +271,7 @@ class Trainer {
         const float lr = opt_.lr();
         loss_sum += micro_step(batch, run.position().step, m, run.accumulation(), acc);
         if (m + 1 < run.accumulation()) return true;
-        const double loss = loss_sum / double(run.accumulation());
+        const double loss = dp_mean(loss_sum / double(run.accumulation()));
         loss_sum = 0;
         return after_step(run, o, loss, lr);
       };
@@ -234,44 +280,82 @@ class Trainer {
     run.finish(params_, opt_);
   }
 
-  // One micro-batch: loss and gradients, accumulated; the optimizer steps on
-  // the last micro-batch of a step. Returns the micro-batch's loss.
+  // One micro-batch: loss and gradients (averaged over the replicas),
+  // accumulated; the optimizer steps on the last micro-batch of a step.
+  // Returns this replica's loss.
   template <typename Batch>
   double micro_step(const Batch& batch, int64_t step, int64_t m, int64_t accumulation,
                     optim::GradAccumulator& acc) {
-    // Dropout and the loss's Rng differ per micro-batch and per device.
-    const int64_t micro_id =
-        (step * accumulation + m) * deployer_->dp_size() + deployer_->dp_rank();
-    const nn::Ctx ctx{.train = true, .seed = deployer_->seed(), .step = uint64_t(micro_id)};
-    const Rng rng = deployer_->rng(Purpose::train, uint64_t(step))
-                        .split(uint64_t(m * deployer_->dp_size() + deployer_->dp_rank()));
+    // Dropout and the loss's Rng differ per micro-batch and per replica.
+    const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
+    const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
+    const Rng rng = deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j));
     auto [loss, grads] = value_and_grad(
         [&](const ParamTree& p) {
-          BoundModel<L> bound(model_, p, ctx);
+          // Watched parameters hand each gradient to its bucket as backward
+          // finalises it, so the all-reduces overlap the rest of backward.
+          const ParamTree watched = dp_ ? dp_->watch(p, order_) : ParamTree{};
+          BoundModel<L> bound(model_, dp_ ? watched : p, c);
           return Tensor(loss_(bound, batch, rng));
         },
         params_);
+    if (dp_) dp_->finish(grads);
     if (accumulation == 1) {
-      opt_.step(params_, grads);  // no averaging buffers to fill
-    } else {
-      acc.step(opt_, params_, grads);
+      apply(grads);  // no averaging buffers to fill
+    } else if (acc.add(grads)) {
+      apply(acc.mean());
     }
     return double(loss.item());
+  }
+
+  // The optimizer step. With model shards, the optimizer is handed the global
+  // gradient norm (split parameters' squares summed over the group,
+  // replicated ones counted once) through a scalar pad gradient, so its
+  // clipping and last_grad_norm() see the whole model.
+  void apply(const ParamTree& grads) {
+    if (deployer_->n_model_shards() == 1) return opt_.step(params_, grads);
+    double split_sq = 0, whole_sq = 0;
+    for (const shard::ParamSplit& s : plan_) {
+      const Tensor g = grads.at(s.name).to(DType::f32);
+      double sq = 0;
+      for (const float v : std::span(g.data<float>(), size_t(g.numel()))) sq += double(v) * v;
+      (s.split_dim >= 0 ? split_sq : whole_sq) += sq;
+    }
+    if (!std::isfinite(split_sq + whole_sq)) optim::global_norm(grads);  // throws, naming it
+    Tensor total = Tensor::full(Shape{1}, float(split_sq));  // [1] summed over the group
+    sched::sync_wait(deployer_->mesh().mp_comm().all_reduce(total));
+    const double global_sq = double(total.data<float>()[0]) + whole_sq;
+    REDCO_CHECK(std::isfinite(global_sq),
+                "the gradient norm is not finite on another model shard (see its error)");
+    ParamTree params = params_, padded = grads;  // the same tensors, plus the pad
+    params.emplace(kNormPad, norm_pad_);
+    padded.emplace(
+        kNormPad,
+        Tensor::full(Shape{1}, float(std::sqrt(std::max(0.0, global_sq - split_sq - whole_sq)))));
+    opt_.step(params, padded);
+  }
+
+  // The mean of a per-replica value over the data-parallel group.
+  double dp_mean(double local) const {
+    if (deployer_->dp_size() == 1) return local;
+    Tensor t = Tensor::full(Shape{1}, float(local));  // [1]
+    sched::sync_wait(deployer_->mesh().dp_comm().all_reduce(t, dist::ReduceOp::mean));
+    return double(t.data<float>()[0]);
   }
 
   template <typename Opts>
   bool after_step(FitDriver& run, const Opts& o, double loss, float lr) {
     run.step_done(loss, lr, opt_.last_grad_norm());
     if (o.on_step) o.on_step({run.position().step, run.position().epoch, loss, lr});
-    if (run.eval_due()) run.eval_done(evaluate(o), params_, opt_);
+    if (run.eval_due()) run.eval_done(evaluate(o, run.micro_batch()), params_, opt_);
     if (run.save_due()) run.save(params_, opt_);
     return !run.done() && !run.epoch_ended();
   }
 
   template <typename Ex>
-  Metrics evaluate(const FitOptions<Ex>& o) {
+  Metrics evaluate(const FitOptions<Ex>& o, int64_t micro_batch) {
     const int64_t batch =
-        o.eval_per_device_batch_size > 0 ? o.eval_per_device_batch_size : o.per_device_batch_size;
+        o.eval_per_device_batch_size > 0 ? o.eval_per_device_batch_size : micro_batch;
     Metrics m;
     if (o.eval_examples.empty()) return m;
     m.emplace_back("loss", eval_loss_checked(o.eval_examples, batch));
@@ -288,25 +372,24 @@ class Trainer {
     REDCO_CHECK(per_device_batch_size > 0, "eval_loss: per_device_batch_size must be > 0, got {}",
                 per_device_batch_size);
     const int64_t n = int64_t(std::ranges::size(examples));
-    const int64_t batch = per_device_batch_size * deployer_->dp_size();
-    std::vector<int64_t> order(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), int64_t(0));
-    auto size_of = [&](int64_t b) { return std::min(batch, n - b * batch); };
+    const detail::Slices slices(n, per_device_batch_size, deployer_->dp_size(),
+                                deployer_->dp_rank());
     auto make = [&](int64_t b) {
-      const auto ex =
-          detail::gather(examples, std::span(order).subspan(size_t(b * batch), size_t(size_of(b))));
-      return collate_(std::span<const Ex>(ex));
+      return collate_(
+          std::span<const Ex>(detail::gather_range(examples, slices.begin(b), slices.size(b))));
     };
     NoGradGuard no_grad;
     double total = 0;
     auto use = [&](int64_t b, const Batch& x) {
-      BoundModel<L> bound(model_, params_,
-                          nn::Ctx{.train = false, .seed = deployer_->seed(), .step = uint64_t(b)});
-      const Tensor l = loss_(bound, x, deployer_->rng(Purpose::eval, uint64_t(b)));
-      total += double(l.item()) * double(size_of(b));
+      const uint64_t id = uint64_t(slices.id(b));
+      BoundModel<L> bound(model_, params_, ctx(false, id));
+      const Tensor l = loss_(bound, x, deployer_->rng(Purpose::eval, id));
+      total += double(l.item()) * double(slices.size(b));
       return true;
     };
-    detail::pipelined<Batch>((n + batch - 1) / batch, make, use);
+    detail::pipelined<Batch>(slices.count(), make, use);
+    // Sum over the replicas, then divide by every example.
+    total = dp_mean(total) * double(deployer_->dp_size());
     return n > 0 ? total / double(n) : 0.0;
   }
 
@@ -326,16 +409,20 @@ class Trainer {
             .save_at_end = o.save_at_end,
             .log_every = o.log_every,
             .max_steps = o.max_steps,
-            .throughput = o.throughput};
+            .throughput = o.throughput,
+            .plan = &plan_};
   }
 
   void restore(FitDriver& run) {
     std::optional<CheckpointData> ck = run.resume();
     if (!ck) return;
-    nn::check_params(nn::param_entries(model_), ck->params);
     params_ = std::move(ck->params);
     opt_.load_state(ck->opt_state);
   }
+
+  // The optimizer's view of the pad parameter that carries the rest of the
+  // global gradient norm (see apply); its buffers are not checkpointed.
+  static constexpr const char* kNormPad = "~global_norm_pad";
 
   Deployer* deployer_;
   L model_;
@@ -343,7 +430,11 @@ class Trainer {
   mutable Collate collate_;
   mutable Loss loss_;
   optim::Optimizer opt_;
+  ShardPlan plan_;
+  std::vector<std::string> order_;  // parameters in execution order, for the buckets
   ParamTree params_;
+  std::unique_ptr<DataParallel> dp_;  // with more than one replica
+  Tensor norm_pad_ = Tensor::zeros(Shape{1});
 };
 
 }  // namespace redco::train

@@ -1,2 +1,81 @@
-// Placeholder: being written.
-int main() { return 0; }
+// bench_allreduce: all-reduce bus bandwidth of the UCX communicator.
+//
+//   redco-run -n 2 ./build/tools/bench/bench_allreduce --sizes-mb 1,16,64,256
+//
+// Every rank all-reduces (mean) one f32 buffer per size; after a warm-up the
+// time of `iters` back-to-back calls is taken, and rank 0 prints one line per
+// size:  allreduce bytes=B iters=I ms=T algbw=A busbw=U  (GB/s, 1e9 bytes),
+// with busbw = algbw * 2(n-1)/n, the nccl-tests convention that makes the
+// number comparable with a link's bandwidth. tools/bench/comm_bench runs it
+// beside ucx_perftest and Gloo.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "redco/core/error.hpp"
+#include "redco/dist/launch_env.hpp"
+#include "redco/dist/ucx_comm.hpp"
+
+using namespace redco;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Enough calls for ~256 MiB of traffic per size, at least 3.
+int default_iters(size_t bytes) { return int(std::max<size_t>(3, (size_t(256) << 20) / bytes)); }
+
+double bench_size(dist::Comm& comm, size_t bytes, int iters) {
+  Tensor t = Tensor::full(Shape{int64_t(bytes / 4)}, 1.0f);  // [bytes/4] f32
+  sched::sync_wait(comm.all_reduce(t, dist::ReduceOp::mean));  // warm-up: wires the peers
+  sched::sync_wait(comm.barrier());
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) sched::sync_wait(comm.all_reduce(t, dist::ReduceOp::mean));
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  // The mean of equal buffers is the buffer: anything else is a broken reduction.
+  const float* x = t.data<float>();
+  REDCO_CHECK(x[0] == 1.0f && x[t.numel() - 1] == 1.0f,
+              "bench_allreduce: the reduction of {} bytes is wrong ({} at 0)", bytes, x[0]);
+  return secs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"all-reduce bus bandwidth of the UCX communicator (run under redco-run -n N)"};
+  std::vector<double> sizes_mb{1, 16, 64, 256};
+  int iters = 0;
+  app.add_option("--sizes-mb", sizes_mb, "buffer sizes in MiB")->delimiter(',');
+  app.add_option("--iters", iters, "timed calls per size (default: ~256 MiB of traffic)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const dist::LaunchEnv env = dist::detect_launch_env();
+    REDCO_CHECK(env.world_size >= 2,
+                "bench_allreduce needs at least 2 ranks: run it under redco-run -n 2");
+    std::unique_ptr<dist::Comm> comm =
+        dist::connect_ucx({.rank = env.rank,
+                           .world_size = env.world_size,
+                           .host0 = env.host0,
+                           .port = env.port,
+                           .job_token = env.job_token,
+                           .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000))});
+    const int n = comm->size();
+    for (double mb : sizes_mb) {
+      const size_t bytes = size_t(mb * double(1 << 20)) / 4 * 4;
+      const int it = iters > 0 ? iters : default_iters(bytes);
+      const double secs = bench_size(*comm, bytes, it);
+      const double algbw = double(bytes) / secs / 1e9;
+      if (comm->rank() == 0)
+        std::printf("allreduce bytes=%zu iters=%d ms=%.3f algbw=%.3f busbw=%.3f\n", bytes, it,
+                    secs * 1e3, algbw, algbw * 2.0 * (n - 1) / n);
+      std::fflush(stdout);
+    }
+    sched::sync_wait(comm->barrier());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

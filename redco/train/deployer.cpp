@@ -1,0 +1,222 @@
+// The Deployer: the run's world and mesh, randomness, schedules, logging and
+// checkpoints.
+#include "redco/train/deployer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <streambuf>
+
+#include "redco/core/error.hpp"
+#include "redco/dist/launch_env.hpp"
+#include "redco/dist/mesh.hpp"
+#include "redco/dist/threads_comm.hpp"
+#include "redco/sched/task.hpp"
+#include "redco/train/sharded_checkpoint.hpp"
+
+// UCX is optional: without it the Deployer runs one process (or threads).
+#if __has_include(<ucp/api/ucp.h>)
+#define REDCO_HAS_UCX 1
+#include "redco/dist/ucx_comm.hpp"
+#else
+#define REDCO_HAS_UCX 0
+#endif
+
+namespace redco::train {
+
+// ---- Deployer ------------------------------------------------------------------------------
+
+namespace {
+
+// The world of a process started by a launcher: a rendezvous at rank 0, then UCX.
+std::unique_ptr<dist::Comm> connect(const dist::LaunchEnv& env) {
+#if REDCO_HAS_UCX
+  const auto timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000));
+  return dist::connect_ucx({.rank = env.rank,
+                            .world_size = env.world_size,
+                            .host0 = env.host0,
+                            .port = env.port,
+                            .job_token = env.job_token,
+                            .timeout = timeout});
+#else
+  fail(
+      "this process is rank {} of {} (started by {}), but redco was built without UCX, which "
+      "runs ranks as processes: install UCX (libucx-dev) and rebuild, or run one process",
+      env.rank, env.world_size, env.source);
+#endif
+}
+
+// Where console() goes off the main rank.
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return traits_type::not_eof(c); }
+  std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
+};
+
+}  // namespace
+
+Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
+  REDCO_CHECK(config_.n_model_shards >= 1, "Deployer: n_model_shards must be >= 1, got {}",
+              config_.n_model_shards);
+  dist::Comm* world = config_.world;
+  if (!world) {
+    const dist::LaunchEnv env = dist::detect_launch_env();
+    if (env.world_size > 1) {
+      connected_ = connect(env);
+      world = connected_.get();
+    } else {
+      alone_ = std::make_unique<dist::ThreadsWorld>(1);
+      world = &alone_->comm(0);
+    }
+  }
+  REDCO_CHECK(world->size() % config_.n_model_shards == 0,
+              "Deployer: n_model_shards = {} does not divide the {} ranks of this run; start a "
+              "multiple of {} ranks (redco-run -n) or pass --n_model_shards with a divisor of {}",
+              config_.n_model_shards, world->size(), config_.n_model_shards, world->size());
+  mesh_ = std::make_unique<dist::Mesh>(*world, config_.n_model_shards);
+}
+
+Deployer::~Deployer() = default;
+
+int Deployer::n_devices() const { return mesh_->shape().world_size; }
+int Deployer::dp_size() const { return mesh_->dp_size(); }
+int Deployer::dp_rank() const { return mesh_->dp_rank(); }
+int Deployer::mp_rank() const { return mesh_->mp_rank(); }
+int Deployer::rank() const { return mesh_->rank(); }
+
+void Deployer::barrier() const {
+  if (n_devices() > 1) sched::sync_wait(mesh_->world().barrier());
+}
+
+std::ostream& Deployer::console() const {
+  static NullBuffer discard;
+  static std::ostream nowhere(&discard);
+  if (!is_main()) return nowhere;
+  return config_.console ? *config_.console : std::cout;
+}
+
+std::vector<int64_t> Deployer::epoch_order(int64_t epoch, int64_t n, bool shuffle) const {
+  std::vector<int64_t> order(size_t(std::max<int64_t>(n, 0)));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  if (!shuffle) return order;
+  // Fisher-Yates with j drawn from index i of the epoch's stream, scaled to
+  // [0, i] by a 64x64 -> 128-bit multiply (bias below 2^-40 for any n we see).
+  const Rng rng = this->rng(Purpose::shuffle, uint64_t(epoch));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const uint64_t r = (uint64_t(rng.bits(2 * uint64_t(i))) << 32) | rng.bits(2 * uint64_t(i) + 1);
+    const auto j = int64_t((unsigned __int128)r * uint64_t(i + 1) >> 64);
+    std::swap(order[size_t(i)], order[size_t(j)]);
+  }
+  return order;
+}
+
+int64_t Deployer::steps_per_epoch(int64_t n_examples, int64_t global_batch_size) {
+  REDCO_CHECK(global_batch_size > 0, "global_batch_size must be > 0, got {}", global_batch_size);
+  return n_examples / global_batch_size;
+}
+
+int64_t Deployer::total_steps(const ScheduleSpec& spec) {
+  return steps_per_epoch(spec.n_examples, spec.global_batch_size) * spec.n_epochs;
+}
+
+namespace {
+// Splits spec into (warmup steps, decay steps), at least one decay step.
+std::pair<int64_t, int64_t> schedule_steps(const ScheduleSpec& spec) {
+  REDCO_CHECK(spec.warmup_fraction >= 0 && spec.warmup_fraction <= 1,
+              "schedule: warmup_fraction must be in [0, 1], got {}", spec.warmup_fraction);
+  const int64_t total = Deployer::total_steps(spec);
+  const auto warm = int64_t(std::llround(double(total) * spec.warmup_fraction));
+  return {warm, std::max<int64_t>(total - warm, 1)};
+}
+}  // namespace
+
+optim::Schedule Deployer::linear_schedule(const ScheduleSpec& spec) const {
+  const auto [warm, decay] = schedule_steps(spec);
+  const float peak = spec.learning_rate;
+  optim::Schedule after = optim::linear(peak, peak * spec.end_fraction, decay);
+  return warm > 0 ? optim::warmup(warm, after) : after;
+}
+
+optim::Schedule Deployer::cosine_schedule(const ScheduleSpec& spec) const {
+  const auto [warm, decay] = schedule_steps(spec);
+  optim::Schedule after = optim::cosine(spec.learning_rate, decay, spec.end_fraction);
+  return warm > 0 ? optim::warmup(warm, after) : after;
+}
+
+void Deployer::log(int64_t step, std::string_view split, const io::Metrics& metrics) {
+  if (config_.workdir.empty() || !is_main()) return;
+  if (!log_) log_ = std::make_unique<io::MetricsLog>(config_.workdir);
+  log_->log(step, split, metrics);
+}
+
+std::filesystem::path Deployer::step_dir(int64_t step) const {
+  return io::checkpoint_dir(config_.workdir, step);
+}
+
+std::filesystem::path Deployer::best_dir(std::string_view metric) const {
+  // Metric names are the user's: keep them readable but a single path component.
+  std::string name(metric);
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') c = '_';
+  return config_.workdir / "ckpt" / ("best-" + name);
+}
+
+void Deployer::save_checkpoint(const std::filesystem::path& dir, const ParamTree& params,
+                               const ParamTree& opt_state, const std::string& state_json,
+                               const ShardPlan& plan) const {
+  save_sharded_checkpoint(*mesh_, dir, params, opt_state, state_json, plan);
+}
+
+CheckpointData Deployer::load_checkpoint(const std::filesystem::path& dir,
+                                         const ShardPlan& plan) const {
+  return load_sharded_checkpoint(*mesh_, dir, plan);
+}
+
+std::vector<io::CheckpointEntry> Deployer::list_checkpoints() const {
+  if (config_.workdir.empty()) return {};
+  return io::list_checkpoints(config_.workdir);
+}
+
+std::optional<io::CheckpointEntry> Deployer::latest_checkpoint() const {
+  if (config_.workdir.empty()) return std::nullopt;
+  if (n_devices() == 1) return io::latest_checkpoint(config_.workdir);
+  // Rank 0 looks (it alone may repair an interrupted save) and tells the
+  // others, so every rank resumes from the same one. -1: none or an error.
+  Tensor step = Tensor::full(Shape{1}, -1.f).to(DType::i64);  // [1]
+  std::exception_ptr error;
+  if (is_main()) {
+    try {
+      if (auto latest = io::latest_checkpoint(config_.workdir))
+        step.data<int64_t>()[0] = latest->step;
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  sched::sync_wait(mesh_->world().broadcast(step, 0));
+  if (error) std::rethrow_exception(error);
+  const int64_t s = step.data<int64_t>()[0];
+  if (s < 0) return std::nullopt;
+  return io::CheckpointEntry{s, step_dir(s)};
+}
+
+void Deployer::keep_last(int64_t k) const {
+  if (k <= 0 || config_.workdir.empty()) return;
+  bool ok = true;
+  if (is_main()) {
+    try {
+      io::prune_checkpoints(config_.workdir, size_t(k));
+    } catch (const std::exception& e) {
+      if (n_devices() == 1) throw;
+      fmt::print(stderr, "rank 0: {}\n", e.what());
+      ok = false;
+    }
+  }
+  agree(mesh_->world(), ok, "deleting old checkpoints");
+}
+
+}  // namespace redco::train

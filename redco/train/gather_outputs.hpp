@@ -1,0 +1,91 @@
+#pragma once
+// Predictions of arbitrary user types back from every data-parallel replica,
+// in input order: each replica serialises its outputs with cereal's binary
+// archive, the byte strings are all-gathered (their lengths first, then the
+// bytes padded to the longest), and every rank deserialises all of them and
+// interleaves them in the order of the batches they came from.
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "redco/core/error.hpp"
+#include "redco/dist/comm.hpp"
+#include "redco/sched/task.hpp"
+#include "redco/train/pipeline.hpp"
+
+namespace redco::train::detail {
+
+template <typename T>
+inline constexpr bool serializable_v =
+    cereal::traits::is_output_serializable<T, cereal::BinaryOutputArchive>::value&&
+        cereal::traits::is_input_serializable<T, cereal::BinaryInputArchive>::value;
+
+// Every replica's bytes, indexed by its rank in `dp`. Collective over `dp`.
+inline std::vector<std::string> all_gather_bytes(const std::string& mine, dist::Comm& dp) {
+  const int n = dp.size();
+  Tensor size = Tensor::empty(Shape{1}, DType::i64);  // [1] this replica's byte count
+  size.data<int64_t>()[0] = int64_t(mine.size());
+  Tensor sizes = Tensor::empty(Shape{n}, DType::i64);  // [dp] every replica's
+  sched::sync_wait(dp.all_gather(size, sizes));
+  int64_t longest = 1;  // at least one byte, so every buffer is non-empty
+  for (int r = 0; r < n; ++r) longest = std::max(longest, sizes.data<int64_t>()[r]);
+  Tensor bytes = Tensor::zeros(Shape{1, longest}, DType::u8);  // [1, longest] padded
+  std::memcpy(bytes.raw(), mine.data(), mine.size());
+  Tensor all = Tensor::empty(Shape{n, longest}, DType::u8);  // [dp, longest]
+  sched::sync_wait(dp.all_gather(bytes, all));
+  std::vector<std::string> out;
+  const auto* base = static_cast<const char*>(all.raw());
+  for (int r = 0; r < n; ++r)
+    out.emplace_back(base + int64_t(r) * longest, size_t(sizes.data<int64_t>()[r]));
+  return out;
+}
+
+// All outputs in input order, from this replica's (in the order of its
+// slices). Collective over `dp`.
+template <typename Value>
+std::vector<Value> gather_outputs(std::vector<Value> mine, const Slices& slices, dist::Comm& dp) {
+  if constexpr (!serializable_v<Value>) {
+    fail(
+        "Predictor: to gather predictions from {} data-parallel replicas their type must be "
+        "serialisable with cereal; give it a `template <class A> void serialize(A& a)` member "
+        "(or run with one replica)",
+        dp.size());
+  } else {
+    std::ostringstream os;
+    {
+      cereal::BinaryOutputArchive ar(os);
+      ar(mine);
+    }
+    const std::vector<std::string> parts = all_gather_bytes(os.str(), dp);
+    std::vector<std::vector<Value>> from(parts.size());
+    for (size_t r = 0; r < parts.size(); ++r) {
+      if (int(r) == dp.rank()) {
+        from[r] = std::move(mine);
+        continue;
+      }
+      std::istringstream is(parts[r]);
+      cereal::BinaryInputArchive ar(is);
+      ar(from[r]);
+    }
+    // Batch by batch, replica by replica: the input order.
+    std::vector<Value> out;
+    std::vector<size_t> next(from.size(), 0);
+    for (int64_t b = 0; b < slices.count(0); ++b)
+      for (int64_t r = 0; r < slices.replicas(); ++r)
+        for (int64_t i = 0; i < slices.size(b, r); ++i)
+          out.push_back(std::move(from[size_t(r)][next[size_t(r)]++]));
+    return out;
+  }
+}
+
+}  // namespace redco::train::detail

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 
 namespace redco {
@@ -531,51 +532,65 @@ TEST_CASE("cpu matmul errors name both shapes", "[cpu][matmul]") {
                 {"matmul", "[7]", "[6, 3]"});
 }
 
-}  // namespace
-}  // namespace redco
-
 // x with every element rounded to bf16 (through the bf16 storage type).
 Tensor bf16_rounded(const Tensor& x) { return x.to(DType::bf16).to(DType::f32); }
 
+// One bf16 product checked against the reference on bf16-rounded operands.
+void check_bf16_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  INFO(a.shape().str() << " x " << b.shape().str() << " ta=" << ta << " tb=" << tb);
+  Shape out;
+  const auto exact = ref_matmul(a, b, ta, tb, &out);
+  const auto want = ref_matmul(bf16_rounded(a), bf16_rounded(b), ta, tb, &out);
+  Tensor got;
+  {
+    PrecisionGuard mixed(Precision::bf16);
+    got = cpu::matmul(a, b, ta, tb);
+  }
+  CHECK(matmul_precision() == Precision::f32);  // the guard restored the default
+  // Products of bf16 values are exact in f32: only the f32 summation differs.
+  check_close(got, out, want, 1e-4f);
+  // ... and the result really is the bf16 one: it departs from the f32
+  // product by about bf16's precision (|x| <= 1, K = 70 terms), no more.
+  const auto g = got.to_vector();
+  float worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - exact[i]));
+  CHECK(worst > 1e-4f);
+  CHECK(worst < 70 * 2 * 0.0039f);
+}
+
 TEST_CASE("cpu matmul under bf16 precision rounds both operands and accumulates in f32",
           "[cpu][matmul][bf16]") {
-  for (int flags = 0; flags < 4; ++flags) {
-    const bool ta = flags & 1, tb = flags & 2;
-    const Tensor a = rnd(stored({2}, 33, 70, ta), 21);  // op(a): [2, 33, 70]
-    const Tensor b = rnd(stored({}, 70, 19, tb), 22);   // op(b): [70, 19]
-    INFO("ta=" << ta << " tb=" << tb);
-    Shape out;
-    const auto exact = ref_matmul(a, b, ta, tb, &out);
-    const auto want = ref_matmul(bf16_rounded(a), bf16_rounded(b), ta, tb, &out);
-    Tensor got;
-    {
-      PrecisionGuard mixed(Precision::bf16);
-      got = cpu::matmul(a, b, ta, tb);
+  // Both ways of computing it: f32 GEMM on rounded operands, and oneDNN's
+  // bf16 GEMM where the CPU has bf16 instructions (oneDNN implements bf16
+  // matmul nowhere else).
+  std::vector<cpu::Bf16GemmPath> paths{cpu::Bf16GemmPath::rounded};
+  if (cpu::has_native_bf16()) paths.push_back(cpu::Bf16GemmPath::onednn);
+  struct Restore {
+    ~Restore() { cpu::set_bf16_gemm_path(cpu::Bf16GemmPath::automatic); }
+  } restore;
+  for (const auto path : paths) {
+    cpu::set_bf16_gemm_path(path);
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      const Tensor b = rnd(stored({}, 70, 19, tb), 22);                // op(b): [70, 19]
+      check_bf16_matmul(rnd(stored({}, 33, 70, ta), 21), b, ta, tb);   // a plain product
+      check_bf16_matmul(rnd(stored({2}, 33, 70, ta), 23), b, ta, tb);  // batch dims
     }
-    CHECK(matmul_precision() == Precision::f32);  // the guard restored the default
-    // Products of bf16 values are exact in f32: only the f32 summation differs.
-    check_close(got, out, want, 1e-4f);
-    // ... and the result really is the bf16 one: it departs from the f32
-    // product by about bf16's precision (|x| <= 1, 70 terms), no more.
-    const auto g = got.to_vector();
-    float worst = 0;
-    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - exact[i]));
-    CHECK(worst > 1e-4f);
-    CHECK(worst < 70 * 2 * 0.0039f);
   }
 }
 
 TEST_CASE("cpu matmul rounding to bf16 keeps infinities and NaN", "[cpu][matmul][bf16]") {
-  const float inf = std::numeric_limits<float>::infinity();
-  const Tensor a = Tensor::from({1.f, inf, 0.f, 1.f}, {2, 2});
-  const Tensor b = Tensor::from({1.00001f, 0.f, 0.f, 1.f}, {2, 2});
   PrecisionGuard mixed(Precision::bf16);
-  const auto c = cpu::matmul(a, b, false, false).to_vector();  // [[1, inf], [0, 1]] (rounded b)
-  CHECK(c[0] == 1.f);  // 1.00001 rounds to 1 in bf16
-  CHECK(std::isinf(c[1]));
-  CHECK(c[3] == 1.f);
-  const Tensor nan = Tensor::from({std::numeric_limits<float>::quiet_NaN(), 1.f}, {1, 2});
-  CHECK(std::isnan(cpu::matmul(nan, Tensor::ones({2, 1}), false, false).item()));
+  auto product = [](float x, float y) {  // a 1x1 by 1x1 product under bf16 precision
+    return cpu::matmul(Tensor::from({x}, {1, 1}), Tensor::from({y}, {1, 1}), false, false).item();
+  };
+  CHECK(product(1.00001f, 1.f) == 1.f);          // 1.00001 rounds to 1 in bf16
+  CHECK(product(1.f, 3.1415927f) == 3.140625f);  // pi to 8 significant bits
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(product(inf, 2.f) == inf);
+  CHECK(product(-inf, 2.f) == -inf);
+  CHECK(std::isnan(product(std::numeric_limits<float>::quiet_NaN(), 1.f)));
+  CHECK(product(std::numeric_limits<float>::max(), 1.f) == inf);  // rounds up, as in bf16
 }
 
 TEST_CASE("cpu matmul: a transposed operand with a 1 KiB row stride", "[cpu][matmul]") {
@@ -593,3 +608,6 @@ TEST_CASE("cpu matmul: a transposed operand with a 1 KiB row stride", "[cpu][mat
     }
   check_close(cpu::matmul(a, b, true, false), {M, N}, want, 1e-4f);
 }
+
+}  // namespace
+}  // namespace redco

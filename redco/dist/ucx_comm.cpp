@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <ucp/api/ucp.h>
-
-#include <algorithm>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -295,11 +297,24 @@ struct Chunks {
 struct Ring : std::enable_shared_from_this<Ring> {
   Ring(World* world, uint64_t g, uint64_t q, std::vector<int> ring_ranks, int r, Tensor buf,
        bool red, bool gat, bool avg)
-      : w(world), group(g), seq(q), ranks(std::move(ring_ranks)), n(int(ranks.size())), rank(r),
-        work(std::move(buf)), reduce(red), gather(gat), mean(avg), ch{work.numel(), n} {
+      : w(world),
+        group(g),
+        seq(q),
+        ranks(std::move(ring_ranks)),
+        n(int(ranks.size())),
+        rank(r),
+        work(std::move(buf)),
+        reduce(red),
+        gather(gat),
+        mean(avg),
+        ch{work.numel(), n} {
+    // Segments of at most segment_bytes, and at least 8 per chunk while
+    // they stay above 64 KiB (smaller ones cost more in latency than they
+    // gain in overlap).
     const int64_t max_len = (work.numel() + n - 1) / n;
-    const int64_t want = (max_len * 4 + int64_t(w->options.segment_bytes) - 1) /
-                         std::max<int64_t>(int64_t(w->options.segment_bytes), 1);
+    const int64_t seg = std::max<int64_t>(int64_t(w->options.segment_bytes), 4);
+    const int64_t want = std::max((max_len * 4 + seg - 1) / seg,
+                                  std::min<int64_t>(8, max_len * 4 / (int64_t(64) << 10)));
     segs = int(std::clamp<int64_t>(want, 1, kMaxSegments));
     seg_cap = (max_len + segs - 1) / segs + 1;
     scratch = Tensor::empty(Shape{reduce ? segs * seg_cap : 1});  // [segs * seg_cap] f32
@@ -325,7 +340,9 @@ struct Ring : std::enable_shared_from_this<Ring> {
   int64_t seg_begin(int c, int j) const { return ch.begin(c) + ch.len(c) * j / segs; }
   int64_t seg_len(int c, int j) const { return seg_begin(c, j + 1) - seg_begin(c, j); }
   bool reducing(int s) const { return reduce && s < n - 1; }
-  int out_chunk(int s) const { return reducing(s) ? rank - s - 1 : rank - (reduce ? s - n + 1 : s); }
+  int out_chunk(int s) const {
+    return reducing(s) ? rank - s - 1 : rank - (reduce ? s - n + 1 : s);
+  }
   int world_of(int r) const { return ranks[size_t(((r % n) + n) % n)]; }
 
   // Under the World's lock, like every member below.
@@ -700,8 +717,29 @@ void connect_peers(World& w, const std::vector<std::string>& blobs) {
   }
 }
 
+// A same-host peer's data endpoint has no error handling (see connect_peers),
+// and UCX 1.13 makes a failed single-copy read from a process that has just
+// died fatal (abort) on such an endpoint. That death is reported properly by
+// the peer's guard endpoint a moment later, so this log handler swallows
+// exactly that message and lets UCX fail the transfer instead.
+ucs_log_func_rc_t swallow_dead_peer_read(const char* file, unsigned, const char*,
+                                         ucs_log_level_t level, const ucs_log_component_config_t*,
+                                         const char* message, va_list ap) {
+  if (level != UCS_LOG_LEVEL_FATAL || std::strstr(file, "cma_ep.c") == nullptr)
+    return UCS_LOG_FUNC_RC_CONTINUE;
+  char text[512];
+  va_list copy;
+  va_copy(copy, ap);
+  std::vsnprintf(text, sizeof text, message, copy);
+  va_end(copy);
+  return std::strstr(text, "No such process") != nullptr ? UCS_LOG_FUNC_RC_STOP
+                                                         : UCS_LOG_FUNC_RC_CONTINUE;
+}
+
 // UCX context and worker; returns "identity\0address" for the rendezvous.
 std::string init_worker(World& w) {
+  static std::once_flag hook;
+  std::call_once(hook, [] { ucs_log_push_handler(swallow_dead_peer_read); });
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params{};

@@ -308,18 +308,20 @@ class Trainer {
     return double(loss.item());
   }
 
-  // The optimizer step. With model shards, the optimizer is handed the global
+  // The optimizer step. With model shards the optimizer is handed the global
   // gradient norm (split parameters' squares summed over the group,
   // replicated ones counted once) through a scalar pad gradient, so its
-  // clipping and last_grad_norm() see the whole model.
+  // clipping and last_grad_norm() see the whole model. Each shard's optimizer
+  // rounds that norm its own way, so replicated parameters and their buffers
+  // are then made identical again (copied from model shard 0): checkpoints
+  // keep one copy of them.
   void apply(const ParamTree& grads) {
     if (deployer_->n_model_shards() == 1) return opt_.step(params_, grads);
     double split_sq = 0, whole_sq = 0;
     for (const shard::ParamSplit& s : plan_) {
       const Tensor g = grads.at(s.name).to(DType::f32);
-      double sq = 0;
-      for (const float v : std::span(g.data<float>(), size_t(g.numel()))) sq += double(v) * v;
-      (s.split_dim >= 0 ? split_sq : whole_sq) += sq;
+      for (const float x : std::span(g.data<float>(), size_t(g.numel())))
+        (s.split_dim >= 0 ? split_sq : whole_sq) += double(x) * x;
     }
     if (!std::isfinite(split_sq + whole_sq)) optim::global_norm(grads);  // throws, naming it
     Tensor total = Tensor::full(Shape{1}, float(split_sq));  // [1] summed over the group
@@ -329,10 +331,33 @@ class Trainer {
                 "the gradient norm is not finite on another model shard (see its error)");
     ParamTree params = params_, padded = grads;  // the same tensors, plus the pad
     params.emplace(kNormPad, norm_pad_);
-    padded.emplace(
-        kNormPad,
-        Tensor::full(Shape{1}, float(std::sqrt(std::max(0.0, global_sq - split_sq - whole_sq)))));
+    const double pad_sq = std::max(0.0, global_sq - split_sq - whole_sq);
+    padded.emplace(kNormPad, Tensor::full(Shape{1}, float(std::sqrt(pad_sq))));
     opt_.step(params, padded);
+    sync_replicated();
+  }
+
+  // Replicated parameters and their optimizer buffers (shared with the
+  // optimizer, so written in place) copied from model shard 0.
+  void sync_replicated() {
+    std::vector<Tensor> parts;
+    const ParamTree state = opt_.state();
+    for (const shard::ParamSplit& s : plan_) {
+      if (s.split_dim >= 0) continue;
+      parts.push_back(params_.at(s.name));
+      for (const auto& [key, t] : state)
+        if (key.ends_with("." + s.name) && key.size() > s.name.size() + 1 &&
+            std::count(key.begin(), key.end() - int64_t(s.name.size()), '.') == 2)
+          parts.push_back(t);
+    }
+    int64_t numel = 0;
+    for (const Tensor& t : parts) numel += t.numel();
+    Tensor flat = Tensor::empty(Shape{numel});  // [replicated numel] all parts, packed
+    float* at = flat.data<float>();
+    for (const Tensor& t : parts) at = std::copy_n(t.data<float>(), t.numel(), at);
+    sched::sync_wait(deployer_->mesh().mp_comm().broadcast(flat, 0));
+    at = flat.data<float>();
+    for (Tensor& t : parts) at += (std::copy_n(at, t.numel(), t.data<float>()), t.numel());
   }
 
   // The mean of a per-replica value over the data-parallel group.

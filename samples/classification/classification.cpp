@@ -21,6 +21,7 @@ int main(int argc, char** argv) try {
   int64_t epochs = 3, batch = 64;
   float lr = 0.05f;
   uint64_t seed = 42;
+  int n_model_shards = 1;
   bool resume = false;
   std::string workdir = "cls_workdir", data_dir = data::kFashionMnistDir;
   app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
@@ -28,6 +29,8 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", lr, "peak SGD learning rate (momentum 0.9, cosine decay)")
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed);
+  app.add_option("--n_model_shards", n_model_shards, "tensor-parallel shards of the model")
+      ->check(CLI::PositiveNumber);
   app.add_option("--workdir", workdir, "checkpoints, metrics.jsonl, TensorBoard events");
   app.add_option("--data-dir", data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --workdir");
@@ -69,12 +72,12 @@ int main(int argc, char** argv) try {
   };
 
   const auto cnn = models::small_cnn({});
-  Deployer deployer({.seed = seed, .workdir = workdir});
+  Deployer deployer({.n_model_shards = n_model_shards, .seed = seed, .workdir = workdir});
   const auto schedule = deployer.cosine_schedule(
       {.learning_rate = lr, .n_examples = n_train, .global_batch_size = batch, .n_epochs = epochs});
   Trainer trainer(deployer, cnn, collate, loss, optim::sgd(schedule, {.momentum = 0.9f}));
   Predictor predictor(deployer, cnn, collate, predict);
-  trainer.fit(train, {.per_device_batch_size = batch,
+  trainer.fit(train, {.global_batch_size = batch,
                       .n_epochs = epochs,
                       .eval_examples = test,
                       .evaluate = {predictor, accuracy},

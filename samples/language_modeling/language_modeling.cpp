@@ -25,13 +25,15 @@ struct Batch {
 };
 
 // Loaded from `dir` when a tokenizer of this size was saved there, else trained and saved.
-data::Bpe tokenizer(const std::filesystem::path& dir, std::string_view text, int64_t vocab) {
+// Every process trains the same tokenizer (it is deterministic); one saves it.
+data::Bpe tokenizer(const std::filesystem::path& dir, std::string_view text, int64_t vocab,
+                    bool save) {
   if (std::filesystem::exists(dir / "merges.txt")) {
     data::Bpe bpe = data::Bpe::load(dir);
     if (bpe.vocab_size() == vocab) return bpe;
   }
   data::Bpe bpe = data::Bpe::train(text, vocab);
-  bpe.save(dir);
+  if (save) bpe.save(dir);
   return bpe;
 }
 
@@ -64,16 +66,18 @@ struct Corpus {
 };
 
 // The KJV, tokenized; the last 5% of the verses (from 2 Peter on) are held out.
-Corpus load_corpus(const std::filesystem::path& tokenizer_dir, int64_t vocab) {
+Corpus load_corpus(const std::filesystem::path& tokenizer_dir, int64_t vocab,
+                   const train::Deployer& deployer) {
   const std::vector<data::Verse> verses = data::read_kjv();
   const auto split = std::span(verses).subspan(0, verses.size() - verses.size() / 20);
   const std::string train_text = data::join_verses(split);
   const std::string valid_text = data::join_verses(std::span(verses).subspan(split.size()));
-  Corpus c{tokenizer(tokenizer_dir, train_text, vocab), {}, {}};
+  Corpus c{tokenizer(tokenizer_dir, train_text, vocab, deployer.is_main()), {}, {}};
   c.train = encode(c.bpe, train_text);
   c.valid = encode(c.bpe, valid_text);
-  fmt::print("KJV: {} training tokens ({:.2f} bytes/token), {} validation tokens\n", c.train.size(),
-             double(train_text.size()) / double(c.train.size()), c.valid.size());
+  deployer.console() << fmt::format(
+      "KJV: {} training tokens ({:.2f} bytes/token), {} validation tokens\n", c.train.size(),
+      double(train_text.size()) / double(c.train.size()), c.valid.size());
   return c;
 }
 
@@ -93,6 +97,7 @@ int main(int argc, char** argv) try {
   int64_t steps = 800, batch = 16, max_new = 40;
   float lr = 3e-3f;
   uint64_t seed = 0;
+  int n_model_shards = 1;
   std::string workdir = "lm_workdir", prompt = "And God said unto Moses,";
   app.add_option("--vocab", cfg.vocab, "BPE vocabulary size")->check(CLI::Range(256, 65536));
   app.add_option("--context", cfg.context, "tokens per training window")
@@ -104,16 +109,18 @@ int main(int argc, char** argv) try {
   app.add_option("--batch-size", batch)->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "peak AdamW learning rate (cosine decay)")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed);
+  app.add_option("--n_model_shards", n_model_shards, "tensor-parallel shards of the model")
+      ->check(CLI::PositiveNumber);
   app.add_option("--workdir", workdir, "tokenizer, checkpoints and metrics");
   app.add_option("--prompt", prompt);
   app.add_option("--max-new", max_new, "tokens to generate")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
-  const Corpus kjv = load_corpus(std::filesystem::path(workdir) / "tokenizer", cfg.vocab);
+  train::Deployer deployer({.n_model_shards = n_model_shards, .seed = seed, .workdir = workdir});
+  const Corpus kjv = load_corpus(std::filesystem::path(workdir) / "tokenizer", cfg.vocab, deployer);
   const std::vector<Window> train = windows(kjv.train, cfg.context);
   const std::vector<Window> valid = windows(kjv.valid, cfg.context);
 
-  train::Deployer deployer({.seed = seed, .workdir = workdir});
   const auto schedule = deployer.cosine_schedule({.learning_rate = lr,
                                                   .n_examples = steps * batch,
                                                   .global_batch_size = batch,
@@ -125,7 +132,7 @@ int main(int argc, char** argv) try {
                          optim::adamw(schedule, {.weight_decay = 0.1f, .max_grad_norm = 1.f}));
   const int64_t per_epoch = int64_t(train.size()) / batch;
   const double n_params = double(nn::count_parameters(trainer.params()));
-  trainer.fit(train, {.per_device_batch_size = batch,
+  trainer.fit(train, {.global_batch_size = batch,
                       .n_epochs = (steps + per_epoch - 1) / per_epoch,
                       .eval_examples = valid,
                       .eval_every_steps = std::max<int64_t>(1, steps / 3),
@@ -135,7 +142,8 @@ int main(int argc, char** argv) try {
                                      .flops_per_item = 6 * n_params}});
 
   const double valid_loss = trainer.eval_loss(valid, batch), unigram = unigram_entropy(kjv.valid);
-  fmt::print(
+  std::ostream& out = deployer.console();  // printed once, whatever the number of processes
+  out << fmt::format(
       "validation loss {:.3f} nats/token; unigram entropy of the validation tokens {:.3f}: {}\n",
       valid_loss, unigram, valid_loss < unigram - 0.5 ? "clearly below" : "NOT clearly below");
 
@@ -151,9 +159,9 @@ int main(int argc, char** argv) try {
   };
   train::Predictor generator(deployer, models::gpt2(cfg), collate_prompt, predict);
   const std::vector<std::string> prompts{prompt};
-  fmt::print("--- greedy ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
+  out << fmt::format("--- greedy ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
   how = {.max_new = max_new, .temperature = 0.8f, .top_p = 0.9f, .context = cfg.context};
-  fmt::print("--- top-p 0.9 ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
+  out << fmt::format("--- top-p 0.9 ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
   return valid_loss < unigram - 0.5 ? 0 : 1;
 } catch (const std::exception& e) {
   fmt::print(stderr, "language_modeling: {}\n", e.what());

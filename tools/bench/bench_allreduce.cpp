@@ -28,7 +28,7 @@ namespace {
 int default_iters(size_t bytes) { return int(std::max<size_t>(3, (size_t(256) << 20) / bytes)); }
 
 double bench_size(dist::Comm& comm, size_t bytes, int iters) {
-  Tensor t = Tensor::full(Shape{int64_t(bytes / 4)}, 1.0f);  // [bytes/4] f32
+  Tensor t = Tensor::full(Shape{int64_t(bytes / 4)}, 1.0f);    // [bytes/4] f32
   sched::sync_wait(comm.all_reduce(t, dist::ReduceOp::mean));  // warm-up: wires the peers
   sched::sync_wait(comm.barrier());
   const Clock::time_point t0 = Clock::now();
@@ -47,8 +47,12 @@ int main(int argc, char** argv) {
   CLI::App app{"all-reduce bus bandwidth of the UCX communicator (run under redco-run -n N)"};
   std::vector<double> sizes_mb{1, 16, 64, 256};
   int iters = 0;
+  dist::UcxOptions defaults;
+  size_t small_kb = defaults.small_bytes >> 10, segment_kb = defaults.segment_bytes >> 10;
   app.add_option("--sizes-mb", sizes_mb, "buffer sizes in MiB")->delimiter(',');
   app.add_option("--iters", iters, "timed calls per size (default: ~256 MiB of traffic)");
+  app.add_option("--small-kb", small_kb, "all-reduce up to this size directly (UcxOptions)");
+  app.add_option("--segment-kb", segment_kb, "ring segment size (UcxOptions)");
   CLI11_PARSE(app, argc, argv);
   try {
     const dist::LaunchEnv env = dist::detect_launch_env();
@@ -60,7 +64,9 @@ int main(int argc, char** argv) {
                            .host0 = env.host0,
                            .port = env.port,
                            .job_token = env.job_token,
-                           .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000))});
+                           .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000)),
+                           .small_bytes = small_kb << 10,
+                           .segment_bytes = segment_kb << 10});
     const int n = comm->size();
     for (double mb : sizes_mb) {
       const size_t bytes = size_t(mb * double(1 << 20)) / 4 * 4;

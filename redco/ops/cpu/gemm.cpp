@@ -30,7 +30,9 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include "redco/core/error.hpp"
 
@@ -259,6 +261,132 @@ void sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t
   const int64_t grain = std::max<int64_t>(1, kMinTileMacs / unit_macs);
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, units, grain), [&](const auto& r) {
     for (int64_t u = r.begin(); u < r.end(); ++u) run_unit(u);
+  });
+}
+
+// ------------------------------------------------------------------ bf16 --
+
+namespace {
+
+void dnnl_ok(dnnl_status_t st, const char* what) {
+  REDCO_CHECK(st == dnnl_success, "gemm_bf16: oneDNN {} failed (status {})", what,
+              static_cast<int>(st));
+}
+
+dnnl_engine_t cpu_engine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    dnnl_ok(dnnl_engine_create(&e, dnnl_cpu, 0), "engine creation");
+    return e;
+  }();
+  return engine;
+}
+
+// One matmul primitive for one tile geometry, with memory objects whose data
+// handles are pointed at each call's operands. Kept per thread (a oneDNN
+// stream and memory objects are not shared between threads) for the life of
+// the thread: a model has a handful of GEMM shapes.
+struct Bf16Kernel {
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_t a = nullptr, b = nullptr, c = nullptr;
+};
+
+using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+dnnl_memory_t make_memory(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                          dnnl_data_type_t type) {
+  const dnnl_dims_t dims{rows, cols}, strides{row_stride, col_stride};
+  dnnl_memory_desc_t md;
+  dnnl_ok(dnnl_memory_desc_init_by_strides(&md, 2, dims, type, strides), "memory descriptor");
+  dnnl_memory_t m = nullptr;
+  dnnl_ok(dnnl_memory_create(&m, &md, cpu_engine(), DNNL_MEMORY_NONE), "memory creation");
+  return m;
+}
+
+Bf16Kernel make_kernel(const Bf16Key& key) {
+  const auto [ta, tb, M, N, K, lda, ldb, ldc] = key;
+  Bf16Kernel k;
+  k.a = make_memory(M, K, ta ? 1 : lda, ta ? lda : 1, dnnl_bf16);  // op(A) [M, K]
+  k.b = make_memory(K, N, tb ? 1 : ldb, tb ? ldb : 1, dnnl_bf16);  // op(B) [K, N]
+  k.c = make_memory(M, N, ldc, 1, dnnl_f32);                       // C [M, N]
+  const dnnl_memory_desc_t *a_md, *b_md, *c_md;
+  dnnl_ok(dnnl_memory_get_memory_desc(k.a, &a_md), "memory descriptor query");
+  dnnl_ok(dnnl_memory_get_memory_desc(k.b, &b_md), "memory descriptor query");
+  dnnl_ok(dnnl_memory_get_memory_desc(k.c, &c_md), "memory descriptor query");
+  dnnl_matmul_desc_t desc;
+  dnnl_ok(dnnl_matmul_desc_init(&desc, a_md, b_md, nullptr, c_md), "matmul descriptor");
+  dnnl_primitive_desc_t pd = nullptr;
+  const dnnl_status_t made = dnnl_primitive_desc_create(&pd, &desc, nullptr, cpu_engine(), nullptr);
+  REDCO_CHECK(made != dnnl_unimplemented,
+              "gemm_bf16: oneDNN has no bf16 matmul for this CPU (it needs AVX512_BF16 or AMX); "
+              "leave the bf16 GEMM path on automatic, which rounds to bf16 and runs sgemm here");
+  dnnl_ok(made, "bf16 matmul primitive descriptor");
+  const dnnl_status_t st = dnnl_primitive_create(&k.prim, pd);
+  dnnl_primitive_desc_destroy(pd);
+  dnnl_ok(st, "bf16 matmul primitive creation");
+  return k;
+}
+
+struct Bf16Cache {
+  dnnl_stream_t stream = nullptr;
+  std::map<Bf16Key, Bf16Kernel> kernels;
+  ~Bf16Cache() {
+    for (auto& [key, k] : kernels) {
+      dnnl_primitive_destroy(k.prim);
+      dnnl_memory_destroy(k.a);
+      dnnl_memory_destroy(k.b);
+      dnnl_memory_destroy(k.c);
+    }
+    if (stream) dnnl_stream_destroy(stream);
+  }
+};
+
+// One tile on the calling thread.
+void serial_gemm_bf16(const Bf16Key& key, const uint16_t* A, const uint16_t* B, float* C) {
+  thread_local Bf16Cache cache;
+  if (!cache.stream) dnnl_ok(dnnl_stream_create(&cache.stream, cpu_engine(), 0), "stream");
+  auto it = cache.kernels.find(key);
+  if (it == cache.kernels.end()) it = cache.kernels.emplace(key, make_kernel(key)).first;
+  const Bf16Kernel& k = it->second;
+  OmpPin pin;
+  dnnl_ok(dnnl_memory_set_data_handle(k.a, const_cast<uint16_t*>(A)), "set data");
+  dnnl_ok(dnnl_memory_set_data_handle(k.b, const_cast<uint16_t*>(B)), "set data");
+  dnnl_ok(dnnl_memory_set_data_handle(k.c, C), "set data");
+  const dnnl_exec_arg_t args[] = {
+      {DNNL_ARG_SRC, k.a}, {DNNL_ARG_WEIGHTS, k.b}, {DNNL_ARG_DST, k.c}};
+  dnnl_ok(dnnl_primitive_execute(k.prim, cache.stream, 3, args), "bf16 matmul");
+  dnnl_ok(dnnl_stream_wait(cache.stream), "stream wait");
+}
+
+}  // namespace
+
+bool has_native_bf16() {
+  static const bool native =
+      (unsigned(dnnl_get_effective_cpu_isa()) & unsigned(dnnl_cpu_isa_avx512_core_bf16)) ==
+      unsigned(dnnl_cpu_isa_avx512_core_bf16);
+  return native;
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc) {
+  REDCO_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M={} N={} K={}", M, N, K);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
+    return;
+  }
+  const Grid grid = choose_grid(M, N, K, tbb::this_task_arena::max_concurrency());
+  auto run_tile = [&](int64_t index) {
+    const int64_t im = index / grid.tn, in = index % grid.tn;
+    const int64_t m0 = cut(M, grid.tm, im), m1 = cut(M, grid.tm, im + 1);
+    const int64_t n0 = cut(N, grid.tn, in), n1 = cut(N, grid.tn, in + 1);
+    const Bf16Key key{trans_a, trans_b, m1 - m0, n1 - n0, K, lda, ldb, ldc};
+    serial_gemm_bf16(key, A + (trans_a ? m0 : m0 * lda), B + (trans_b ? n0 * ldb : n0),
+                     C + m0 * ldc + n0);
+  };
+  if (grid.tiles() == 1) return run_tile(0);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, grid.tiles(), 1), [&](const auto& r) {
+    for (int64_t t = r.begin(); t < r.end(); ++t) run_tile(t);
   });
 }
 

@@ -20,8 +20,11 @@
 // products (AVX2, AVX-512 without BF16) it is also the fastest way, since
 // oneDNN has no fast bf16 GEMM there. The rounding is one streaming pass over
 // each operand, done where it is needed (a bf16-stored operand is already
-// exact and is only widened).
+// exact and is only widened). Where the CPU has bf16 dot products
+// (AVX512_BF16, AMX), unbroadcast products run as oneDNN bf16 GEMMs instead
+// (gemm_bf16), at up to twice the f32 rate.
 #include <array>
+#include <atomic>
 #include <cstring>
 
 #include "redco/core/error.hpp"
@@ -97,7 +100,30 @@ bool aliasing_stride(const Gemm& g) {
   return g.ta && g.lda % 256 == 0 && g.K >= 512 && g.M * g.N * g.K >= (int64_t{1} << 24);
 }
 
+std::atomic<Bf16GemmPath> g_bf16_path{Bf16GemmPath::automatic};
+
+// Under Precision::bf16 on a CPU with bf16 dot products, a product with no
+// batch broadcasting (a linear layer, a weight gradient) runs as one oneDNN
+// bf16 GEMM on bf16 copies of the operands. Returns false (nothing done) when
+// that path does not apply; the caller then rounds and runs sgemm.
+bool native_bf16(const Tensor& a_in, const Tensor& b_in, const Gemm& g, const Batch& bt,
+                 Tensor& c) {
+  if (matmul_precision() != Precision::bf16) return false;
+  const Bf16GemmPath path = g_bf16_path.load(std::memory_order_relaxed);
+  if (path == Bf16GemmPath::rounded || (path == Bf16GemmPath::automatic && !has_native_bf16()))
+    return false;
+  const bool fold = b_in.rank() == 2 && !g.ta;  // a's batch dims fold into M
+  if (!fold && bt.rank != 0) return false;
+  const Tensor a = a_in.to(DType::bf16), b = b_in.to(DType::bf16);  // bf16 copies
+  const int64_t M = fold ? a.numel() / g.K : g.M;
+  gemm_bf16(g.ta, g.tb, M, g.N, g.K, static_cast<const uint16_t*>(a.raw()), g.lda,
+            static_cast<const uint16_t*>(b.raw()), g.ldb, c.data<float>(), g.N);
+  return true;
+}
+
 }  // namespace
+
+void set_bf16_gemm_path(Bf16GemmPath path) { g_bf16_path.store(path); }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
   const Shape& as = a_in.shape();
@@ -133,6 +159,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
     std::memset(c.raw(), 0, c.nbytes());
     return c;
   }
+  if (native_bf16(a_in, b_in, g, bt, c)) return c;
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
   if (bs.rank() == 2 && !trans_a) {
     // Linear-layer fast path: a's rows are contiguous across its batch dims.

@@ -23,5 +23,11 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t len);
 void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start);
 // matmul.cpp
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+// How matmul computes under Precision::bf16: `automatic` picks oneDNN's bf16
+// GEMM where the CPU has bf16 dot products and f32 GEMM on bf16-rounded
+// operands elsewhere (the same numerics); the others force one path (tests,
+// benchmarks).
+enum class Bf16GemmPath { automatic, onednn, rounded };
+void set_bf16_gemm_path(Bf16GemmPath path);
 
 }  // namespace redco::cpu

@@ -1,8 +1,13 @@
 #pragma once
 // The UCX backend: one process per rank, messages over UCP tagged send/recv.
-// UCX picks the transport per peer itself (shared memory on one host, TCP or
-// RDMA across hosts; UCX_TLS narrows the choice, but must leave a transport
-// that detects dead peers, e.g. tcp: "sm,self" alone cannot connect).
+// UCX picks the transport per peer itself (UCX_TLS narrows the choice, but
+// must leave a transport that detects dead peers, e.g. tcp: "sm,self" alone
+// cannot connect). A peer on another host (or in another network namespace)
+// gets one endpoint with peer-failure detection: TCP or RDMA. UCX 1.13 has no
+// shared-memory transport that detects a dead peer, so a peer on the same
+// host gets two endpoints: one for data without error handling (shared
+// memory, single-copy CMA for large messages; ~1.5x TCP loopback's
+// bandwidth) and an idle TCP one that reports the peer's death.
 //
 //   auto comm = dist::connect_ucx({.rank = r, .world_size = n, .host0 = "10.0.0.1",
 //                                  .port = 29500, .job_token = token,
@@ -11,9 +16,12 @@
 //
 // Start-up: the ranks exchange UCX worker addresses through a Rendezvous
 // (rank 0's TCP store, which also checks that world size, job token and model
-// plan agree), then every rank opens an endpoint to every other one. One
+// plan agree), then every rank opens endpoints to every other one. One
 // ProgressEngine thread drives the UCX worker; completion callbacks only
-// record results, and the awaiting coroutines resume on their own threads.
+// record results, and the awaiting coroutines resume on their own threads,
+// except that a ring's later steps (and their additions) are posted from the
+// completion of the earlier ones, so a large all-reduce runs to the end while
+// its caller computes (DataParallel's buckets during backward).
 //
 // Algorithms, all deterministic (the same inputs give bitwise the same
 // output on every rank and in every run), reducing in f32:
@@ -23,7 +31,10 @@
 //  - larger all_reduce: ring reduce-scatter then ring all-gather. Element i
 //    lies in chunk c = the c with numel*c/n <= i < numel*(c+1)/n, which is
 //    summed in ring order starting at rank c+1: x[c+1] + x[c+2] + ... + x[c]
-//    (indices mod n, left to right), then divided by n for the mean.
+//    (indices mod n, left to right), then divided by n for the mean. Each
+//    chunk moves in `segment_bytes` segments (at least 8 per chunk while they
+//    stay >= 64 KiB), pipelined: a segment goes on to the next step as soon
+//    as it has arrived and been added, overlapping transfer and addition.
 //  - reduce_scatter: the ring reduce-scatter, chunk c being rank c's rows.
 //  - all_gather and broadcast: direct sends to every rank; barrier: the
 //    dissemination algorithm (log2 n rounds).

@@ -154,7 +154,8 @@ int main(int argc, char** argv) try {
     return Tensor::from<int64_t>(Window(ids), {1, int64_t(ids.size())});
   };
   auto predict = [&](auto& model, const Tensor& ids, train::Rng rng) {
-    const Tensor out = nn::generate(model.layer(), model.params(), ids, how, rng.key());
+    auto logits = [&](const Tensor& x) { return nn::whole(model(x)); };  // all of the vocabulary
+    const Tensor out = nn::generate(logits, ids, how, rng.key());
     return std::vector<std::string>{kjv.bpe.decode(out.values<int64_t>())};
   };
   train::Predictor generator(deployer, models::gpt2(cfg), collate_prompt, predict);

@@ -67,8 +67,18 @@ void Engine::add_pending(const Edge& e, Tensor g) {
   TensorList& slots = pending_[e.node.get()];
   if (slots.empty()) slots.resize(e.node->output_meta().size());
   Tensor& s = slots[size_t(e.slot)];
+  if (!s.defined()) {
+    s = std::move(g);
+    return;
+  }
   profile::Scope scope("grad_accumulate");
-  s = s.defined() ? add(s, g) : std::move(g);
+  // A partial sum nobody else can see (first-order backward, its own buffer)
+  // takes the next contribution in place: no new buffer, one pass less.
+  const bool owned = s.impl_ptr().use_count() == 1 && s.impl().storage.use_count() == 1;
+  if (!opts_.create_graph && owned && s.shape() == g.shape() && s.dtype() == g.dtype())
+    kernels::add_inplace(s, g);
+  else
+    s = add(s, g);
 }
 
 TensorList Engine::take_grads(Node* n) {

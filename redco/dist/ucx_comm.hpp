@@ -71,7 +71,7 @@ struct UcxOptions {
   size_t small_bytes = size_t(64) << 10;
   // The ring moves each chunk in segments of about this many bytes, so the
   // transfer of one overlaps the reduction of the previous one.
-  size_t segment_bytes = size_t(1) << 20;
+  size_t segment_bytes = size_t(256) << 10;
 };
 
 // Rendezvous, UCX set-up and endpoints; returns this rank's world communicator.

@@ -13,7 +13,7 @@ auto gpt2(int64_t vocab, int64_t ctx, int64_t d, int64_t heads, int64_t layers) 
   return (nn::embedding(vocab, d) + nn::positions(ctx, d)) |
          nn::repeat(layers, nn::residual(nn::layer_norm(d) | nn::causal_attention(d, heads)) |
                                 nn::residual(nn::layer_norm(d) | nn::mlp(d, 4 * d))) |
-         nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head();
+         nn::named<"ln_f">(nn::layer_norm(d)) | nn::tied_lm_head(vocab);
 }
 
 // Known before the program runs: the compiler checked these.

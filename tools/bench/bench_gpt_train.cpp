@@ -150,7 +150,7 @@ int main(int argc, char** argv) try {
   if (!losses_path.empty()) losses = std::make_unique<fmt::ostream>(fmt::output_file(losses_path));
   std::vector<double> timed_ms, timed_cpu_ms;
   float last_loss = 0;
-  size_t allocs_after_first = 0;
+  size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
   for (int64_t s = 0; s < warmup + steps; ++s) {
     if (s == warmup && profiling) profile::enable(true);
     const auto t0 = std::chrono::steady_clock::now();
@@ -169,7 +169,7 @@ int main(int argc, char** argv) try {
       timed_ms.push_back(ms);
       timed_cpu_ms.push_back(process_cpu_ms() - cpu0);
     }
-    if (s == 0) allocs_after_first = CachingAllocator::cpu().stats().system_allocs;
+    if (s < 2) allocs_after[s] = CachingAllocator::cpu().stats().system_allocs;
     if (losses) losses->print("step {} loss {:.6f} ms {:.3f}\n", s, last_loss, ms);
   }
   profile::enable(false);
@@ -180,12 +180,13 @@ int main(int argc, char** argv) try {
   const double med = median(timed_ms);
   const double tokens_per_s = double(B * T) / (med / 1e3);
   if (profiling) print_profile(steps);
+  const double flops_per_token = 6 * n_params + 12.0 * double(cfg.model.layers * cfg.model.dim * T);
   fmt::print(
-      "model {} parameters; {:.1f} GFLOP/s at 6N + 12*L*d*T flops per token; allocator: "
-      "{} system allocations after step 0, {} at the end\n",
-      int64_t(n_params),
-      tokens_per_s * (6 * n_params + 12.0 * double(cfg.model.layers * cfg.model.dim * T)) / 1e9,
-      allocs_after_first, CachingAllocator::cpu().stats().system_allocs);
+      "model {} parameters; {:.1f} GFLOP/s at 6N + 12*L*d*T flops per token; "
+      "{:.1f} CPU-ms per step (median, all threads)\n",
+      int64_t(n_params), tokens_per_s * flops_per_token / 1e9, median(timed_cpu_ms));
+  fmt::print("allocator: {} system allocations after step 0, {} after step 1, {} at the end\n",
+             allocs_after[0], allocs_after[1], CachingAllocator::cpu().stats().system_allocs);
   fmt::print(
       "RESULT tokens_per_s={:.2f} step_ms_median={:.3f} step_ms_min={:.3f} "
       "step_ms_max={:.3f} final_loss={:.6f} peak_rss_mb={:.1f}\n",

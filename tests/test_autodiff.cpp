@@ -4,6 +4,7 @@
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/core/allocator.hpp"
+#include "redco/ops/backend.hpp"
 
 using namespace redco;
 using redco::test::randn;
@@ -230,4 +231,28 @@ TEST_CASE("a matmul's backward runs in the precision its forward ran under", "[a
   }
   CHECK(diff_from_f32 > 1e-4f);  // the rounding did happen in the backward
   CHECK(diff_from_f32 < 0.2f);
+}
+
+TEST_CASE("the op profiler attributes time to nested scopes only while enabled", "[autodiff]") {
+  const Tensor x = randn({4, 8}, 13, 1.f);
+  auto loss = [&](const ParamTree& p) { return sum(matmul(x, p.at("w"), false, true)); };
+  const ParamTree params{{"w", randn({5, 8}, 14, 1.f)}};
+  profile::reset();
+  grad_of(loss, params);  // off by default: nothing recorded
+  CHECK(profile::report().empty());
+  profile::enable(true);
+  grad_of(loss, params);
+  profile::enable(false);
+  const auto entries = profile::report();
+  auto find = [&](const std::string& path) {
+    for (const auto& e : entries)
+      if (e.path == path) return e;
+    return profile::Entry{};
+  };
+  CHECK(find("matmul").calls == 1);                     // the forward kernel
+  CHECK(find("matmul.backward > matmul").calls == 1);   // dW (x needs no gradient)
+  CHECK(find("matmul.backward").calls == 1);            // the rule's own (exclusive) time
+  for (const auto& e : entries) CHECK(e.seconds >= 0);  // nested time is not counted twice
+  profile::reset();
+  CHECK(profile::report().empty());
 }

@@ -59,8 +59,30 @@ void Engine::collect(const std::vector<Edge>& roots, const std::vector<Edge>& ta
     for (const Edge& e : n->inputs()) need = need || (e.node && needed_.count(e.node.get()));
     if (need) needed_.insert(n);
   }
+  // Each node runs as soon as its last consumer has run: ordered by the
+  // smallest sequence number among its consumers (its own for roots), later
+  // first, ties by its own number. For nodes made during the forward pass this
+  // is the usual reverse creation order; a node made *before* its consumers
+  // (DataParallel's per-parameter "gradient ready" hook, recorded on the
+  // parameters before the forward pass) no longer waits for the end of
+  // backward, so its bucket's all-reduce starts while backward goes on.
+  std::unordered_map<Node*, uint64_t> key;  // the smallest consumer's sequence number
+  for (Node* n : reach) {
+    if (!needed_.count(n)) continue;
+    for (const Edge& e : n->inputs()) {
+      if (!e.node || !needed_.count(e.node.get())) continue;
+      auto [it, fresh] = key.try_emplace(e.node.get(), n->sequence());
+      if (!fresh && it->second > n->sequence()) it->second = n->sequence();
+    }
+  }
+  for (Node* n : reach)
+    if (needed_.count(n)) key.try_emplace(n, n->sequence());  // roots: their own
   for (auto it = reach.rbegin(); it != reach.rend(); ++it)
     if (needed_.count(*it)) order_.push_back(*it);
+  std::stable_sort(order_.begin(), order_.end(), [&](Node* a, Node* b) {
+    const uint64_t ka = key.at(a), kb = key.at(b);
+    return ka != kb ? ka > kb : a->sequence() > b->sequence();
+  });
 }
 
 void Engine::add_pending(const Edge& e, Tensor g) {

@@ -11,8 +11,10 @@
 //             after backward)
 //   alone     DataParallel::average on gradients of the same shapes, with no
 //             compute: the all-reduce's own time
-// Rank 0 prints the medians and hidden = (serial - overlap) / alone, the
-// fraction of the all-reduce that overlapping removed from the step.
+// Rank 0 prints the medians, how long finish() waited, when in the last
+// overlapped step each bucket's all-reduce was called (by the backward hooks),
+// and hidden = (serial - overlap) / alone, the fraction of the all-reduce that
+// overlapping removed from the step.
 #include <tbb/global_control.h>
 
 #include <CLI/CLI.hpp>
@@ -51,13 +53,60 @@ Tensor tokens(int64_t rows, int64_t len, int64_t vocab, uint64_t stream) {
   return Tensor::from<int64_t>(std::span<const int64_t>(ids), Shape{rows, len});
 }
 
+void report(const std::vector<double>& t_overlap, const std::vector<double>& t_serial,
+            const std::vector<double>& t_alone, const std::vector<double>& t_backward,
+            const std::vector<double>& t_finish, const std::vector<double>& starts) {
+  const double ov = median(t_overlap), se = median(t_serial), al = median(t_alone);
+  std::printf(
+      "fwd+bwd %.1f ms | serial %.1f ms | overlap %.1f ms (of which waiting in finish %.1f ms) "
+      "| all-reduce alone %.1f ms\n",
+      median(t_backward) * 1e3, se * 1e3, ov * 1e3, median(t_finish) * 1e3, al * 1e3);
+  std::printf("last overlapped step: buckets started at");
+  for (size_t b = 0; b + 1 < starts.size(); ++b) std::printf(" %.1f", starts[b] * 1e3);
+  std::printf(" ms; backward ended at %.1f ms\n", starts.back() * 1e3);
+  std::printf("hidden = (serial - overlap) / alone = %.2f\n", (se - ov) / al);
+  std::fflush(stdout);
+}
+
+// Forwards to a communicator and notes when each all_reduce is called, to
+// show where in backward the buckets start.
+class NotingComm final : public dist::Comm {
+ public:
+  explicit NotingComm(dist::Comm& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  int world_rank(int r) const override { return inner_.world_rank(r); }
+  std::unique_ptr<Comm> subgroup(std::span<const int> r) override { return inner_.subgroup(r); }
+  std::vector<Clock::time_point> calls;
+
+ protected:
+  Task do_all_reduce(uint64_t, Tensor t, dist::ReduceOp op) override {
+    calls.push_back(Clock::now());
+    return inner_.all_reduce(t, op);
+  }
+  Task do_reduce_scatter(uint64_t, Tensor in, Tensor out, dist::ReduceOp op) override {
+    return inner_.reduce_scatter(in, out, op);
+  }
+  Task do_all_gather(uint64_t, Tensor in, Tensor out) override {
+    return inner_.all_gather(in, out);
+  }
+  Task do_broadcast(uint64_t, Tensor t, int root) override { return inner_.broadcast(t, root); }
+  Task do_barrier(uint64_t) override { return inner_.barrier(); }
+  Task do_send(uint64_t, Tensor t, int peer, int tag) override { return inner_.send(t, peer, tag); }
+  Task do_recv(uint64_t, Tensor t, int peer, int tag) override { return inner_.recv(t, peer, tag); }
+
+ private:
+  dist::Comm& inner_;
+};
+
 struct Setup {
   int64_t dim = 256, layers = 4, heads = 4, vocab = 1024, len = 64, batch = 8;
   size_t bucket_kb = 2048;
   int steps = 10, threads = 1;
 };
 
-void run(dist::Comm& comm, const Setup& s) {
+void run(dist::Comm& world, const Setup& s) {
+  NotingComm comm(world);
   const models::Gpt2Config cfg{.vocab = s.vocab,
                                .context = s.len,
                                .dim = s.dim,
@@ -76,6 +125,7 @@ void run(dist::Comm& comm, const Setup& s) {
   ParamTree zeros;  // gradients' shapes, for the all-reduce alone
   for (const auto& [name, p] : params) zeros.emplace(name, Tensor::zeros(p.shape()));
   std::vector<double> t_overlap, t_serial, t_alone, t_backward, t_finish;
+  std::vector<double> starts;  // the last overlapped step's bucket starts, ms into the step
   size_t buckets = 0, early = 0;
   for (int i = -1; i < s.steps; ++i) {  // step -1 warms up
     for (int k = 0; k < 3; ++k) {
@@ -83,9 +133,13 @@ void run(dist::Comm& comm, const Setup& s) {
       sched::sync_wait(comm.barrier());
       const Clock::time_point t0 = Clock::now();
       if (mode == 0) {
+        comm.calls.clear();
         auto [loss, grads] = value_and_grad(
             [&](const ParamTree& p) { return loss_of(data.watch(p, order)); }, params);
         const Clock::time_point t1 = Clock::now();
+        starts.clear();
+        for (Clock::time_point c : comm.calls) starts.push_back(since(t0) - since(c));
+        starts.push_back(since(t0));  // backward's end
         data.finish(grads);
         if (i >= 0) t_overlap.push_back(since(t0)), t_finish.push_back(since(t1));
         buckets = data.last_bucket_count();
@@ -102,24 +156,17 @@ void run(dist::Comm& comm, const Setup& s) {
       }
     }
   }
-  const double ov = median(t_overlap), se = median(t_serial), al = median(t_alone);
-  if (comm.rank() == 0) {
-    size_t numel = 0;
-    for (const auto& [name, p] : params) numel += size_t(p.numel());
-    std::printf(
-        "gpt d=%lld layers=%lld heads=%lld vocab=%lld len=%lld batch/rank=%lld, %zu params "
-        "(%.1f MB of f32 gradients), %d ranks x %d thread(s), %zu buckets (%zu started by "
-        "backward), medians of %d steps\n",
-        (long long)s.dim, (long long)s.layers, (long long)s.heads, (long long)s.vocab,
-        (long long)s.len, (long long)s.batch, numel, double(numel) * 4 / 1e6, comm.size(),
-        s.threads, buckets, early, s.steps);
-    std::printf(
-        "fwd+bwd %.1f ms | serial %.1f ms | overlap %.1f ms (of which waiting in finish %.1f ms) "
-        "| all-reduce alone %.1f ms\n",
-        median(t_backward) * 1e3, se * 1e3, ov * 1e3, median(t_finish) * 1e3, al * 1e3);
-    std::printf("hidden = (serial - overlap) / alone = %.2f\n", (se - ov) / al);
-    std::fflush(stdout);
-  }
+  if (comm.rank() != 0) return;
+  size_t numel = 0;
+  for (const auto& [name, p] : params) numel += size_t(p.numel());
+  std::printf(
+      "gpt d=%lld layers=%lld heads=%lld vocab=%lld len=%lld batch/rank=%lld, %zu params "
+      "(%.1f MB of f32 gradients), %d ranks x %d thread(s), %zu buckets (%zu started by "
+      "backward), medians of %d steps\n",
+      (long long)s.dim, (long long)s.layers, (long long)s.heads, (long long)s.vocab,
+      (long long)s.len, (long long)s.batch, numel, double(numel) * 4 / 1e6, comm.size(), s.threads,
+      buckets, early, s.steps);
+  report(t_overlap, t_serial, t_alone, t_backward, t_finish, starts);
 }
 
 }  // namespace

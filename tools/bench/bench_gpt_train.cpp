@@ -155,7 +155,10 @@ int main(int argc, char** argv) try {
     if (s == warmup && profiling) profile::enable(true);
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = process_cpu_ms();
-    auto [inputs, targets] = batch_for(tokens, s, B, T, cfg.model.vocab);
+    // Not a structured binding: clang 14 cannot capture those in a lambda.
+    const std::pair<Tensor, Tensor> batch = batch_for(tokens, s, B, T, cfg.model.vocab);
+    const Tensor& inputs = batch.first;
+    const Tensor& targets = batch.second;
     auto loss_fn = [&](const ParamTree& p) {
       PrecisionGuard mixed(precision);
       return cross_entropy(nn::apply(model, p, inputs), targets);

@@ -364,7 +364,16 @@ TEST_CASE("UCX: a dead peer ends the others with an error naming it", "[ucx]") {
           Tensor t = Tensor::full(Shape{numel}, 1.0f);
           sched::sync_wait(c.all_reduce(t));
           REDCO_CHECK(t.data<float>()[0] == 3.0f, "first all_reduce wrong");
-          if (rank == 2) ::_exit(0);  // dies without a word, endpoints open
+          // Rank 2 leaves only once the others have finished the first
+          // all_reduce (their note to it says so): its own finishing first
+          // does not mean theirs has, and their last messages must not race
+          // its exit.
+          Tensor note = Tensor::full(Shape{1}, 1.0f);
+          if (rank == 2) {
+            for (int from : {0, 1}) sched::sync_wait(c.recv(note, from));
+            ::_exit(0);  // dies without a word, endpoints open
+          }
+          sched::sync_wait(c.send(note, 2));
           sched::sync_wait(c.all_reduce(t));
           fail("the second all_reduce completed without rank 2");
         });

@@ -46,12 +46,7 @@ Tensor tokens(int64_t rows, uint64_t step, uint64_t stream) {
 }
 
 std::unique_ptr<dist::Comm> connect(const dist::LaunchEnv& env) {
-  return dist::connect_ucx({.rank = env.rank,
-                            .world_size = env.world_size,
-                            .host0 = env.host0,
-                            .port = env.port,
-                            .job_token = env.job_token,
-                            .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000))});
+  return dist::connect_ucx(dist::ucx_options(env));
 }
 
 void run_training(dist::Comm& world, int steps, int64_t batch, int step_ms) {

@@ -439,4 +439,13 @@ std::unique_ptr<Comm> connect_ucx(const UcxOptions& options) {
   return connect_ucx(rz, options);
 }
 
+UcxOptions ucx_options(const LaunchEnv& env) {
+  return {.rank = env.rank,
+          .world_size = env.world_size,
+          .host0 = env.host0,
+          .port = env.port,
+          .job_token = env.job_token,
+          .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000))};
+}
+
 }  // namespace redco::dist

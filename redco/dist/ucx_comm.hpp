@@ -52,6 +52,7 @@
 #include <string>
 
 #include "redco/dist/comm.hpp"
+#include "redco/dist/launch_env.hpp"
 #include "redco/dist/rendezvous.hpp"
 
 namespace redco::dist {
@@ -73,6 +74,10 @@ struct UcxOptions {
   // transfer of one overlaps the reduction of the previous one.
   size_t segment_bytes = size_t(256) << 10;
 };
+
+// The options of a rank its launcher started (redco-run, Slurm, Open MPI):
+// rank, world size, host0, port, job token and timeout from `env`.
+UcxOptions ucx_options(const LaunchEnv& env);
 
 // Rendezvous, UCX set-up and endpoints; returns this rank's world communicator.
 std::unique_ptr<Comm> connect_ucx(const UcxOptions& options);

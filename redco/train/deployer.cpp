@@ -36,13 +36,7 @@ namespace {
 // The world of a process started by a launcher: a rendezvous at rank 0, then UCX.
 std::unique_ptr<dist::Comm> connect(const dist::LaunchEnv& env) {
 #if REDCO_HAS_UCX
-  const auto timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000));
-  return dist::connect_ucx({.rank = env.rank,
-                            .world_size = env.world_size,
-                            .host0 = env.host0,
-                            .port = env.port,
-                            .job_token = env.job_token,
-                            .timeout = timeout});
+  return dist::connect_ucx(dist::ucx_options(env));
 #else
   fail(
       "this process is rank {} of {} (started by {}), but redco was built without UCX, which "

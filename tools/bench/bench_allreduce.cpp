@@ -58,15 +58,12 @@ int main(int argc, char** argv) {
     const dist::LaunchEnv env = dist::detect_launch_env();
     REDCO_CHECK(env.world_size >= 2,
                 "bench_allreduce needs at least 2 ranks: run it under redco-run -n 2");
-    std::unique_ptr<dist::Comm> comm =
-        dist::connect_ucx({.rank = env.rank,
-                           .world_size = env.world_size,
-                           .host0 = env.host0,
-                           .port = env.port,
-                           .job_token = env.job_token,
-                           .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000)),
-                           .small_bytes = small_kb << 10,
-                           .segment_bytes = segment_kb << 10});
+    std::unique_ptr<dist::Comm> comm = dist::connect_ucx([&] {
+      dist::UcxOptions o = dist::ucx_options(env);
+      o.small_bytes = small_kb << 10;
+      o.segment_bytes = segment_kb << 10;
+      return o;
+    }());
     const int n = comm->size();
     for (double mb : sizes_mb) {
       const size_t bytes = size_t(mb * double(1 << 20)) / 4 * 4;

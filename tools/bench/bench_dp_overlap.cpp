@@ -189,13 +189,7 @@ int main(int argc, char** argv) {
     const dist::LaunchEnv env = dist::detect_launch_env();
     REDCO_CHECK(env.world_size >= 2,
                 "bench_dp_overlap needs at least 2 ranks: run it under redco-run -n 2");
-    std::unique_ptr<dist::Comm> comm =
-        dist::connect_ucx({.rank = env.rank,
-                           .world_size = env.world_size,
-                           .host0 = env.host0,
-                           .port = env.port,
-                           .job_token = env.job_token,
-                           .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000))});
+    std::unique_ptr<dist::Comm> comm = dist::connect_ucx(dist::ucx_options(env));
     run(*comm, s);
     sched::sync_wait(comm->barrier());
   } catch (const std::exception& e) {

@@ -280,7 +280,9 @@ TEST_CASE("a checkpoint holds whole tensors and resumes on another mesh", "[trai
     CHECK(saved.at(s.name).shape() == s.shape);
   const ParamTree opt = io::load_safetensors(ckpt / "opt_state.safetensors");
   CHECK(opt.at("adamw.m.wte.weight").shape() == saved.at("wte.weight").shape());
-  CHECK_FALSE(opt.count("adamw.m.~global_norm_pad"));
+  for (const auto& [key, t] : opt)  // moments of the model's parameters, nothing else
+    if (key.starts_with("adamw.m.") || key.starts_with("adamw.v."))
+      CHECK(saved.at(key.substr(8)).shape() == t.shape());
 
   const std::vector<double> tail(whole_run.losses.begin() + 5, whole_run.losses.end());
   for (const Mesh& m : std::vector<Mesh>{{2, 1}, {1, 1}}) {

@@ -204,10 +204,15 @@ Optimizer::Slot& Optimizer::slot_for(const std::string& name, const Tensor& para
 }
 
 void Optimizer::step(ParamTree& params, const ParamTree& grads) {
+  check_trees(params, grads);
+  step(params, grads, global_norm(grads));  // throws, naming a non-finite gradient
+}
+
+void Optimizer::step(ParamTree& params, const ParamTree& grads, double norm) {
   profile::Scope scope("optimizer.step");
   check_trees(params, grads);
+  REDCO_CHECK(std::isfinite(norm), "optimizer step: the global gradient norm is {}", norm);
   // Everything that can fail runs before the first parameter is touched.
-  const double norm = global_norm(grads);
   for (const auto& [name, p] : params) slot_for(name, p);
   last_grad_norm_ = float(norm);
   float gscale = 1.f;  // clipping is folded into the update instead of rewriting the gradients

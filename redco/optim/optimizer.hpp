@@ -90,6 +90,10 @@ class Optimizer {
   // same shapes (pass only the trainable parameters). Parameters are f32 on
   // the CPU and are updated in place.
   void step(ParamTree& params, const ParamTree& grads);
+  // The same with the global gradient norm given, for gradients spread over
+  // several processes (model shards), whose norm only the caller can form;
+  // `grads` must be finite (step(params, grads) checks and names offenders).
+  void step(ParamTree& params, const ParamTree& grads, double global_norm);
 
   int64_t steps() const { return steps_; }                  // optimizer steps taken
   float lr() const { return schedule_(steps_); }            // the rate the next step uses

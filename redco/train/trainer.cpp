@@ -157,10 +157,8 @@ bool FitDriver::save_due() const {
 
 void FitDriver::save(const ParamTree& params, const optim::Optimizer& opt) {
   if (!can_save() || last_saved_ == pos_.step) return;
-  // Buffers of parameters named "~..." are the Trainer's bookkeeping, not the model's.
-  ParamTree state = opt.state();
-  std::erase_if(state, [](const auto& kv) { return kv.first.find(".~") != std::string::npos; });
-  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, state, state_json(opt), plan());
+  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, opt.state(), state_json(opt),
+                            plan());
   last_saved_ = pos_.step;
   deployer_.keep_last(config_.keep_last);
 }

@@ -310,11 +310,10 @@ class Trainer {
 
   // The optimizer step. With model shards the optimizer is handed the global
   // gradient norm (split parameters' squares summed over the group,
-  // replicated ones counted once) through a scalar pad gradient, so its
-  // clipping and last_grad_norm() see the whole model. Each shard's optimizer
-  // rounds that norm its own way, so replicated parameters and their buffers
-  // are then made identical again (copied from model shard 0): checkpoints
-  // keep one copy of them.
+  // replicated ones counted once), so its clipping and last_grad_norm() see
+  // the whole model. Replicated parameters and their buffers are then made
+  // identical again (copied from model shard 0; their gradients may differ in
+  // the last bit between shards): checkpoints keep one copy of them.
   void apply(const ParamTree& grads) {
     if (deployer_->n_model_shards() == 1) return opt_.step(params_, grads);
     double split_sq = 0, whole_sq = 0;
@@ -329,11 +328,7 @@ class Trainer {
     const double global_sq = double(total.data<float>()[0]) + whole_sq;
     REDCO_CHECK(std::isfinite(global_sq),
                 "the gradient norm is not finite on another model shard (see its error)");
-    ParamTree params = params_, padded = grads;  // the same tensors, plus the pad
-    params.emplace(kNormPad, norm_pad_);
-    const double pad_sq = std::max(0.0, global_sq - split_sq - whole_sq);
-    padded.emplace(kNormPad, Tensor::full(Shape{1}, float(std::sqrt(pad_sq))));
-    opt_.step(params, padded);
+    opt_.step(params_, grads, std::sqrt(global_sq));
     sync_replicated();
   }
 
@@ -445,10 +440,6 @@ class Trainer {
     opt_.load_state(ck->opt_state);
   }
 
-  // The optimizer's view of the pad parameter that carries the rest of the
-  // global gradient norm (see apply); its buffers are not checkpointed.
-  static constexpr const char* kNormPad = "~global_norm_pad";
-
   Deployer* deployer_;
   L model_;
   // Mutable for the same reason as in Predictor: stateful lambdas work.
@@ -459,7 +450,6 @@ class Trainer {
   std::vector<std::string> order_;  // parameters in execution order, for the buckets
   ParamTree params_;
   std::unique_ptr<DataParallel> dp_;  // with more than one replica
-  Tensor norm_pad_ = Tensor::zeros(Shape{1});
 };
 
 }  // namespace redco::train

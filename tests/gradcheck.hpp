@@ -2,6 +2,7 @@
 // Finite-difference gradient checks for differentiable ops.
 // For f: inputs -> tensor, the scalar probe is L = sum(f(inputs) * r) with a
 // fixed random r, so every output element contributes with its own weight.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -11,6 +12,15 @@
 namespace redco::test {
 
 using Fn = std::function<Tensor(const TensorList&)>;
+
+// The largest elementwise difference of two tensors of one shape.
+inline float max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto x = a.to_vector(), y = b.to_vector();
+  float m = 0.f;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
 
 inline Tensor randn(const Shape& s, uint64_t stream, float std = 1.f) {
   return Tensor::normal(s, 1234, stream, 0.f, std);

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/mesh.hpp"
 #include "redco/dist/threads_comm.hpp"
@@ -20,13 +21,7 @@ using namespace redco;
 
 namespace {
 
-float max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto x = a.to_vector(), y = b.to_vector();
-  float m = 0.f;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
+using test::max_abs_diff;
 
 Tensor randn(const Shape& s, uint64_t stream) { return Tensor::normal(s, 7, stream, 0.f, 1.f); }
 

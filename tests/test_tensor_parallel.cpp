@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/models/gpt2.hpp"
@@ -43,13 +44,7 @@ float max_abs(const Tensor& t) {
   return m;
 }
 
-float max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto x = a.to_vector(), y = b.to_vector();
-  float m = 0.f;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
+using test::max_abs_diff;
 
 // Close to 1e-5 relative to the tensor's largest entry.
 bool close(const Tensor& got, const Tensor& want) {

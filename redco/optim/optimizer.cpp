@@ -204,7 +204,6 @@ Optimizer::Slot& Optimizer::slot_for(const std::string& name, const Tensor& para
 }
 
 void Optimizer::step(ParamTree& params, const ParamTree& grads) {
-  check_trees(params, grads);
   step(params, grads, global_norm(grads));  // throws, naming a non-finite gradient
 }
 

@@ -1,6 +1,7 @@
 // Every differentiable op: gradient vs central finite differences, and for
 // the ops with a separate higher-order path, the second-order gradient too.
 #include "gradcheck.hpp"
+#include "redco/core/allocator.hpp"
 
 using namespace redco;
 using redco::test::check_gradients;
@@ -87,6 +88,13 @@ TEST_CASE("shape ops", "[grad]") {
         return p[1] * 2.f + sum(p[0], {-1}, true);
       },
       in, {0});
+  // Unused parts get zero gradient; split is one node with three outputs.
+  check_gradients([](const TensorList& x) { return split(x[0], {1, 1, 2}, -1)[1] * 3.f; }, in, {0});
+  check_second_order(
+      [](const TensorList& x) {
+        return square(split(x[0], {2, 1}, 1)[0]);
+      },
+      in, 0, {0});
 }
 
 TEST_CASE("matmul with transpose flags and broadcast batches; linear", "[grad]") {
@@ -144,6 +152,68 @@ TEST_CASE("cross entropy with an ignored label", "[grad]") {
   for (float v : g[0][1].to_vector()) CHECK(v == 0.f);
   Tensor all_ignored = ids({-100, -100}, {2});
   CHECK(cross_entropy(randn({2, 5}, 20), all_ignored).item() == 0.f);
+}
+
+TEST_CASE("cross entropy writes its gradient into logits nobody else holds", "[grad]") {
+  const int64_t rows = 64, vocab = 4096;  // logits: 1 MiB
+  const Tensor a = randn({rows, 16}, 41).set_requires_grad(true);
+  const Tensor w = randn({16, vocab}, 42).set_requires_grad(true);
+  std::vector<int64_t> label_values(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) label_values[size_t(r)] = (r * 37) % vocab;
+  const Tensor labels = ids(label_values, {rows});
+  auto& alloc = CachingAllocator::cpu();
+  // Logits dropped after the loss (what a loss function returning
+  // cross_entropy(model(x), y) does): their buffer takes the gradient.
+  alloc.reset_peak();
+  const size_t base_dropped = alloc.stats().bytes_in_use;
+  // (A temporary would live until the end of the full expression: a statement
+  // of its own drops it, as returning from a loss function does.)
+  const Tensor dropped_loss = cross_entropy(matmul(a, w), labels);
+  const TensorList dropped = grad({dropped_loss}, {a, w});
+  const size_t peak_dropped = alloc.stats().peak_bytes_in_use - base_dropped;
+  // Logits kept by the caller: they must come out of backward unchanged.
+  alloc.reset_peak();
+  const size_t base_kept = alloc.stats().bytes_in_use;
+  const Tensor logits = matmul(a, w);
+  const std::vector<float> before = logits.to_vector();
+  const TensorList kept = grad({cross_entropy(logits, labels)}, {a, w});
+  const size_t peak_kept = alloc.stats().peak_bytes_in_use - base_kept;
+  CHECK(logits.to_vector() == before);
+  for (size_t i = 0; i < 2; ++i) CHECK(dropped[i].to_vector() == kept[i].to_vector());
+  CHECK(peak_kept >= peak_dropped + size_t(rows * vocab) * sizeof(float));
+  // retain_graph: the second backward must see the logits, not the gradient.
+  const Tensor loss = cross_entropy(matmul(a, w), labels);
+  const TensorList first = grad({loss}, {a, w}, {}, {.retain_graph = true});
+  const TensorList second = grad({loss}, {a, w});
+  for (size_t i = 0; i < 2; ++i) CHECK(first[i].to_vector() == second[i].to_vector());
+  CHECK(first[0].to_vector() == dropped[0].to_vector());
+}
+
+TEST_CASE("bias_gelu_linear equals linear(gelu(y + b), w), values and gradients", "[grad]") {
+  TensorList in{randn({2, 3, 6}, 43), randn({6}, 44), randn({4, 6}, 45)};
+  for (bool tanh_approx : {true, false}) {
+    INFO("tanh " << tanh_approx);
+    auto fused = [tanh_approx](const TensorList& x) {
+      return bias_gelu_linear(x[0], x[1], x[2], tanh_approx);
+    };
+    auto plain = [tanh_approx](const TensorList& x) {
+      return linear(gelu(x[0] + x[1], tanh_approx), x[2]);
+    };
+    check_gradients(fused, in, {0, 1, 2});
+    check_second_order(fused, in, 0, {0, 1, 2});
+    check_second_order(fused, in, 2, {0, 2});
+    TensorList leaves;
+    for (const Tensor& t : in) leaves.push_back(t.detach().set_requires_grad(true));
+    const Tensor r = randn({2, 3, 4}, 46);
+    const Tensor yf = fused(leaves), yp = plain(leaves);
+    CHECK(test::max_abs_diff(yf, yp) < 1e-6f);
+    const TensorList gf = grad({sum(yf * r)}, leaves), gp = grad({sum(yp * r)}, leaves);
+    for (size_t i = 0; i < 3; ++i) CHECK(test::max_abs_diff(gf[i], gp[i]) < 1e-5f);
+  }
+  auto no_bias = [](const TensorList& x) { return bias_gelu_linear(x[0], Tensor(), x[1]); };
+  check_gradients(no_bias, {randn({5, 6}, 47), randn({3, 6}, 48)}, {0, 1});
+  CHECK_THROWS_WITH(bias_gelu_linear(randn({2, 5}, 1), Tensor(), randn({3, 6}, 2)),
+                    Catch::Contains("does not match weight"));
 }
 
 TEST_CASE("embedding, rotary, dropout", "[grad]") {

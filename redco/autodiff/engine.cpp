@@ -9,9 +9,16 @@
 
 #include "redco/autodiff/functional.hpp"
 #include "redco/autodiff/node.hpp"
+#include "redco/autodiff/recording.hpp"
 #include "redco/ops/backend.hpp"
 
 namespace redco {
+namespace {
+thread_local bool t_last_run = false;  // set around a rule that runs for the last time
+}  // namespace
+
+bool detail::last_run_of_rule() { return t_last_run; }
+
 class Engine {
  public:
   Engine(const GradOptions& o) : opts_(o), mode_(o.create_graph) {}
@@ -138,11 +145,17 @@ void Engine::execute(Node* n, const TensorList& gouts) {
               "freed; pass retain_graph = true to the first backward",
               n->name());
   TensorList gins;
+  const bool last_run = !opts_.retain_graph && !opts_.create_graph;
   {
     profile::Scope scope(n->name(), ".backward");
+    struct Flag {  // restored on exit, also when the rule throws
+      bool saved = t_last_run;
+      explicit Flag(bool v) { t_last_run = v; }
+      ~Flag() { t_last_run = saved; }
+    } flag(last_run);
     gins = n->backward_(*n, gouts);
   }
-  if (!opts_.retain_graph && !opts_.create_graph) n->backward_ = nullptr;
+  if (last_run) n->backward_ = nullptr;
   REDCO_CHECK(gins.size() == n->inputs().size(),
               "backward of '{}' returned {} gradients for {} inputs", n->name(), gins.size(),
               n->inputs().size());

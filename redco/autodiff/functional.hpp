@@ -80,6 +80,9 @@ Tensor log_softmax(const Tensor& x);  // over the last axis
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta = {}, float eps = 1e-5f);
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
 Tensor gelu(const Tensor& x, bool tanh_approx = true);
+// linear(gelu(y + b), w) without keeping gelu's input or output for backward
+// (recomputed from y): the middle of a GELU MLP. b may be undefined.
+Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool tanh_approx = true);
 Tensor silu(const Tensor& x);
 // Mean over rows whose label != ignore_index of -log softmax(logits)[label].
 // logits [..., V] f32, labels [...] i64. Logits split by their last dim across

@@ -94,6 +94,9 @@ Tensor concat(const TensorList& xs, int axis_in) {
   });
 }
 
+// One node with one output per part: its backward writes the parts'
+// gradients into one buffer (zeros for a part that got none), instead of one
+// zero-filled full-size buffer per part summed together.
 TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int axis_in) {
   const int axis = x.shape().axis(axis_in);
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -102,10 +105,12 @@ TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int axis_in
   TensorList parts;
   int64_t start = 0;
   for (int64_t s : sizes) {
-    parts.push_back(slice(x, axis, start, start + s));
+    REDCO_CHECK(s >= 0, "split: negative size {} for axis {} of {}", s, axis, x.shape());
+    parts.push_back(kernels::slice(x, axis, start, s));
     start += s;
   }
-  return parts;
+  return record("split", {x}, std::move(parts),
+                [axis](const Node&, const TensorList& g) { return TensorList{concat(g, axis)}; });
 }
 
 }  // namespace redco

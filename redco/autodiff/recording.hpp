@@ -34,6 +34,17 @@ TensorList reference_vjp(const Node& self, const TensorList& inputs, const Tenso
 // True while a backward rule runs with create_graph (grad mode is then on).
 inline bool building_higher_order() { return GradMode::enabled(); }
 
+// True while a backward rule runs for the last time: neither create_graph nor
+// retain_graph, so the engine drops the rule (and what it captured) right
+// after. A rule may then reuse a captured tensor's buffer for its gradient,
+// if nothing else references that buffer (see owns_buffer).
+bool last_run_of_rule();
+
+// True when `t` is the only handle to its buffer.
+inline bool owns_buffer(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1;
+}
+
 // Sums a broadcast gradient back to `shape` (a no-op when they already match).
 inline Tensor unbroadcast(const Tensor& g, const Shape& shape) {
   return g.shape() == shape ? g : sum_to(g, shape);

@@ -171,6 +171,7 @@ struct Attention {
  private:
   bool split_heads(const Params& p, const Ctx& ctx) const;
   Tensor project(const Params& p, const char* name, const Tensor& x) const;
+  TensorList project_qkv(const Params& p, const Tensor& x) const;
 };
 
 // ---- feed-forward blocks --------------------------------------------------------------------
@@ -197,11 +198,25 @@ struct MLP {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Name fc1 = p.path().dot("fc1.weight"), fc2 = p.path().dot("fc2.weight");
-    const Tensor h =
-        activate(act, parallel_linear(x, p["fc1.weight"], Bias ? p["fc1.bias"] : Tensor(), dim,
-                                      hidden, ctx, fc1.view()));
-    return parallel_linear(h, p["fc2.weight"], Bias ? p["fc2.bias"] : Tensor(), hidden, dim, ctx,
-                           fc2.view());
+    const Tensor b1 = Bias ? p["fc1.bias"] : Tensor(), b2 = Bias ? p["fc2.bias"] : Tensor();
+    const Tensor& w2 = p["fc2.weight"];
+    if (act != Act::gelu && act != Act::gelu_erf) {
+      const Tensor h =
+          activate(act, parallel_linear(x, p["fc1.weight"], b1, dim, hidden, ctx, fc1.view()));
+      return parallel_linear(h, w2, b2, hidden, dim, ctx, fc2.view());
+    }
+    // GELU: fc1's bias, the GELU and fc2 run as one op that keeps only fc1's
+    // output for backward (bias_gelu_linear); fc2's bias follows its reduction.
+    const Tensor y = parallel_linear(x, p["fc1.weight"], Tensor(), dim, hidden, ctx, fc1.view());
+    const int split2 = shard_dim(w2, Shape{dim, hidden}, {0, 1}, ctx, fc2.view());
+    if (split2 == 1 && ctx.split_features)  // column fc1 -> row fc2
+      return leave_parallel(bias_gelu_linear(y, b1, w2, act == Act::gelu), b2, ctx);
+    if (split2 == -1 && !ctx.split_features) {  // both whole
+      const Tensor z = bias_gelu_linear(y, b1, w2, act == Act::gelu);
+      return b2.defined() ? add(z, b2) : z;
+    }
+    const Tensor h = activate(act, b1.defined() ? add(y, b1) : y);  // mixed layouts
+    return parallel_linear(h, w2, b2, hidden, dim, ctx, fc2.view());
   }
 };
 

@@ -114,9 +114,11 @@ class Backend {
   // Per-row losses [rows] and the saved log-sum-exp [rows].
   virtual Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                                Tensor& lse) = 0;
+  // overwrite_logits: the gradient may be written into the logits' buffer
+  // (the caller holds the only reference and drops it after).
   virtual Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels,
                                         const Tensor& lse, const Tensor& dloss,
-                                        int64_t ignore_index) = 0;
+                                        int64_t ignore_index, bool overwrite_logits) = 0;
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) = 0;
   virtual Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) = 0;

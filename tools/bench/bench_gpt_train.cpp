@@ -188,8 +188,12 @@ int main(int argc, char** argv) try {
       "model {} parameters; {:.1f} GFLOP/s at 6N + 12*L*d*T flops per token; "
       "{:.1f} CPU-ms per step (median, all threads)\n",
       int64_t(n_params), tokens_per_s * flops_per_token / 1e9, median(timed_cpu_ms));
-  fmt::print("allocator: {} system allocations after step 0, {} after step 1, {} at the end\n",
-             allocs_after[0], allocs_after[1], CachingAllocator::cpu().stats().system_allocs);
+  const AllocatorStats mem = CachingAllocator::cpu().stats();
+  fmt::print(
+      "allocator: {} system allocations after step 0, {} after step 1, {} at the end; "
+      "peak in use {:.1f} MB, held at the end {:.1f} MB (in use + cached)\n",
+      allocs_after[0], allocs_after[1], mem.system_allocs, double(mem.peak_bytes_in_use) / 1e6,
+      double(mem.bytes_in_use + mem.bytes_cached) / 1e6);
   fmt::print(
       "RESULT tokens_per_s={:.2f} step_ms_median={:.3f} step_ms_min={:.3f} "
       "step_ms_max={:.3f} final_loss={:.6f} peak_rss_mb={:.1f}\n",

@@ -39,7 +39,8 @@ class CpuBackend final : public Backend {
   Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                        Tensor& lse) override;
   Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                const Tensor& dloss, int64_t ignore_index) override;
+                                const Tensor& dloss, int64_t ignore_index,
+                                bool overwrite_logits) override;
   Tensor embedding(const Tensor& table, const Tensor& ids) override;
   Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) override;
   Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) override;

@@ -23,11 +23,15 @@
 // exact and is only widened). Where the CPU has bf16 dot products
 // (AVX512_BF16, AMX), unbroadcast products run as oneDNN bf16 GEMMs instead
 // (gemm_bf16), at up to twice the f32 rate.
+#include <fmt/format.h>
+
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/backend.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
@@ -159,6 +163,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
     std::memset(c.raw(), 0, c.nbytes());
     return c;
   }
+  // Under --profile, GEMM time is keyed by the product's shape as well.
+  std::string shape_key;
+  if (profile::enabled())
+    shape_key = fmt::format(" {}{} {}x{}x{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', g.M, g.N,
+                            g.K, bt.rank ? fmt::format(" batch {}", bt.rank) : "");
+  profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
   if (native_bf16(a_in, b_in, g, bt, c)) return c;
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
   if (bs.rank() == 2 && !trans_a) {

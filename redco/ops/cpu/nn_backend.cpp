@@ -111,9 +111,11 @@ Tensor CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& labels,
 }
 Tensor CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& labels,
                                           const Tensor& lse, const Tensor& dloss_in,
-                                          int64_t ignore_index) {
+                                          int64_t ignore_index, bool overwrite_logits) {
   Tensor logits = f32(logits_in, "cross_entropy backward");
-  Tensor dloss = f32(dloss_in, "cross_entropy backward"), dlogits = like(logits);
+  Tensor dloss = f32(dloss_in, "cross_entropy backward");
+  // In place: each element is read once, then overwritten (softmax.cpp).
+  Tensor dlogits = overwrite_logits && logits_in.dtype() == DType::f32 ? logits : like(logits);
   check_same_shape(labels, dloss, "cross_entropy backward");
   cpu::cross_entropy_backward(logits.data<float>(), ids_of(labels, "cross_entropy"),
                               lse.data<float>(), dloss.data<float>(), dlogits.data<float>(),

@@ -112,11 +112,13 @@ Tensor CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& labels,
 }
 Tensor CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& labels,
                                            const Tensor& lse, const Tensor& dloss_in,
-                                           int64_t ignore_index) {
+                                           int64_t ignore_index, bool overwrite_logits) {
   const Device dev = logits_in.device();
   Scope scope(dev);
   Tensor logits = f32(logits_in, dev, "cross_entropy backward");
-  Tensor dloss = f32(dloss_in, dev, "cross_entropy backward"), dlogits = like(logits);
+  Tensor dloss = f32(dloss_in, dev, "cross_entropy backward");
+  // In place: each thread reads its element once, then overwrites it (ce_bwd).
+  Tensor dlogits = overwrite_logits && logits_in.dtype() == DType::f32 ? logits : like(logits);
   check_same_shape(labels, dloss, "cross_entropy backward");
   const int64_t* l = ids_of(labels, dev, "cross_entropy");
   cuda::expect_on(lse, dev, "cross_entropy backward");

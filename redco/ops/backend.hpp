@@ -30,6 +30,13 @@ inline bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
 void enable(bool on);
 void reset();
 std::vector<Entry> report();  // sorted by decreasing seconds
+// Where the CPU allocator's bytes in use peaked while profiling: the innermost
+// scope open when the high-water mark last rose, and that mark.
+struct MemoryPeak {
+  std::string path;  // empty: no scope raised the mark
+  size_t bytes = 0;
+};
+MemoryPeak memory_peak();
 
 class Scope {
  public:

@@ -102,6 +102,10 @@ void print_profile(int64_t steps) {
     fmt::print("  {:9.2f} ms {:5.1f}%  {:6.1f}  {}\n", 1e3 * e.seconds / double(steps),
                100 * e.seconds / total, double(e.calls) / double(steps), e.path);
   fmt::print("  {:9.2f} ms in profiled scopes per step\n", 1e3 * total / double(steps));
+  const profile::MemoryPeak peak = profile::memory_peak();
+  if (!peak.path.empty())
+    fmt::print("peak memory in use {:.1f} MB, reached in {}\n", double(peak.bytes) / 1e6,
+               peak.path);
 }
 
 }  // namespace
@@ -152,7 +156,10 @@ int main(int argc, char** argv) try {
   float last_loss = 0;
   size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
   for (int64_t s = 0; s < warmup + steps; ++s) {
-    if (s == warmup && profiling) profile::enable(true);
+    if (s == warmup && profiling) {
+      profile::enable(true);
+      CachingAllocator::cpu().reset_peak();  // so the timed steps' peak can be placed
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = process_cpu_ms();
     // Not a structured binding: clang 14 cannot capture those in a lambda.

@@ -1,10 +1,13 @@
 #pragma once
 // Caching allocator: page faults are very expensive on the VMs redco targets
 // (a framework that allocates fresh activations every step spends a large part
-// of the step in the kernel), so freed blocks are kept in size-class free
-// lists and handed out again; large blocks are 2 MiB aligned and advised as
-// transparent huge pages. After the first training step, a step allocates
-// nothing new from the OS: `stats().system_allocs` stops growing.
+// of the step in the kernel), so freed blocks are kept and handed out again:
+// small ones in size-class free lists, large ones (> 1 MiB, 64 KiB granules)
+// as pieces of mmap'ed regions that are split and coalesced (best fit), so
+// memory freed in forward serves backward requests of other sizes. Regions are
+// 2 MiB aligned and advised as transparent huge pages. After the first training
+// step or two, a step allocates nothing new from the OS:
+// `stats().system_allocs` stops growing.
 #include <cstddef>
 #include <cstdint>
 
@@ -13,9 +16,9 @@ namespace redco {
 struct AllocatorStats {
   size_t bytes_in_use = 0;       // handed out and not yet returned (rounded sizes)
   size_t peak_bytes_in_use = 0;  // high-water mark of bytes_in_use
-  size_t bytes_cached = 0;       // free blocks kept for reuse
-  size_t system_allocs = 0;      // blocks obtained from the OS so far
-  size_t cache_hits = 0;         // requests served from the free lists
+  size_t bytes_cached = 0;       // free bytes kept for reuse (free blocks, free parts of regions)
+  size_t system_allocs = 0;      // small blocks and large regions obtained from the OS so far
+  size_t cache_hits = 0;         // requests served without the OS
 };
 
 class CachingAllocator {
@@ -28,7 +31,9 @@ class CachingAllocator {
   void deallocate(void* p, size_t capacity);
   AllocatorStats stats() const;
   void reset_peak();
-  // Returns every cached block to the OS (e.g. between phases of a program).
+  // Returns cached memory to the OS (e.g. between phases of a program): every
+  // small free block and every large region with no block in use; a region
+  // that still holds a live block stays mapped whole.
   void empty_cache();
   // Rounding used for size classes (exposed for tests).
   static size_t round_size(size_t bytes);

@@ -31,7 +31,7 @@
 #include <string>
 
 #include "redco/core/error.hpp"
-#include "redco/ops/backend.hpp"
+#include "redco/core/profile.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"

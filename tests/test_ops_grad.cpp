@@ -257,6 +257,49 @@ TEST_CASE("fused attention equals the unfused composition, values and gradients"
                      0, {0, 1, 2});
 }
 
+TEST_CASE("attention_merged_heads equals attention with its heads merged", "[grad]") {
+  TensorList in{randn({2, 4, 5, 8}, 50), randn({2, 2, 5, 8}, 51), randn({2, 2, 5, 8}, 52)};
+  for (auto& t : in) t.set_requires_grad(true);
+  auto merged = [](const TensorList& x) { return attention_merged_heads(x[0], x[1], x[2], true); };
+  auto plain = [](const TensorList& x) {
+    return reshape(transpose(attention(x[0], x[1], x[2], true), 1, 2), {2, 5, 32});
+  };
+  const Tensor ym = merged(in), yp = plain(in);
+  CHECK(ym.shape() == Shape{2, 5, 32});
+  CHECK(ym.to_vector() == yp.to_vector());  // the same kernel, then a copy
+  const Tensor r = randn({2, 5, 32}, 53);
+  const TensorList gm = grad({sum(ym * r)}, in), gp = grad({sum(yp * r)}, in);
+  for (size_t i = 0; i < 3; ++i) CHECK(gm[i].to_vector() == gp[i].to_vector());
+  check_gradients(merged, in, {0, 1, 2});
+  check_second_order(merged,
+                     {randn({1, 2, 3, 4}, 54), randn({1, 2, 3, 4}, 55), randn({1, 2, 3, 4}, 56)}, 0,
+                     {0, 1, 2});
+}
+
+TEST_CASE("linear_stacked equals linear on the concatenated weights", "[grad]") {
+  TensorList in{randn({2, 3, 4}, 57), randn({5, 4}, 58), randn({2, 4}, 59), randn({3, 4}, 60),
+                randn({5}, 61),       randn({2}, 62),    randn({3}, 63)};
+  auto stacked = [](const TensorList& x) {
+    return linear_stacked(x[0], {x[1], x[2], x[3]}, {x[4], x[5], x[6]});
+  };
+  auto plain = [](const TensorList& x) {
+    return linear(x[0], concat({x[1], x[2], x[3]}, 0), concat({x[4], x[5], x[6]}, 0));
+  };
+  check_gradients(stacked, in, {0, 1, 2, 3, 4, 5, 6});
+  check_second_order(stacked, in, 0, {0, 1, 3});
+  TensorList leaves;
+  for (const Tensor& t : in) leaves.push_back(t.detach().set_requires_grad(true));
+  const Tensor ys = stacked(leaves), yp = plain(leaves);
+  CHECK(ys.to_vector() == yp.to_vector());
+  const Tensor r = randn({2, 3, 10}, 64);
+  const TensorList gs = grad({sum(ys * r)}, leaves), gp = grad({sum(yp * r)}, leaves);
+  for (size_t i = 0; i < leaves.size(); ++i) CHECK(test::max_abs_diff(gs[i], gp[i]) < 1e-5f);
+  auto no_bias = [](const TensorList& x) { return linear_stacked(x[0], {x[1], x[2]}); };
+  check_gradients(no_bias, {randn({3, 4}, 65), randn({2, 4}, 66), randn({1, 4}, 67)}, {0, 1, 2});
+  CHECK_THROWS_WITH(linear_stacked(randn({3, 4}, 1), {randn({2, 4}, 2)}, {randn({3}, 3)}),
+                    Catch::Contains("must be [2]"));
+}
+
 TEST_CASE("conv2d and pooling, first and second order", "[grad]") {
   TensorList in{randn({2, 2, 5, 5}, 31), randn({3, 2, 3, 3}, 32, 0.5f), randn({3}, 33)};
   for (auto [stride, pad] : {std::pair{1, 0}, std::pair{2, 1}}) {

@@ -73,6 +73,9 @@ TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int axis);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // x [..., in] @ w[out, in]^T + bias[out] (bias may be undefined).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {});
+// linear(x, concat(ws, 0), concat(bs, 0)) as one GEMM, without keeping the
+// stacked weights for backward. bs: one bias per weight, or none.
+Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& bs = {});
 
 // ---- neural-network ops (fused) -----------------------------------------------
 Tensor softmax(const Tensor& x);      // over the last axis
@@ -101,6 +104,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal 
                  float scale = -1.f);
 // The same attention as a composition of primitive ops (O(T^2) memory): the
 // reference for tests and the path taken for higher-order gradients.
+// attention(q, k, v) with its heads merged: [B, Tq, Hq * D], the input of an
+// output projection. Keeps one output buffer for backward instead of two.
+Tensor attention_merged_heads(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                              float scale = -1.f);
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                            float scale = -1.f);
 // x [N, C, H, W], w [O, C, KH, KW], bias [O] (may be undefined).

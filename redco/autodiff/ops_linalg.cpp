@@ -8,10 +8,14 @@
 // shared by a batch of a's (a tied LM head, x [B, T, d] @ wte^T), its gradient
 // folds the batch into the GEMM's K instead: one [rows, ...] product, with no
 // [B, ...] stack of per-batch gradients to reduce afterwards.
+#include <array>
+
 #include "redco/autodiff/recording.hpp"
 #include "redco/ops/backend.hpp"
 
 namespace redco {
+using detail::building_higher_order;
+using detail::reference_vjp;
 using detail::unbroadcast;
 
 namespace {
@@ -59,6 +63,79 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     y = add(y, bias);
   }
   return reshape(y, out_shape);
+}
+
+namespace {
+// The tensors stacked along dim 0 into a new buffer (no autograd).
+Tensor stack_rows(const TensorList& ts) {
+  int64_t rows = 0;
+  for (const Tensor& t : ts) rows += t.dim(0);
+  Tensor out = Tensor::empty(ts[0].shape().with(0, rows), ts[0].dtype(), ts[0].device());
+  int64_t at = 0;
+  for (const Tensor& t : ts) {
+    kernels::slice_assign(out, t, 0, at);
+    at += t.dim(0);
+  }
+  return out;
+}
+}  // namespace
+
+// One GEMM against weights stacked on the fly (q, k and v projections of one
+// input). The stacked copy is a temporary in forward and rebuilt in backward
+// (a few MB), so the node keeps only x and the weights it was given, not a
+// third copy of them; dW is one GEMM, cut into the weights' rows.
+Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& bs) {
+  REDCO_CHECK(!ws.empty(), "linear_stacked: no weights given");
+  REDCO_CHECK(bs.empty() || bs.size() == ws.size(),
+              "linear_stacked: {} biases for {} weights (give one per weight, or none)", bs.size(),
+              ws.size());
+  const int64_t in = x.shape().last();
+  int64_t out = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    REDCO_CHECK(ws[i].rank() == 2 && ws[i].dim(1) == in,
+                "linear_stacked: input {} does not match weight {} (stored [out, in])", x.shape(),
+                ws[i].shape());
+    REDCO_CHECK(bs.empty() || bs[i].shape() == Shape{ws[i].dim(0)},
+                "linear_stacked: bias {} must be [{}] for weight {}", bs[i].shape(), ws[i].dim(0),
+                ws[i].shape());
+    out += ws[i].dim(0);
+  }
+  const Precision precision = matmul_precision();
+  Tensor y = kernels::matmul(x.view({-1, in}), stack_rows(ws), false, true);  // [rows, out]
+  if (!bs.empty()) y = kernels::binary(BinaryOp::add, y, stack_rows(bs));
+  TensorList inputs{x};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  inputs.insert(inputs.end(), bs.begin(), bs.end());
+  return record(
+      "linear", inputs, y.view(x.shape().with(-1, out)),
+      [inputs, n = ws.size(), has_bias = !bs.empty(), in, out, precision](const Node& self,
+                                                                          const TensorList& g) {
+        PrecisionGuard same(precision);
+        const TensorList ws(inputs.begin() + 1, inputs.begin() + 1 + long(n));
+        if (building_higher_order())
+          return reference_vjp(self, inputs, g[0], [n, has_bias](const TensorList& a) {
+            const TensorList w(a.begin() + 1, a.begin() + 1 + long(n));
+            return linear(
+                a[0], concat(w, 0),
+                has_bias ? concat(TensorList(a.begin() + 1 + long(n), a.end()), 0) : Tensor());
+          });
+        const Tensor dy = g[0].view({-1, out});  // [rows, out]
+        TensorList grads(inputs.size());
+        if (self.needs_grad(0))
+          grads[0] = kernels::matmul(dy, stack_rows(ws), false, false).view(inputs[0].shape());
+        const Tensor dw = kernels::matmul(dy, inputs[0].view({-1, in}), true, false);  // [out, in]
+        const std::array<int, 1> rows{0};
+        const Tensor db =
+            has_bias ? kernels::reduce(ReduceOp::sum, dy, rows).view({out}) : Tensor();
+        int64_t at = 0;
+        for (size_t i = 0; i < n; ++i) {
+          const int64_t r = ws[i].dim(0);
+          grads[1 + i] = kernels::slice(dw, 0, at, r);
+          if (has_bias) grads[1 + n + i] = kernels::slice(db, 0, at, r);
+          at += r;
+        }
+        return grads;
+      });
 }
 
 }  // namespace redco

@@ -2,6 +2,7 @@
 // attention, convolution and pooling. The linear ones (embedding's scatter,
 // rotary, pooling backward) form closed families: the gradient of each
 // backward op is the forward op again, so any order of derivative works.
+#include <array>
 #include <cmath>
 
 #include "redco/autodiff/recording.hpp"
@@ -87,6 +88,34 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                     });
                   return kernels::attention_backward(q, k, v, *saved_o, *lse, g[0], causal, scale);
                 });
+}
+
+// The attention output in the layout the output projection reads: one buffer
+// [B, Tq, Hq * D], saved by this node and by the projection that consumes it.
+// With attention() + transpose the [B, Hq, Tq, D] output stayed alive as
+// well, for the backward's rowsum(dO * O) (75 MB over GPT-2 small's 12 layers
+// at 2048 tokens); here backward transposes it back into a temporary.
+Tensor attention_merged_heads(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                              float scale_in) {
+  const float scale = attention_scale(q, scale_in);
+  auto lse = std::make_shared<Tensor>();
+  const Tensor o = kernels::attention(q, k, v, causal, scale, *lse);  // [B, Hq, Tq, D]
+  const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), D = q.dim(3);
+  static constexpr std::array<int, 4> kSwap{0, 2, 1, 3};  // [B, H, T, D] <-> [B, T, H, D]
+  Tensor y = kernels::permute(o, kSwap).view({B, T, H * D});
+  return detail::record_with_output(
+      "attention", {q, k, v}, std::move(y),
+      [q, k, v, causal, scale, lse, B, H, T, D](const Node& self, const Tensor& y,
+                                                const TensorList& g) {
+        if (building_higher_order())
+          return reference_vjp(self, {q, k, v}, g[0], [&](const TensorList& in) {
+            const Tensor r = attention_reference(in[0], in[1], in[2], causal, scale);
+            return reshape(transpose(r, 1, 2), {B, T, H * D});
+          });
+        const Tensor o = kernels::permute(y.view({B, T, H, D}), kSwap);
+        const Tensor dout = kernels::permute(g[0].view({B, T, H, D}), kSwap);
+        return kernels::attention_backward(q, k, v, o, *lse, dout, causal, scale);
+      });
 }
 
 // ---- convolution ----------------------------------------------------------------------------

@@ -116,16 +116,17 @@ Tensor Attention<Bias, Cross>::project(const Params& p, const char* name, const 
 // stacked weights [q rows + 2 kv rows, dim] replaces three. On GPT-2 small
 // (2048 tokens) the stacked products run at 150-170 GFLOP/s on the 2-core dev
 // box where the 768x768 ones reach 90-120 (the weight gradient worst); the
-// stacking costs a 7 MB copy of the weights and one pass to split heads.
+// stacking costs a 7 MB copy of the weights each way and one pass to split
+// heads.
 template <bool Bias, bool Cross>
 TensorList Attention<Bias, Cross>::project_qkv(const Params& p, const Tensor& x) const {
   const Tensor& wq = p["q_proj.weight"];
   const Tensor& wk = p["k_proj.weight"];
-  const Tensor w = concat({wq, wk, p["v_proj.weight"]}, 0);
-  const Tensor b =
-      Bias ? concat({p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"]}, 0) : Tensor();
+  const TensorList ws{wq, wk, p["v_proj.weight"]};
+  const TensorList bs =
+      Bias ? TensorList{p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"]} : TensorList{};
   const int64_t hd = head_dim(), hq = wq.dim(0) / hd, hkv = wk.dim(0) / hd;  // this rank's heads
-  const Tensor y = linear(x, w, b);  // [B, T, (hq + 2 hkv) * hd]
+  const Tensor y = linear_stacked(x, ws, bs);  // [B, T, (hq + 2 hkv) * hd]
   const Tensor heads = transpose(reshape(y, {x.dim(0), x.dim(1), hq + 2 * hkv, hd}), 1, 2);
   return split(heads, {hq, hkv, hkv}, 1);  // [B, hq, T, hd], [B, hkv, T, hd] x 2
 }
@@ -155,8 +156,7 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
     q = redco::rotary(q, 0, rope_base);
     k = redco::rotary(k, 0, rope_base);
   }
-  Tensor o = transpose(attention(q, k, v, causal), 1, 2);  // [B, T, local heads, hd]
-  o = reshape(o, {x.dim(0), x.dim(1), q.dim(1) * head_dim()});
+  const Tensor o = attention_merged_heads(q, k, v, causal);  // [B, T, local heads * hd]
   const Tensor bias = Bias ? p["o_proj.bias"] : Tensor();
   if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);
   return linear(o, p["o_proj.weight"], bias);

@@ -249,10 +249,31 @@ TEST_CASE("the op profiler attributes time to nested scopes only while enabled",
       if (e.path == path) return e;
     return profile::Entry{};
   };
-  CHECK(find("matmul").calls == 1);                     // the forward kernel
-  CHECK(find("matmul.backward > matmul").calls == 1);   // dW (x needs no gradient)
+  CHECK(find("matmul > gemm NT 4x5x8").calls == 1);  // the forward GEMM, keyed by shape
+  CHECK(find("matmul.backward > matmul > gemm TN 5x8x4").calls == 1);  // dW (x needs none)
   CHECK(find("matmul.backward").calls == 1);            // the rule's own (exclusive) time
   for (const auto& e : entries) CHECK(e.seconds >= 0);  // nested time is not counted twice
   profile::reset();
   CHECK(profile::report().empty());
+}
+
+TEST_CASE("the op profiler names the scope where memory in use peaked", "[autodiff]") {
+  profile::reset();
+  CachingAllocator::cpu().reset_peak();
+  profile::enable(true);
+  {
+    profile::Scope outer("outer");
+    Tensor small = Tensor::zeros({1000});
+    {
+      profile::Scope inner("inner");
+      Tensor big = Tensor::zeros({8 << 20});  // 32 MiB, freed at once
+    }
+    Tensor after = Tensor::zeros({1000});  // below the mark: moves nothing
+  }
+  profile::enable(false);
+  const profile::MemoryPeak peak = profile::memory_peak();
+  CHECK(peak.path == "outer > inner");
+  CHECK(peak.bytes >= (size_t(32) << 20));
+  profile::reset();
+  CHECK(profile::memory_peak().path.empty());
 }

@@ -58,8 +58,17 @@ void Scope::begin(const char* name, const char* suffix) {
   std::string path = t_stack.empty() ? std::string() : t_stack.back().path + " > ";
   path += name;
   if (suffix) path += suffix;
-  t_stack.push_back(
-      {std::move(path), Clock::now(), 0, CachingAllocator::cpu().stats().peak_bytes_in_use});
+  const size_t peak = CachingAllocator::cpu().stats().peak_bytes_in_use;
+  // A mark that rose since the enclosing scope last looked rose in that scope's
+  // own code, between its children (or outside every scope).
+  const size_t seen = t_stack.empty() ? 0 : t_stack.back().peak_start;
+  if (peak > seen) {
+    std::lock_guard lock(totals().mu);
+    if (peak > totals().peak.bytes)
+      totals().peak = {t_stack.empty() ? "(outside profiled scopes)" : t_stack.back().path, peak};
+    if (!t_stack.empty()) t_stack.back().peak_start = peak;
+  }
+  t_stack.push_back({std::move(path), Clock::now(), 0, peak});
 }
 
 void Scope::end() {

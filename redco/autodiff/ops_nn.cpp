@@ -147,8 +147,7 @@ Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool 
   Tensor z = kernels::matmul(activations(y).second, w, false, true).view(y.shape().with(-1, out));
   return record(
       "bias_gelu_linear", {y, b, w}, std::move(z),
-      [y, b, w, tanh_approx, precision, activations, hidden, out](const Node& self,
-                                                                  const TensorList& g) {
+      [y, b, w, tanh_approx, precision, activations, out](const Node& self, const TensorList& g) {
         PrecisionGuard same(precision);
         if (building_higher_order())
           return reference_vjp(self, {y, b, w}, g[0], [tanh_approx](const TensorList& in) {

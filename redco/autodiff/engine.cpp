@@ -103,8 +103,8 @@ void Engine::add_pending(const Edge& e, Tensor g) {
   profile::Scope scope("grad_accumulate");
   // A partial sum nobody else can see (first-order backward, its own buffer)
   // takes the next contribution in place: no new buffer, one pass less.
-  const bool owned = s.impl_ptr().use_count() == 1 && s.impl().storage.use_count() == 1;
-  if (!opts_.create_graph && owned && s.shape() == g.shape() && s.dtype() == g.dtype())
+  if (!opts_.create_graph && detail::owns_buffer(s) && s.shape() == g.shape() &&
+      s.dtype() == g.dtype())
     kernels::add_inplace(s, g);
   else
     s = add(s, g);
@@ -130,8 +130,7 @@ void Engine::accumulate_leaf(Node* n, Tensor g) {
   if (!old.defined()) {
     // Keep the buffer if nothing else references it; else copy, so that
     // in-place accumulation later cannot write into another tensor.
-    const bool unique = g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1;
-    leaf.set_grad(opts_.create_graph || unique ? g : g.clone());
+    leaf.set_grad(opts_.create_graph || detail::owns_buffer(g) ? g : g.clone());
   } else if (opts_.create_graph) {
     leaf.set_grad(add(old, g));
   } else {

@@ -164,14 +164,18 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
     return c;
   }
   // Under --profile, GEMM time is keyed by the product's shape as well.
+  // A linear layer's leading dims fold into M (the fast path below), so its
+  // key shows the one GEMM that runs.
+  const bool folds = bs.rank() == 2 && !trans_a;
   std::string shape_key;
   if (profile::enabled())
-    shape_key = fmt::format(" {}{} {}x{}x{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', g.M, g.N,
-                            g.K, bt.rank ? fmt::format(" batch {}", bt.rank) : "");
+    shape_key = fmt::format(" {}{} {}x{}x{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
+                            folds ? a_in.numel() / g.K : g.M, g.N, g.K,
+                            folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
   if (native_bf16(a_in, b_in, g, bt, c)) return c;
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
-  if (bs.rank() == 2 && !trans_a) {
+  if (folds) {
     // Linear-layer fast path: a's rows are contiguous across its batch dims.
     sgemm(false, trans_b, a.numel() / g.K, g.N, g.K, 1.f, a.data<float>(), g.lda, b.data<float>(),
           g.ldb, 0.f, c.data<float>(), g.N);

@@ -520,6 +520,31 @@ TEST_CASE("cpu matmul: transpose flags and broadcast batch dims", "[cpu][matmul]
   }
 }
 
+TEST_CASE("matmul_into writes or accumulates into a row range of a larger buffer",
+          "[cpu][matmul]") {
+  for (int flags = 0; flags < 4; ++flags) {
+    const bool ta = flags & 1, tb = flags & 2;
+    INFO("ta=" << ta << " tb=" << tb);
+    const Tensor a = rnd(stored({}, 5, 7, ta), 17), b = rnd(stored({}, 7, 3, tb), 18);
+    Shape out;
+    const auto want = ref_matmul(a, b, ta, tb, &out);  // [5, 3]
+    Tensor big = Tensor::full({9, 3}, 2.f);
+    Tensor rows = big.slice0(2, 7);
+    cpu::matmul_into(a, b, ta, tb, rows, false);
+    check_close(rows, out, want, 1e-4f);
+    cpu::matmul_into(a, b, ta, tb, rows, true);  // now twice the product
+    std::vector<float> twice(want);
+    for (float& v : twice) v *= 2.f;
+    check_close(rows, out, twice, 1e-4f);
+    const auto all = big.to_vector();  // rows outside [2, 7) untouched
+    for (size_t i : {size_t(0), size_t(5), size_t(21), size_t(26)}) CHECK(all[i] == 2.f);
+  }
+  Tensor wrong = Tensor::zeros({5, 4});
+  require_error([&] { cpu::matmul_into(rnd({5, 7}, 1), rnd({7, 3}, 2), false, false, wrong,
+                                           false); },
+                {"matmul_into", "[5, 4]"});
+}
+
 TEST_CASE("cpu matmul errors name both shapes", "[cpu][matmul]") {
   const Tensor a = Tensor::zeros({2, 5, 7}), b = Tensor::zeros({6, 3});
   require_error([&] { cpu::matmul(a, b, false, false); }, {"matmul", "[2, 5, 7]", "[6, 3]"});

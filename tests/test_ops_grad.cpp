@@ -189,6 +189,48 @@ TEST_CASE("cross entropy writes its gradient into logits nobody else holds", "[g
   CHECK(first[0].to_vector() == dropped[0].to_vector());
 }
 
+TEST_CASE("linear_cross_entropy equals cross_entropy(x w^T), values and gradients", "[grad]") {
+  // 13 rows in chunks of 5, 5 and 3; one row ignored.
+  const Tensor labels = ids({3, 0, 6, -100, 1, 2, 6, 5, 4, 0, 1, 3, 2}, {13});
+  const TensorList in{randn({13, 4}, 51), randn({7, 4}, 52)};
+  auto fused = [labels](const TensorList& x) {
+    return linear_cross_entropy(x[0], x[1], labels, -100, 5);
+  };
+  auto plain = [labels](const TensorList& x) {
+    return cross_entropy(matmul(x[0], x[1], false, true), labels);
+  };
+  check_gradients(fused, in, {0, 1});
+  check_second_order(fused, in, 0, {0, 1});  // through the composition
+  check_second_order(fused, in, 1, {0, 1});
+  for (int64_t chunk : {0, 1, 5, 13, 64}) {
+    INFO("chunk " << chunk);
+    TensorList leaves;
+    for (const Tensor& t : in) leaves.push_back(t.detach().set_requires_grad(true));
+    const Tensor lf = linear_cross_entropy(leaves[0], leaves[1], labels, -100, chunk);
+    const Tensor lp = plain(leaves);
+    CHECK(std::abs(lf.item() - lp.item()) < 1e-6f);
+    // An incoming gradient other than 1 scales both gradients.
+    const TensorList gf = grad({lf * 3.f}, leaves), gp = grad({lp * 3.f}, leaves);
+    for (size_t i = 0; i < 2; ++i) CHECK(test::max_abs_diff(gf[i], gp[i]) < 1e-6f);
+  }
+  // retain_graph: the second backward gets the same gradients.
+  TensorList leaves;
+  for (const Tensor& t : in) leaves.push_back(t.detach().set_requires_grad(true));
+  const Tensor loss = fused(leaves);
+  const TensorList first = grad({loss}, leaves, {}, {.retain_graph = true});
+  const TensorList second = grad({loss}, leaves);
+  for (size_t i = 0; i < 2; ++i) CHECK(first[i].to_vector() == second[i].to_vector());
+  // Without a recorded graph it is the loss alone; every row ignored: 0.
+  CHECK(std::abs(fused(in).item() - plain(in).item()) < 1e-6f);
+  CHECK(linear_cross_entropy(in[0].view({1, 13, 4}), in[1], ids(std::vector<int64_t>(13, -100),
+                                                                 {1, 13}))
+            .item() == 0.f);
+  CHECK_THROWS_WITH(linear_cross_entropy(in[0], randn({7, 5}, 1), labels),
+                    Catch::Contains("does not match the head's weight"));
+  CHECK_THROWS_WITH(linear_cross_entropy(in[0], in[1], ids({1, 2}, {2})),
+                    Catch::Contains("labels of shape [13]"));
+}
+
 TEST_CASE("bias_gelu_linear equals linear(gelu(y + b), w), values and gradients", "[grad]") {
   TensorList in{randn({2, 3, 6}, 43), randn({6}, 44), randn({4, 6}, 45)};
   for (bool tanh_approx : {true, false}) {

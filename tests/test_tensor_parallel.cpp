@@ -397,3 +397,70 @@ TEST_CASE("shards without their group, or cut for another group size, are refuse
   for (const std::string& e : head_errors)
     CHECK_THAT(e, Catch::Contains("nn::tied_lm_head(vocab)"));
 }
+
+TEST_CASE("an LM head's logits are deferred in training and the loss and gradients are the same",
+          "[tensor_parallel]") {
+  for (const bool tied : {true, false}) {
+    INFO("tied head " << tied);
+    const auto gpt = models::gpt2(tiny_gpt());
+    const auto llama =
+        models::llama({.vocab = 16, .dim = 16, .layers = 1, .heads = 4, .hidden = 24});
+    const ParamTree params = tied ? nn::init_params(gpt, 5) : nn::init_params(llama, 5);
+    auto apply = [&](const ParamTree& p, nn::Ctx& ctx) {
+      return tied ? nn::apply(gpt, p, tokens(2, 8, 16, 16), ctx)
+                  : nn::apply(llama, p, tokens(2, 8, 16, 16), ctx);
+    };
+    const Tensor labels = labels_of(2, 8, 16, 17);
+    std::string deferred_desc, read_error, slice_error;
+    Tensor formed;  // nn::whole of the deferred logits
+    auto deferred = value_and_grad(
+        [&](const ParamTree& p) {
+          nn::Ctx ctx = training_ctx();
+          const Tensor logits = apply(p, ctx);
+          REQUIRE(logits.placement());
+          CHECK(!logits.placement()->holds_values());
+          CHECK(logits.shape() == Shape{2, 8, 16});
+          deferred_desc = logits.str();
+          try {
+            logits.to_vector();
+          } catch (const Error& e) {
+            read_error = e.what();
+          }
+          try {
+            cross_entropy(logits.slice0(0, 1), labels.slice0(0, 1));
+          } catch (const Error& e) {
+            slice_error = e.what();
+          }
+          formed = nn::whole(logits).detach();
+          return cross_entropy(logits, labels);
+        },
+        params);
+    Tensor plain_logits;
+    auto plain = value_and_grad(
+        [&](const ParamTree& p) {
+          nn::Ctx ctx = training_ctx();
+          ctx.split_output = nn::Ctx::SplitOutput::never;
+          const Tensor logits = apply(p, ctx);
+          CHECK(!logits.placement());
+          plain_logits = logits.detach();
+          return cross_entropy(logits, labels);
+        },
+        params);
+    CHECK(std::abs(deferred.first.item() - plain.first.item()) <= 1e-6f);
+    CHECK(max_abs_diff(formed, plain_logits) == 0.f);
+    REQUIRE(deferred.second.size() == plain.second.size());
+    for (const auto& [name, g] : plain.second) {
+      INFO(name);
+      CHECK(close(deferred.second.at(name), g));
+    }
+    CHECK_THAT(deferred_desc, Catch::Contains("not formed yet"));
+    CHECK_THAT(read_error, Catch::Contains("no values to read yet") &&
+                               Catch::Contains("nn::whole(t)"));
+    CHECK_THAT(slice_error, Catch::Contains("sliced or reshaped"));
+    // Evaluation, or training with no gradient to record: formed logits.
+    nn::Ctx eval;
+    CHECK(!apply(params, eval).placement());
+    nn::Ctx train = training_ctx();
+    CHECK(!apply(params, train).placement());
+  }
+}

@@ -92,6 +92,12 @@ Tensor silu(const Tensor& x);
 // a model-parallel group (a Placement, see nn::whole) give the same loss,
 // computed without gathering them.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100);
+// cross_entropy(matmul(x, w, false, true), labels) for an LM head w [V, d] on
+// x [..., d], without forming the [..., V] logits whole: they are computed
+// and differentiated a chunk of rows at a time (ops_lm_head.cpp).
+// chunk_rows 0: chunks of at most 64 MiB of logits.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& labels,
+                            int64_t ignore_index = -100, int64_t chunk_rows = 0);
 Tensor embedding(const Tensor& table, const Tensor& ids);  // table [V, D], ids i64 [...]
 // Zeroes each element with probability p and scales the rest by 1/(1-p); the
 // mask depends only on (seed, stream, element index).
@@ -102,12 +108,12 @@ Tensor rotary(const Tensor& x, int64_t pos_offset = 0, float base = 10000.f);
 // scale < 0 means 1/sqrt(D).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                  float scale = -1.f);
-// The same attention as a composition of primitive ops (O(T^2) memory): the
-// reference for tests and the path taken for higher-order gradients.
 // attention(q, k, v) with its heads merged: [B, Tq, Hq * D], the input of an
 // output projection. Keeps one output buffer for backward instead of two.
 Tensor attention_merged_heads(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                               float scale = -1.f);
+// The same attention as a composition of primitive ops (O(T^2) memory): the
+// reference for tests and the path taken for higher-order gradients.
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                            float scale = -1.f);
 // x [N, C, H, W], w [O, C, KH, KW], bias [O] (may be undefined).

@@ -1,6 +1,7 @@
 // Graph recording: grad mode, nodes, SavedOutput. The engine that runs the
 // graph backwards is in engine.cpp.
 #include "redco/autodiff/node.hpp"
+#include "redco/autodiff/recording.hpp"
 
 #include <algorithm>
 
@@ -76,4 +77,33 @@ Tensor SavedOutput::get() const {
   return t;
 }
 
+namespace detail {
+
+SavedInput::SavedInput(const Tensor& x) {
+  if (x.defined() && x.impl().recompute && x.grad_fn()) {
+    recompute_ = x.impl().recompute;
+    node_ = x.grad_fn();
+    slot_ = x.output_nr();
+  } else {
+    value_ = x;
+  }
+}
+
+Tensor SavedInput::get() const {
+  if (!recompute_) return value_;
+  Tensor t;
+  {
+    GradModeGuard off(false);  // values only; reconnected below when needed
+    t = recompute_().detach();
+  }
+  auto node = node_.lock();
+  if (node && GradMode::enabled()) {
+    t.impl().grad_fn = node;
+    t.impl().output_nr = slot_;
+    t.impl().requires_grad = true;
+  }
+  return t;
+}
+
+}  // namespace detail
 }  // namespace redco

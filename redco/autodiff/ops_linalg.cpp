@@ -16,6 +16,7 @@
 namespace redco {
 using detail::building_higher_order;
 using detail::reference_vjp;
+using detail::SavedInput;
 using detail::unbroadcast;
 
 namespace {
@@ -53,16 +54,32 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   REDCO_CHECK(w.rank() == 2 && x.rank() >= 1 && x.shape().last() == w.dim(1),
               "linear: input {} does not match weight {} (stored [out, in])", x.shape(), w.shape());
+  REDCO_CHECK(!bias.defined() || bias.shape() == Shape{w.dim(0)},
+              "linear: bias {} must be [{}] for weight {}", bias.shape(), w.dim(0), w.shape());
   // Fold every leading dim into the GEMM's M: one [tokens, in] x [in, out]
   // product forward, and dW = dY^T X is a single GEMM too (no batch to sum).
-  const Shape out_shape = x.shape().with(-1, w.dim(0));
-  Tensor y = matmul(reshape(x, {-1, w.dim(1)}), w, false, true);
-  if (bias.defined()) {
-    REDCO_CHECK(bias.shape() == Shape{w.dim(0)}, "linear: bias {} must be [{}] for weight {}",
-                bias.shape(), w.dim(0), w.shape());
-    y = add(y, bias);
-  }
-  return reshape(y, out_shape);
+  // x is saved as a SavedInput: a norm's output is recomputed in backward.
+  const int64_t in = w.dim(1), out = w.dim(0);
+  const Shape x_shape = x.shape(), out_shape = x.shape().with(-1, out);
+  const Precision precision = matmul_precision();
+  Tensor y = record(
+      "linear", {x, w}, kernels::matmul(x.view({-1, in}), w, false, true).view(out_shape),
+      [saved_x = SavedInput(x), w, in, out, x_shape, precision](const Node& self,
+                                                                const TensorList& g) {
+        PrecisionGuard same(precision);
+        const Tensor x = saved_x.get();
+        if (building_higher_order())
+          return reference_vjp(self, {x, w}, g[0], [&](const TensorList& a) {
+            return reshape(matmul(reshape(a[0], {-1, in}), a[1], false, true),
+                           x_shape.with(-1, out));
+          });
+        const Tensor dy = g[0].view({-1, out});  // [rows, out]
+        TensorList grads(2);
+        if (self.needs_grad(0)) grads[0] = kernels::matmul(dy, w, false, false).view(x_shape);
+        if (self.needs_grad(1)) grads[1] = kernels::matmul(dy, x.view({-1, in}), true, false);
+        return grads;
+      });
+  return bias.defined() ? add(y, bias) : y;
 }
 
 namespace {
@@ -106,11 +123,15 @@ Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& b
   TensorList inputs{x};
   inputs.insert(inputs.end(), ws.begin(), ws.end());
   inputs.insert(inputs.end(), bs.begin(), bs.end());
+  TensorList kept = inputs;  // all but x, which is saved as a SavedInput
+  kept[0] = Tensor();
   return record(
       "linear", inputs, y.view(x.shape().with(-1, out)),
-      [inputs, n = ws.size(), has_bias = !bs.empty(), in, out, precision](const Node& self,
-                                                                          const TensorList& g) {
+      [kept, saved_x = SavedInput(x), n = ws.size(), has_bias = !bs.empty(), in, out,
+       precision](const Node& self, const TensorList& g) {
         PrecisionGuard same(precision);
+        TensorList inputs = kept;
+        inputs[0] = saved_x.get();
         const TensorList ws(inputs.begin() + 1, inputs.begin() + 1 + long(n));
         if (building_higher_order())
           return reference_vjp(self, inputs, g[0], [n, has_bias](const TensorList& a) {

@@ -11,6 +11,13 @@
 namespace redco {
 namespace detail {
 
+int64_t counted_labels(const Tensor& labels, int64_t ignore_index) {
+  int64_t counted = 0;
+  const int64_t* l = labels.data<int64_t>();
+  for (int64_t r = 0; r < labels.numel(); ++r) counted += l[r] != ignore_index;
+  return counted;
+}
+
 TensorList reference_vjp(const Node& self, const TensorList& inputs, const Tensor& grad_out,
                          const std::function<Tensor(const TensorList&)>& reference) {
   TensorList wrt, result(inputs.size());
@@ -71,27 +78,40 @@ Tensor rms_norm_reference(const Tensor& x, const Tensor& gamma, float eps) {
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
   auto saved = std::make_shared<LayerNormSaved>();
   Tensor y = kernels::layer_norm(x, gamma, beta, eps, *saved);
-  return record("layer_norm", {x, gamma, beta}, y,
-                [x, gamma, beta, eps, saved](const Node& self, const TensorList& g) {
-                  if (building_higher_order())
-                    return reference_vjp(self, {x, gamma, beta}, g[0], [eps](const TensorList& in) {
-                      return layer_norm_reference(in[0], in[1], in[2], eps);
-                    });
-                  return kernels::layer_norm_backward(g[0], x, gamma, beta.defined(), *saved);
-                });
+  y = record("layer_norm", {x, gamma, beta}, y,
+             [x, gamma, beta, eps, saved](const Node& self, const TensorList& g) {
+               if (building_higher_order())
+                 return reference_vjp(self, {x, gamma, beta}, g[0], [eps](const TensorList& in) {
+                   return layer_norm_reference(in[0], in[1], in[2], eps);
+                 });
+               return kernels::layer_norm_backward(g[0], x, gamma, beta.defined(), *saved);
+             });
+  // The node keeps x anyway: a consumer that saves y keeps this instead.
+  if (y.requires_grad())
+    y.impl().recompute = [x, gamma, beta, eps] {
+      LayerNormSaved again;
+      return kernels::layer_norm(x, gamma, beta, eps, again);
+    };
+  return y;
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   auto saved = std::make_shared<LayerNormSaved>();
   Tensor y = kernels::rms_norm(x, gamma, eps, *saved);
-  return record("rms_norm", {x, gamma}, y,
-                [x, gamma, eps, saved](const Node& self, const TensorList& g) {
-                  if (building_higher_order())
-                    return reference_vjp(self, {x, gamma}, g[0], [eps](const TensorList& in) {
-                      return rms_norm_reference(in[0], in[1], eps);
-                    });
-                  return kernels::rms_norm_backward(g[0], x, gamma, *saved);
-                });
+  y = record("rms_norm", {x, gamma}, y,
+             [x, gamma, eps, saved](const Node& self, const TensorList& g) {
+               if (building_higher_order())
+                 return reference_vjp(self, {x, gamma}, g[0], [eps](const TensorList& in) {
+                   return rms_norm_reference(in[0], in[1], eps);
+                 });
+               return kernels::rms_norm_backward(g[0], x, gamma, *saved);
+             });
+  if (y.requires_grad())  // as for layer_norm
+    y.impl().recompute = [x, gamma, eps] {
+      LayerNormSaved again;
+      return kernels::rms_norm(x, gamma, eps, again);
+    };
+  return y;
 }
 
 // ---- activations ----------------------------------------------------------------------------
@@ -213,9 +233,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
   REDCO_CHECK(logits.rank() >= 1 && labels.shape() == logits.shape().drop(-1),
               "cross_entropy: logits {} need labels of shape {}, got {}", logits.shape(),
               logits.shape().drop(-1), labels.shape());
-  int64_t counted = 0;
-  const int64_t* l = labels.data<int64_t>();
-  for (int64_t r = 0; r < labels.numel(); ++r) counted += l[r] != ignore_index;
+  const int64_t counted = detail::counted_labels(labels, ignore_index);
   // All rows ignored: the loss is 0 (and so is its gradient), not 0/0.
   return mul(sum(cross_entropy_rows(logits, labels, ignore_index)),
              1.f / float(std::max<int64_t>(counted, 1)));

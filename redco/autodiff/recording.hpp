@@ -24,6 +24,25 @@ Tensor record_with_output(const char* name, const TensorList& inputs, Tensor out
   return out;
 }
 
+// An op's input, captured for its backward rule. An input that its producer
+// can compute again from tensors it keeps anyway (a norm's output, see
+// TensorImpl::recompute) is held as that recipe instead of its values: the
+// activation is freed after forward and recomputed in backward (one cheap
+// pass; on GPT-2 the two norms of each block keep 12.6 MB less each).
+class SavedInput {
+ public:
+  explicit SavedInput(const Tensor& x);
+  // The input's values; under create_graph reconnected to its producer, so
+  // higher-order gradients flow through it.
+  Tensor get() const;
+
+ private:
+  Tensor value_;                          // when there is no recipe
+  std::function<Tensor()> recompute_;     // otherwise
+  std::weak_ptr<Node> node_;              // the producer (kept alive by the consumer's edge)
+  int slot_ = 0;
+};
+
 // Under create_graph, a fused op's gradient is taken through `reference`, an
 // equivalent composition of primitive ops applied to the op's (graph-connected)
 // inputs; the result is itself differentiable to any order.
@@ -44,6 +63,9 @@ bool last_run_of_rule();
 inline bool owns_buffer(const Tensor& t) {
   return t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1;
 }
+
+// How many of `labels` are not ignore_index (the rows a mean loss divides by).
+int64_t counted_labels(const Tensor& labels, int64_t ignore_index);
 
 // Sums a broadcast gradient back to `shape` (a no-op when they already match).
 inline Tensor unbroadcast(const Tensor& g, const Shape& shape) {

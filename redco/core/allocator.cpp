@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <iterator>
@@ -29,7 +30,12 @@ constexpr size_t kLargeBlock = size_t(1) << 20;
 // property of the region, so blocks inside it need no coarser alignment.
 constexpr size_t kLargeGranule = size_t(64) << 10;
 
+constexpr size_t kLongLivedRegion = size_t(64) << 20;
+
 bool is_large(size_t cap) { return cap > kLargeBlock; }
+
+// Which pool this thread's large allocations come from (see LongLivedScope).
+thread_local int t_pool = 0;
 
 // Maps `size` bytes (a 2 MiB multiple) starting on a 2 MiB boundary: mmap only
 // promises 4 KiB alignment, so it over-maps by 2 MiB and unmaps the unaligned
@@ -62,23 +68,37 @@ char* map_region(size_t size) {
 // block merges with the free blocks next to it in the same region. The same
 // run now holds 3672 MB for its 3503 MB peak. Regions are whole huge pages
 // and start on a 2 MiB boundary; blocks are 64 KiB multiples inside them.
+//
+// Two pools of regions, so that state living for the whole run (parameters,
+// optimizer moments) is not carved out of the holes that activations leave
+// in the first step: AdamW's moments, created after the first backward, used
+// to split the 25 MB holes of GPT-2's MLP activations, and the second step
+// then mapped its activations afresh (358 MB held beyond the peak in use on
+// config M). Blocks never move between pools.
 struct CachingAllocator::Impl {
+  struct Region {
+    size_t size;  // as mapped
+    int pool;
+  };
+  // The free large blocks of one pool twice: by address (-> size) to find the
+  // neighbours of a freed block, and by (size, address) to find the best fit.
+  struct Pool {
+    std::map<char*, size_t> free_by_addr;
+    std::set<std::pair<size_t, char*>> free_by_size;
+  };
   mutable std::mutex mu;
   AllocatorStats stats;
   std::unordered_map<size_t, std::vector<void*>> small_free;  // capacity -> free blocks
-  std::map<char*, size_t> regions;                            // base -> size, as mapped
-  // The free large blocks twice: by address (-> size) to find the neighbours
-  // of a freed block, and by (size, address) to find the best fit.
-  std::map<char*, size_t> free_by_addr;
-  std::set<std::pair<size_t, char*>> free_by_size;
+  std::map<char*, Region> regions;                            // base -> region
+  std::array<Pool, 2> pools;  // 0: everything else, 1: long-lived
 
-  void add_free(char* p, size_t size) {
-    free_by_addr.emplace(p, size);
-    free_by_size.emplace(size, p);
+  void add_free(Pool& pool, char* p, size_t size) {
+    pool.free_by_addr.emplace(p, size);
+    pool.free_by_size.emplace(size, p);
   }
-  void remove_free(std::map<char*, size_t>::iterator it) {
-    free_by_size.erase({it->second, it->first});
-    free_by_addr.erase(it);
+  void remove_free(Pool& pool, std::map<char*, size_t>::iterator it) {
+    pool.free_by_size.erase({it->second, it->first});
+    pool.free_by_addr.erase(it);
   }
 
   // A cached block of `cap` bytes, or nullptr when none fits. Updates bytes_cached.
@@ -91,11 +111,12 @@ struct CachingAllocator::Impl {
       stats.bytes_cached -= cap;
       return p;
     }
-    auto best = free_by_size.lower_bound({cap, nullptr});
-    if (best == free_by_size.end()) return nullptr;
+    Pool& pool = pools[size_t(t_pool)];
+    auto best = pool.free_by_size.lower_bound({cap, nullptr});
+    if (best == pool.free_by_size.end()) return nullptr;
     auto [size, p] = *best;
-    remove_free(free_by_addr.find(p));
-    if (size > cap) add_free(p + cap, size - cap);  // the tail stays free
+    remove_free(pool, pool.free_by_addr.find(p));
+    if (size > cap) add_free(pool, p + cap, size - cap);  // the tail stays free
     stats.bytes_cached -= cap;
     return p;
   }
@@ -108,7 +129,9 @@ struct CachingAllocator::Impl {
                 static_cast<void*>(p));
     --r;
     char* const lo = r->first;
-    char* const hi = lo + r->second;
+    char* const hi = lo + r->second.size;
+    Pool& pool = pools[size_t(r->second.pool)];
+    auto& free_by_addr = pool.free_by_addr;
     REDCO_CHECK(p + cap <= hi, "deallocate: {} bytes at {} overrun their region", cap,
                 static_cast<void*>(p));
     auto next = free_by_addr.lower_bound(p);
@@ -120,14 +143,14 @@ struct CachingAllocator::Impl {
     size_t size = cap;
     if (next != free_by_addr.end() && next->first == p + cap && p + cap < hi) {
       size += next->second;
-      remove_free(next);
+      remove_free(pool, next);
     }
     if (prev != free_by_addr.end() && p > lo && prev->first + prev->second == p) {
       start = prev->first;
       size += prev->second;
-      remove_free(prev);
+      remove_free(pool, prev);
     }
-    add_free(start, size);
+    add_free(pool, start, size);
     stats.bytes_cached += cap;
   }
 
@@ -142,14 +165,15 @@ struct CachingAllocator::Impl {
     }
     small_free.clear();
     for (auto r = regions.begin(); r != regions.end();) {
-      auto f = free_by_addr.find(r->first);
-      if (f == free_by_addr.end() || f->second != r->second) {
+      Pool& pool = pools[size_t(r->second.pool)];
+      auto f = pool.free_by_addr.find(r->first);
+      if (f == pool.free_by_addr.end() || f->second != r->second.size) {
         ++r;
         continue;
       }
-      remove_free(f);
-      munmap(r->first, r->second);
-      stats.bytes_cached -= r->second;
+      remove_free(pool, f);
+      munmap(r->first, r->second.size);
+      stats.bytes_cached -= r->second.size;
       r = regions.erase(r);
     }
   }
@@ -197,7 +221,12 @@ void* CachingAllocator::allocate(size_t bytes, size_t* capacity) {
   // region of its size rounded up to whole huge pages; the block is its head
   // and the rest is free for others (regions of at least 32 or 128 MiB held
   // more on GPT-2).
-  const size_t region = (cap + kHugePage - 1) / kHugePage * kHugePage;
+  // Long-lived blocks are never freed, so they pack into shared regions: one
+  // each would leave a partly used huge page per weight (on GPT-2, 1.8 MB of
+  // every 768x768 weight and of each of its two moments). Pages of a region
+  // that are never touched cost no memory.
+  const size_t whole_pages = (cap + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t region = t_pool == 1 ? std::max(whole_pages, kLongLivedRegion) : whole_pages;
   auto system_alloc = [cap, region]() -> void* {
     return is_large(cap) ? map_region(region) : std::aligned_alloc(64, cap);
   };
@@ -213,9 +242,9 @@ void* CachingAllocator::allocate(size_t bytes, size_t* capacity) {
   std::lock_guard lock(impl_->mu);
   ++impl_->stats.system_allocs;
   if (is_large(cap)) {
-    impl_->regions.emplace(static_cast<char*>(p), region);
+    impl_->regions.emplace(static_cast<char*>(p), Impl::Region{region, t_pool});
     if (region > cap) {
-      impl_->add_free(static_cast<char*>(p) + cap, region - cap);
+      impl_->add_free(impl_->pools[size_t(t_pool)], static_cast<char*>(p) + cap, region - cap);
       impl_->stats.bytes_cached += region - cap;
     }
   }
@@ -243,6 +272,9 @@ void CachingAllocator::reset_peak() {
   std::lock_guard lock(impl_->mu);
   impl_->stats.peak_bytes_in_use = impl_->stats.bytes_in_use;
 }
+
+CachingAllocator::LongLivedScope::LongLivedScope() : previous_(t_pool) { t_pool = 1; }
+CachingAllocator::LongLivedScope::~LongLivedScope() { t_pool = previous_; }
 
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(impl_->mu);

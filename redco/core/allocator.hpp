@@ -38,6 +38,20 @@ class CachingAllocator {
   // Rounding used for size classes (exposed for tests).
   static size_t round_size(size_t bytes);
 
+  // While one is alive, this thread's large blocks come from regions kept for
+  // state that lives as long as the run (parameters, optimizer moments), so
+  // that it does not fragment the memory that each step's activations reuse.
+  class LongLivedScope {
+   public:
+    LongLivedScope();
+    ~LongLivedScope();
+    LongLivedScope(const LongLivedScope&) = delete;
+    LongLivedScope& operator=(const LongLivedScope&) = delete;
+
+   private:
+    int previous_;
+  };
+
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
   ~CachingAllocator();

@@ -61,11 +61,12 @@ TensorImpl& Tensor::impl() const {
 }
 
 void Tensor::refuse_split_read() const {
-  fail(
-      "a tensor of shape {} is {}: its data is one rank's part, and an op reading it as the "
-      "whole tensor would be wrong. Call nn::whole(t) to gather it (cross_entropy takes it "
-      "split, without gathering), or nn::local(t) for this rank's part as a plain tensor",
-      shape(), impl().placement->describe());
+  const Placement& p = *impl().placement;
+  fail("a tensor of shape {} is {}: {}. {}", shape(), p.describe(),
+       p.holds_values() ? "its data is one rank's part, and an op reading it as the whole tensor "
+                          "would be wrong"
+                        : "it has no values to read yet",
+       p.read_hint());
 }
 
 void Tensor::check_dtype(DType t) const {

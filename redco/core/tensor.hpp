@@ -8,6 +8,7 @@
 // Autograd state lives here too (requires_grad, the node that produced the
 // tensor, the accumulated gradient of a leaf); the differentiable functions
 // are in redco/autodiff.
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,7 +29,8 @@ class Tensor;
 // part, so reading its data as if it were whole would be silently wrong:
 // raw() and data() refuse, with a message naming nn::whole(). Views and
 // detach() keep the placement; cross_entropy computes on split logits without
-// gathering them. Core knows no communicators: redco/nn/tensor_parallel.hpp
+// gathering them. An LM head's logits in training are a placement too: not
+// formed at all until the loss reads them (nn/deferred_logits.cpp). Core knows no communicators: redco/nn/tensor_parallel.hpp
 // implements this interface holding one.
 struct Placement {
   virtual ~Placement() = default;
@@ -39,6 +41,14 @@ struct Placement {
   // cross_entropy(whole(logits), labels, ignore_index) without forming whole(logits).
   virtual Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                                int64_t ignore_index) const = 0;
+  // What to call instead of reading the data (the end of the error message).
+  virtual std::string read_hint() const {
+    return "Call nn::whole(t) to gather it (cross_entropy takes it split, without gathering), "
+           "or nn::local(t) for this rank's part as a plain tensor";
+  }
+  // False when no values exist yet (an LM head's deferred logits: whole()
+  // computes them).
+  virtual bool holds_values() const { return true; }
 };
 
 // A block of device memory. Returned to its allocator's cache when the last
@@ -65,6 +75,10 @@ struct TensorImpl {
   std::unique_ptr<Tensor> grad;                // a leaf's accumulated gradient
   std::string name;                            // optional, used in error messages
   std::shared_ptr<const Placement> placement;  // null: whole on this rank
+  // Computes these values again from tensors the producing op keeps anyway
+  // (a norm's output from its input): ops that save this tensor for backward
+  // keep the recipe instead and free the activation (autodiff's SavedInput).
+  std::function<Tensor()> recompute;
 };
 
 class Tensor {

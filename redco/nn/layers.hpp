@@ -79,7 +79,7 @@ struct TiedLMHead {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Tensor& table = p.at_root(Embedding.view());
-    return matmul(enter_vocab_head(x, table, vocab, ctx, Embedding.view()), table, false, true);
+    return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, Embedding.view()), table, ctx);
   }
 };
 
@@ -97,7 +97,7 @@ struct LMHead {  // an untied head [vocab, d]
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Tensor& table = p["weight"];
     const Name name = p.path().dot("weight");
-    return linear(enter_vocab_head(x, table, vocab, ctx, name.view()), table);
+    return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, name.view()), table, ctx);
   }
 };
 

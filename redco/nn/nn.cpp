@@ -2,6 +2,7 @@
 // forward passes too long to sit in the headers.
 #include <fmt/format.h>
 
+#include "redco/core/allocator.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::nn {
@@ -28,6 +29,7 @@ const Tensor& Params::at_root(std::string_view name) const {
 
 Tensor init_param(const ParamEntry& e, uint64_t seed) {
   const Shape shape = e.shape.shape();
+  CachingAllocator::LongLivedScope long_lived;  // parameters live as long as the run
   switch (e.init) {
     case Init::normal:
       return Tensor::normal(shape, seed, stream_of(e.name.view()), 0.f, e.init_std);

@@ -104,7 +104,11 @@ Tensor whole(const Tensor& t) {
   return p ? p->whole(t) : t;
 }
 
-Tensor local(const Tensor& t) { return t.placement() ? alias(t, nullptr, "local") : t; }
+Tensor local(const Tensor& t) {
+  const Placement* p = t.placement();
+  if (!p) return t;
+  return p->holds_values() ? alias(t, nullptr, "local") : p->whole(t);  // deferred: all here
+}
 
 // ---- layer helpers -----------------------------------------------------------------------
 

@@ -75,6 +75,13 @@ Tensor parallel_embedding(const Tensor& table, const Tensor& ids, int64_t vocab,
 // enters the parallel region (returned) and the logits will be split.
 Tensor enter_vocab_head(const Tensor& x, const Tensor& table, int64_t vocab, Ctx& ctx,
                         std::string_view what);
+// The logits h table^T of an LM head. In training (ctx.split_output), with a
+// gradient to record and the table whole here, they are deferred: a tensor of
+// the logits' shape with no values, which cross_entropy reads a chunk of rows
+// at a time (linear_cross_entropy) and nn::whole forms
+// (nn/deferred_logits.cpp). Otherwise formed, split by vocabulary when h
+// entered a vocabulary-split head.
+Tensor vocab_head_logits(const Tensor& h, const Tensor& table, const Ctx& ctx);
 // Dropout whose mask is the 1-rank mask (or this rank's slice of it when x is
 // split by features): masks depend on (seed, step, call index, element).
 Tensor parallel_dropout(const Tensor& x, float rate, Ctx& ctx);

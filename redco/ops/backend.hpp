@@ -55,6 +55,11 @@ class Backend {
   virtual void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) = 0;
   // op(a)[..., M, K] x op(b)[..., K, N]; batch dims broadcast.
   virtual Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
+  // c = op(a) op(b), or c += op(a) op(b) when `accumulate`, for 2-d a and b
+  // and an f32 c [M, N] that may be a row range of a larger buffer: a
+  // gradient summed over chunks in place, a chunk's rows written where they go.
+  virtual void matmul_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor& c,
+                           bool accumulate) = 0;
 
   virtual Tensor softmax(const Tensor& x) = 0;  // over the last axis
   virtual Tensor softmax_backward(const Tensor& y, const Tensor& dy) = 0;
@@ -149,6 +154,7 @@ REDCO_KERNEL(broadcast_to)
 REDCO_KERNEL(permute)
 REDCO_KERNEL(slice)
 REDCO_KERNEL(matmul)
+REDCO_KERNEL(matmul_into)
 REDCO_KERNEL(softmax)
 REDCO_KERNEL(softmax_backward)
 REDCO_KERNEL(log_softmax)

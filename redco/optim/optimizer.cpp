@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "redco/core/allocator.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/backend.hpp"
 
@@ -187,6 +188,7 @@ Optimizer::Slot& Optimizer::slot_for(const std::string& name, const Tensor& para
   auto it = slots_.find(name);
   if (it == slots_.end()) {
     auto slot = std::make_unique<Slot>();
+    CachingAllocator::LongLivedScope long_lived;  // not in the holes of this step's activations
     for (int i = 0; i < buffers_per_param(); ++i) slot->buf[i] = Tensor::zeros(param.shape());
     it = slots_.emplace(name, std::move(slot)).first;
   }
@@ -416,8 +418,10 @@ GradAccumulator::GradAccumulator(int64_t k) : k_(k) {
 
 bool GradAccumulator::add(const ParamTree& grads) {
   const bool first = pending_ == 0;
-  if (sum_.empty())
+  if (sum_.empty()) {
+    CachingAllocator::LongLivedScope long_lived;
     for (const auto& [name, g] : grads) sum_.emplace(name, Tensor::empty(g.shape()));
+  }
   REDCO_CHECK(grads.size() == sum_.size(),
               "GradAccumulator: got {} gradients, but the first micro-batch had {}", grads.size(),
               sum_.size());

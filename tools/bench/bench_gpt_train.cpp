@@ -115,7 +115,7 @@ int main(int argc, char** argv) try {
   std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path;
   int64_t steps = 10, warmup = 2;
   float lr = 3e-4f;
-  bool profiling = false;
+  bool profiling = false, formed_logits = false;
   app.add_option("--config", config, "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4")
       ->check(CLI::IsMember({"S", "M"}));
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
@@ -128,6 +128,8 @@ int main(int argc, char** argv) try {
   app.add_option("--losses", losses_path, "write 'step S loss L ms T' lines here");
   app.add_option("--lr", lr, "constant AdamW learning rate")->check(CLI::PositiveNumber);
   app.add_flag("--profile", profiling, "print per-op time totals of the timed steps");
+  app.add_flag("--formed-logits", formed_logits,
+               "form the LM head's logits whole (the default defers them to the loss)");
   CLI11_PARSE(app, argc, argv);
 
   const BenchConfig cfg = config_named(config);
@@ -168,7 +170,10 @@ int main(int argc, char** argv) try {
     const Tensor& targets = batch.second;
     auto loss_fn = [&](const ParamTree& p) {
       PrecisionGuard mixed(precision);
-      return cross_entropy(nn::apply(model, p, inputs), targets);
+      // A training step as the Trainer runs it (dropout is 0 in both configs).
+      nn::Ctx ctx{.train = true};
+      if (formed_logits) ctx.split_output = nn::Ctx::SplitOutput::never;
+      return cross_entropy(nn::apply(model, p, inputs, ctx), targets);
     };
     auto [loss, grads] = value_and_grad(loss_fn, params);
     opt.step(params, grads);

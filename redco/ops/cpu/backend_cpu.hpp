@@ -20,6 +20,8 @@ class CpuBackend final : public Backend {
   Tensor slice(const Tensor& x, int axis, int64_t start, int64_t len) override;
   void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) override;
   Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override;
+  void matmul_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor& c,
+                   bool accumulate) override;
   // nn kernels
   Tensor softmax(const Tensor& x) override;
   Tensor softmax_backward(const Tensor& y, const Tensor& dy) override;

@@ -104,6 +104,13 @@ bool aliasing_stride(const Gemm& g) {
   return g.ta && g.lda % 256 == 0 && g.K >= 512 && g.M * g.N * g.K >= (int64_t{1} << 24);
 }
 
+// Under --profile, GEMM time is keyed by the product's shape as well
+// (empty when not profiling: no formatting in a timed step).
+std::string gemm_key(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const char* suffix) {
+  if (!profile::enabled()) return {};
+  return fmt::format(" {}{} {}x{}x{}{}", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, suffix);
+}
+
 std::atomic<Bf16GemmPath> g_bf16_path{Bf16GemmPath::automatic};
 
 // Under Precision::bf16 on a CPU with bf16 dot products, a product with no
@@ -163,15 +170,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
     std::memset(c.raw(), 0, c.nbytes());
     return c;
   }
-  // Under --profile, GEMM time is keyed by the product's shape as well.
   // A linear layer's leading dims fold into M (the fast path below), so its
-  // key shows the one GEMM that runs.
+  // profile key shows the one GEMM that runs.
   const bool folds = bs.rank() == 2 && !trans_a;
-  std::string shape_key;
-  if (profile::enabled())
-    shape_key = fmt::format(" {}{} {}x{}x{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
-                            folds ? a_in.numel() / g.K : g.M, g.N, g.K,
-                            folds || bt.rank == 0 ? "" : " batched");
+  const std::string shape_key =
+      gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N, g.K,
+               folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
   if (native_bf16(a_in, b_in, g, bt, c)) return c;
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
@@ -191,6 +195,29 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   }
   run_batched(g, bt, a.data<float>(), b.data<float>(), c.data<float>());
   return c;
+}
+
+void matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, Tensor& c,
+                 bool accumulate) {
+  REDCO_CHECK(a_in.rank() == 2 && b_in.rank() == 2 && c.rank() == 2 && c.dtype() == DType::f32,
+              "matmul_into: needs 2-d operands and an f32 2-d result, got {} {}, {} {} into {} {}",
+              dtype_name(a_in.dtype()), a_in.shape(), dtype_name(b_in.dtype()), b_in.shape(),
+              dtype_name(c.dtype()), c.shape());
+  const int64_t M = a_in.dim(trans_a ? 1 : 0), K = a_in.dim(trans_a ? 0 : 1);
+  const int64_t kb = b_in.dim(trans_b ? 1 : 0), N = b_in.dim(trans_b ? 0 : 1);
+  REDCO_CHECK(K == kb && (c.shape() == Shape{M, N}),
+              "matmul_into: op(a) {}x{} times op(b) {}x{} does not fit the result {}", M, K, kb, N,
+              c.shape());
+  if (M * N == 0) return;
+  if (K == 0) {  // an empty sum adds nothing
+    if (!accumulate) std::memset(c.raw(), 0, c.nbytes());
+    return;
+  }
+  const std::string shape_key = gemm_key(trans_a, trans_b, M, N, K, accumulate ? " +=" : "");
+  profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
+  const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
+  sgemm(trans_a, trans_b, M, N, K, 1.f, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
+        accumulate ? 1.f : 0.f, c.data<float>(), N);
 }
 
 }  // namespace redco::cpu

@@ -70,6 +70,10 @@ void CpuBackend::slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t 
 Tensor CpuBackend::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return cpu::matmul(a, b, ta, tb);
 }
+void CpuBackend::matmul_into(const Tensor& a, const Tensor& b, bool ta, bool tb, Tensor& c,
+                             bool accumulate) {
+  cpu::matmul_into(a, b, ta, tb, c, accumulate);
+}
 
 // ---- softmax family ------------------------------------------------------------
 Tensor CpuBackend::softmax(const Tensor& x_in) {

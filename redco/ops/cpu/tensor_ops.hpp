@@ -23,6 +23,8 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t len);
 void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start);
 // matmul.cpp
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+void matmul_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor& c,
+                 bool accumulate);
 // How matmul computes under Precision::bf16: `automatic` picks oneDNN's bf16
 // GEMM where the CPU has bf16 dot products and f32 GEMM on bf16-rounded
 // operands elsewhere (the same numerics); the others force one path (tests,

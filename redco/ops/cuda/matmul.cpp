@@ -65,15 +65,15 @@ struct Gemm {
 
 // count GEMMs C_i = op(A_i) op(B_i), A_i = A + i * stride_a elements, etc.
 void gemm_batched(cublasHandle_t h, const Gemm& g, int64_t count, const void* A, int64_t stride_a,
-                  const void* B, int64_t stride_b, float* C, int64_t stride_c) {
-  const float one = 1.f, zero = 0.f;
+                  const void* B, int64_t stride_b, float* C, int64_t stride_c, float beta = 0.f) {
+  const float one = 1.f;
   const cublasComputeType_t compute =
       g.in_type == CUDA_R_32F && g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublas_check(
       cublasGemmStridedBatchedEx(
           h, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N), int(g.M),
           int(g.K), &one, B, g.in_type, int(g.ldb), stride_b, A, g.in_type, int(g.lda), stride_a,
-          &zero, C, CUDA_R_32F, int(g.N), stride_c, int(count), compute, CUBLAS_GEMM_DEFAULT),
+          &beta, C, CUDA_R_32F, int(g.N), stride_c, int(count), compute, CUBLAS_GEMM_DEFAULT),
       "cublasGemmStridedBatchedEx");
 }
 
@@ -161,6 +161,32 @@ Tensor CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a,
   }
   run_batched(handle(dev), g, bt, pa, pb, c.data<float>());
   return c;
+}
+
+void CudaBackend::matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b,
+                              Tensor& c, bool accumulate) {
+  const Device dev = a_in.device();
+  cuda::Scope scope(dev);
+  cuda::expect_on(b_in, dev, "matmul_into");
+  cuda::expect_on(c, dev, "matmul_into");
+  REDCO_CHECK(a_in.rank() == 2 && b_in.rank() == 2 && c.rank() == 2 && c.dtype() == DType::f32,
+              "matmul_into: needs 2-d operands and an f32 2-d result, got {} {}, {} {} into {} {}",
+              dtype_name(a_in.dtype()), a_in.shape(), dtype_name(b_in.dtype()), b_in.shape(),
+              dtype_name(c.dtype()), c.shape());
+  const int64_t M = a_in.dim(trans_a ? 1 : 0), K = a_in.dim(trans_a ? 0 : 1);
+  const int64_t kb = b_in.dim(trans_b ? 1 : 0), N = b_in.dim(trans_b ? 0 : 1);
+  REDCO_CHECK(K == kb && (c.shape() == Shape{M, N}),
+              "matmul_into: op(a) {}x{} times op(b) {}x{} does not fit the result {}", M, K, kb, N,
+              c.shape());
+  if (M * N == 0) return;
+  if (K == 0) {  // an empty sum adds nothing
+    if (!accumulate) c.fill(0.f);
+    return;
+  }
+  const Tensor a = a_in.to(DType::f32), b = b_in.to(DType::f32);
+  const Gemm g{trans_a, trans_b, M, N, K, a.dim(1), b.dim(1), CUDA_R_32F, 4};
+  gemm_batched(handle(dev), g, 1, a.raw(), 0, b.raw(), 0, c.data<float>(), 0,
+               accumulate ? 1.f : 0.f);
 }
 
 }  // namespace redco

@@ -1,0 +1,126 @@
+// The LM head and its loss as one op: cross_entropy(x w^T, labels) without
+// ever forming the whole [rows, vocab] logits. They are the largest buffer of
+// a language-model step (GPT-2's vocabulary at 2048 tokens: 412 MB); here
+// they exist one chunk of rows at a time (at most kChunkBytes).
+//
+// When the op is recorded, each chunk's gradient is taken in forward, while
+// its logits are alive:
+//   logits_c  = x_c w^T                              [n, V]
+//   dlogits_c = (softmax(logits_c) - onehot) / kept   written over logits_c
+//   dx_c      = dlogits_c w                          [n, d]  (rows of dx)
+//   dw       += dlogits_c^T x_c                      [V, d]
+// The loss is a scalar, so backward only scales dx and dw by the incoming
+// gradient. These are the three GEMMs the unfused head runs (no logits GEMM
+// is repeated); the price is dw held from forward to backward, the same
+// buffer backward would allocate first thing. Under create_graph the
+// gradient goes through the composition instead.
+#include <algorithm>
+#include <array>
+
+#include "redco/autodiff/recording.hpp"
+#include "redco/ops/backend.hpp"
+
+namespace redco {
+using detail::building_higher_order;
+using detail::last_run_of_rule;
+using detail::reference_vjp;
+
+namespace {
+// Logits per chunk: large enough that the GEMMs run at full rate (hundreds of
+// rows), small enough to be a fraction of the unfused head's buffer.
+constexpr int64_t kChunkBytes = int64_t(64) << 20;
+
+// Rows per chunk: equal chunks of at most kChunkBytes, rounded up to 16 rows.
+int64_t auto_chunk_rows(int64_t rows, int64_t vocab) {
+  const int64_t bytes = rows * vocab * int64_t(sizeof(float));
+  const int64_t chunks = std::max<int64_t>(1, (bytes + kChunkBytes - 1) / kChunkBytes);
+  const int64_t n = (rows + chunks - 1) / chunks;
+  return std::clamp<int64_t>((n + 15) / 16 * 16, 1, std::max<int64_t>(rows, 1));
+}
+
+struct HeadGrads {
+  Tensor dx;  // [rows, d]: d loss / d x, for an incoming gradient of 1
+  Tensor dw;  // [V, d]
+};
+
+// The sum of the rows' losses ([1]); with `grads`, also the gradients of
+// (that sum * scale) into it, where they are wanted.
+Tensor head_chunks(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t ignore_index,
+                   int64_t step, float scale, HeadGrads* grads) {
+  const int64_t rows = x.dim(0);
+  Tensor total;  // [1]
+  const std::array<int, 1> axis0{0};
+  for (int64_t begin = 0; begin < rows; begin += step) {
+    const int64_t n = std::min(step, rows - begin);
+    const Tensor xc = x.slice0(begin, begin + n);        // [n, d]
+    const Tensor lc = labels.slice0(begin, begin + n);   // [n]
+    Tensor logits = kernels::matmul(xc, w, false, true);  // [n, V]
+    Tensor lse;                                           // [n]
+    const Tensor losses = kernels::cross_entropy(logits, lc, ignore_index, lse);
+    const Tensor part = kernels::reduce(ReduceOp::sum, losses, axis0);
+    if (total.defined())
+      kernels::add_inplace(total, part);
+    else
+      total = part;
+    if (!grads) continue;
+    Tensor dloss = Tensor::empty(Shape{n}, DType::f32, x.device());  // [n]
+    dloss.fill(scale);
+    const Tensor dlogits =  // [n, V], in logits' buffer
+        kernels::cross_entropy_backward(logits, lc, lse, dloss, ignore_index, true);
+    logits = Tensor();
+    if (grads->dx.defined()) {
+      Tensor dxc = grads->dx.slice0(begin, begin + n);
+      kernels::matmul_into(dlogits, w, false, false, dxc, false);
+    }
+    if (grads->dw.defined()) kernels::matmul_into(dlogits, xc, true, false, grads->dw, begin > 0);
+  }
+  return total;
+}
+
+// g * t, reusing t when g is exactly 1 (the loss itself is what is
+// differentiated: the common case, and no pass over dw).
+Tensor scaled(const Tensor& t, const Tensor& g) {
+  if (g.device().is_cpu() && g.item() == 1.f) return t;
+  return kernels::binary(BinaryOp::mul, t, g);
+}
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& labels,
+                            int64_t ignore_index, int64_t chunk_rows) {
+  REDCO_CHECK(w.rank() == 2 && x.rank() >= 1 && x.shape().last() == w.dim(1),
+              "linear_cross_entropy: input {} does not match the head's weight {} (stored "
+              "[vocab, dim])",
+              x.shape(), w.shape());
+  REDCO_CHECK(labels.dtype() == DType::i64 && labels.shape() == x.shape().drop(-1),
+              "linear_cross_entropy: input {} needs i64 labels of shape {}, got {}{}", x.shape(),
+              x.shape().drop(-1), dtype_name(labels.dtype()), labels.shape());
+  const int64_t d = w.dim(1), kept = detail::counted_labels(labels, ignore_index);
+  const float scale = 1.f / float(std::max<int64_t>(kept, 1));  // all ignored: loss 0, not 0/0
+  const Tensor x2 = x.view({-1, d}), labels1 = labels.view({-1});
+  const Precision precision = matmul_precision();
+  const bool recorded = needs_graph({x, w});
+  auto saved = std::make_shared<HeadGrads>();
+  if (recorded && x.requires_grad()) saved->dx = Tensor::empty(x2.shape(), DType::f32, x.device());
+  if (recorded && w.requires_grad()) saved->dw = Tensor::empty(w.shape(), DType::f32, w.device());
+  const int64_t step = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(x2.dim(0), w.dim(0));
+  const Tensor total =
+      head_chunks(x2, w, labels1, ignore_index, step, scale, recorded ? saved.get() : nullptr);
+  const Tensor loss = kernels::binary_scalar(BinaryOp::mul, total.view(Shape{}), scale);
+  return record(
+      "linear_cross_entropy", {x, w}, loss,
+      [saved_x = detail::SavedInput(x), w, labels, ignore_index, precision, saved](
+          const Node& self, const TensorList& g) {
+        if (building_higher_order())
+          return reference_vjp(self, {saved_x.get(), w}, g[0], [&](const TensorList& in) {
+            PrecisionGuard same(precision);
+            return cross_entropy(matmul(in[0], in[1], false, true), labels, ignore_index);
+          });
+        TensorList grads(2);
+        if (self.needs_grad(0)) grads[0] = scaled(saved->dx, g[0]).view(self.input_meta()[0].shape);
+        if (self.needs_grad(1)) grads[1] = scaled(saved->dw, g[0]);
+        if (last_run_of_rule()) *saved = HeadGrads{};  // the engine now holds the only handles
+        return grads;
+      });
+}
+
+}  // namespace redco

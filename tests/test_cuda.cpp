@@ -314,7 +314,14 @@ TEST_CASE("cuda: embedding matches the cpu bitwise", "[cuda]") {
   for (int64_t n : {int64_t(7), int64_t(3000)}) {  // tiny and sorted-path sizes on the CPU
     const Tensor i = ids({n}, 111 + uint64_t(n), 50), dout = rnd({n, 33}, 112);
     same(gpu().embedding(dev(table), dev(i)), cpu().embedding(table, i));
-    same(gpu().embedding_backward(dev(dout), dev(i), 50), cpu().embedding_backward(dout, i, 50));
+    same(gpu().embedding_backward(dev(dout), dev(i), 50, Tensor()),
+         cpu().embedding_backward(dout, i, 50, Tensor()));
+    // Onto a gradient summed so far (in place; the sums may round differently).
+    const Tensor so_far = rnd({50, 33}, 114);
+    const Tensor on_gpu = dev(so_far);
+    const Tensor got = gpu().embedding_backward(dev(dout), dev(i), 50, on_gpu);
+    CHECK(got.shares_storage_with(on_gpu));
+    close(got, cpu().embedding_backward(dout, i, 50, so_far.clone()), 1e-5f, 1e-5f);
   }
   Tensor bad = ids({9}, 113, 50);
   bad.data<int64_t>()[4] = 50;

@@ -130,6 +130,32 @@ TEST_CASE("softmax family and norms, first and second order", "[grad]") {
   check_second_order(rms, ln, 1, {0, 1});
 }
 
+TEST_CASE("a norm's output read by linear layers is recomputed in backward, not kept", "[grad]") {
+  // Through linear and linear_stacked, first and second order.
+  const TensorList in{randn({2, 3, 6}, 57), Tensor::uniform({6}, 1, 58, 0.5f, 1.5f), randn({6}, 59),
+                      randn({5, 6}, 60), randn({4, 6}, 61)};
+  auto ln_linear = [](const TensorList& x) {
+    const Tensor stacked = linear_stacked(rms_norm(x[0], x[1]), {x[3], x[4]});  // [2, 3, 9]
+    return linear(layer_norm(x[0], x[1], x[2]), x[3]) * slice(stacked, 2, 4, 9);
+  };
+  check_gradients(ln_linear, in, {0, 1, 2, 3, 4});
+  check_second_order(ln_linear, in, 0, {0, 1, 3});
+  check_second_order(ln_linear, in, 3, {0, 2, 4});
+  // Memory: after forward only the norm's input is held, not its output.
+  const Tensor x = randn({512, 512}, 62).set_requires_grad(true);  // 1 MiB
+  const Tensor gamma = Tensor::ones({512}).set_requires_grad(true);
+  const Tensor w = randn({8, 512}, 63).set_requires_grad(true);
+  auto& alloc = CachingAllocator::cpu();
+  const size_t before = alloc.stats().bytes_in_use;
+  const Tensor y = linear(layer_norm(x, gamma), w);  // [512, 8]: 16 KiB
+  CHECK(alloc.stats().bytes_in_use - before < size_t(512 * 512 * 4) / 2);
+  const TensorList g = grad({sum(y)}, {x, gamma, w});
+  // The same gradients as with the output kept (an extra reference keeps it).
+  const Tensor kept = layer_norm(x, gamma);
+  const TensorList want = grad({sum(linear(kept * 1.f, w))}, {x, gamma, w});
+  for (size_t i = 0; i < 3; ++i) CHECK(test::max_abs_diff(g[i], want[i]) < 1e-6f);
+}
+
 TEST_CASE("activations, first and second order", "[grad]") {
   TensorList in{randn({3, 7}, 18)};
   for (auto f : {+[](const TensorList& x) { return gelu(x[0], true); },
@@ -222,8 +248,8 @@ TEST_CASE("linear_cross_entropy equals cross_entropy(x w^T), values and gradient
   for (size_t i = 0; i < 2; ++i) CHECK(first[i].to_vector() == second[i].to_vector());
   // Without a recorded graph it is the loss alone; every row ignored: 0.
   CHECK(std::abs(fused(in).item() - plain(in).item()) < 1e-6f);
-  CHECK(linear_cross_entropy(in[0].view({1, 13, 4}), in[1], ids(std::vector<int64_t>(13, -100),
-                                                                 {1, 13}))
+  CHECK(linear_cross_entropy(in[0].view({1, 13, 4}), in[1],
+                             ids(std::vector<int64_t>(13, -100), {1, 13}))
             .item() == 0.f);
   CHECK_THROWS_WITH(linear_cross_entropy(in[0], randn({7, 5}, 1), labels),
                     Catch::Contains("does not match the head's weight"));
@@ -256,6 +282,37 @@ TEST_CASE("bias_gelu_linear equals linear(gelu(y + b), w), values and gradients"
   check_gradients(no_bias, {randn({5, 6}, 47), randn({3, 6}, 48)}, {0, 1});
   CHECK_THROWS_WITH(bias_gelu_linear(randn({2, 5}, 1), Tensor(), randn({3, 6}, 2)),
                     Catch::Contains("does not match weight"));
+}
+
+TEST_CASE("a tied table's embedding gradient adds onto its head gradient in place", "[grad]") {
+  const int64_t vocab = 8192, dim = 64;  // the table: 2 MiB
+  const Tensor tok = ids({5, 1, 8191, 5, 0, 77, 5, 3}, {8});
+  const Tensor r = randn({8, vocab}, 53);
+  auto tied = [tok, r](const TensorList& x) {
+    return sum(matmul(embedding(x[0], tok), x[0], false, true) * r);
+  };
+  const Tensor small_table = randn({vocab, dim}, 54, 0.1f);
+  const Tensor w = small_table.detach().set_requires_grad(true);
+  // Against the two uses' gradients computed apart and summed.
+  const Tensor head_only =
+      grad({sum(matmul(embedding(w.detach(), tok), w, false, true) * r)}, {w})[0];
+  const Tensor emb_only =
+      grad({sum(matmul(embedding(w, tok), w.detach(), false, true) * r)}, {w})[0];
+  auto& alloc = CachingAllocator::cpu();
+  const Tensor loss = tied({w});
+  alloc.reset_peak();
+  const size_t base = alloc.stats().bytes_in_use;
+  const Tensor g = grad({loss}, {w})[0];
+  const size_t extra = alloc.stats().peak_bytes_in_use - base;
+  CHECK(test::max_abs_diff(g, head_only + emb_only) < 1e-5f);
+  // One [vocab, dim] gradient buffer, not a second one for the embedding's part.
+  CHECK(extra < size_t(vocab * dim) * sizeof(float) * 7 / 4);
+  const Tensor few = ids({3, 1, 3, 0}, {4}), r2 = randn({4, 6}, 56);
+  check_second_order(  // create_graph: the composed path
+      [few, r2](const TensorList& x) {
+        return sum(matmul(embedding(x[0], few), x[0], false, true) * r2);
+      },
+      {randn({6, 4}, 55)}, 0, {0});
 }
 
 TEST_CASE("embedding, rotary, dropout", "[grad]") {

@@ -278,6 +278,33 @@ TEST_CASE("caching allocator: a freed large block serves requests of other sizes
   CHECK(alloc.stats().bytes_in_use == before.bytes_in_use);
 }
 
+TEST_CASE("caching allocator: long-lived blocks keep out of the holes others leave",
+          "[tensor][allocator]") {
+  auto& alloc = CachingAllocator::cpu();
+  const size_t size = fresh_region_size(1);
+  Block hole = grab(size);  // then freed: a hole an activation left
+  const uintptr_t base = hole.addr();
+  drop(hole);
+  const AllocatorStats before = alloc.stats();
+  Block a, b;
+  {
+    CachingAllocator::LongLivedScope long_lived;  // e.g. optimizer moments
+    a = grab(3 * kMiB);
+    b = grab(3 * kMiB);
+  }
+  for (const Block* blk : {&a, &b})
+    CHECK((blk->addr() + blk->cap <= base || blk->addr() >= base + size));
+  // Both in one region for long-lived blocks, side by side.
+  CHECK(alloc.stats().system_allocs == before.system_allocs + 1);
+  CHECK(b.addr() == a.addr() + a.cap);
+  Block again = grab(size);  // the hole is still whole
+  CHECK(again.addr() == base);
+  drop(again);
+  drop(a);
+  drop(b);
+  CHECK(alloc.stats().bytes_in_use == before.bytes_in_use);
+}
+
 TEST_CASE("caching allocator: freed neighbours coalesce into one block", "[tensor][allocator]") {
   auto& alloc = CachingAllocator::cpu();
   const size_t size = fresh_region_size(4);

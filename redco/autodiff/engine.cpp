@@ -13,8 +13,10 @@
 #include "redco/ops/backend.hpp"
 
 namespace redco {
+class Engine;
 namespace {
-thread_local bool t_last_run = false;  // set around a rule that runs for the last time
+thread_local bool t_last_run = false;     // set around a rule that runs for the last time
+thread_local Engine* t_engine = nullptr;  // the engine running the current rule
 }  // namespace
 
 bool detail::last_run_of_rule() { return t_last_run; }
@@ -35,6 +37,10 @@ class Engine {
   void accumulate_leaf(Node* n, Tensor g);
   void execute(Node* n, const TensorList& gouts);
 
+ public:
+  Tensor take_pending(const Node& n, int input);
+
+ private:
   GradOptions opts_;
   GradModeGuard mode_;
   std::vector<Node*> order_;
@@ -110,6 +116,22 @@ void Engine::add_pending(const Edge& e, Tensor g) {
     s = add(s, g);
 }
 
+Tensor Engine::take_pending(const Node& n, int input) {
+  const Edge& e = n.inputs()[size_t(input)];
+  if (opts_.create_graph || !e.node) return {};
+  auto it = pending_.find(e.node.get());
+  if (it == pending_.end()) return {};
+  Tensor& s = it->second[size_t(e.slot)];
+  if (!s.defined() || !detail::owns_buffer(s) || s.dtype() != DType::f32 ||
+      s.shape() != n.input_meta()[size_t(input)].shape)
+    return {};
+  return std::move(s);  // the slot is empty until the rule returns the total
+}
+
+Tensor detail::take_pending_grad(const Node& self, int input) {
+  return t_engine ? t_engine->take_pending(self, input) : Tensor();
+}
+
 TensorList Engine::take_grads(Node* n) {
   TensorList g;
   if (auto it = pending_.find(n); it != pending_.end()) {
@@ -149,9 +171,16 @@ void Engine::execute(Node* n, const TensorList& gouts) {
     profile::Scope scope(n->name(), ".backward");
     struct Flag {  // restored on exit, also when the rule throws
       bool saved = t_last_run;
-      explicit Flag(bool v) { t_last_run = v; }
-      ~Flag() { t_last_run = saved; }
-    } flag(last_run);
+      Engine* saved_engine = t_engine;
+      Flag(bool v, Engine* e) {
+        t_last_run = v;
+        t_engine = e;
+      }
+      ~Flag() {
+        t_last_run = saved;
+        t_engine = saved_engine;
+      }
+    } flag(last_run, this);
     gins = n->backward_(*n, gouts);
   }
   if (last_run) n->backward_ = nullptr;

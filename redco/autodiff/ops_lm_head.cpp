@@ -52,8 +52,8 @@ Tensor head_chunks(const Tensor& x, const Tensor& w, const Tensor& labels, int64
   const std::array<int, 1> axis0{0};
   for (int64_t begin = 0; begin < rows; begin += step) {
     const int64_t n = std::min(step, rows - begin);
-    const Tensor xc = x.slice0(begin, begin + n);        // [n, d]
-    const Tensor lc = labels.slice0(begin, begin + n);   // [n]
+    const Tensor xc = x.slice0(begin, begin + n);         // [n, d]
+    const Tensor lc = labels.slice0(begin, begin + n);    // [n]
     Tensor logits = kernels::matmul(xc, w, false, true);  // [n, V]
     Tensor lse;                                           // [n]
     const Tensor losses = kernels::cross_entropy(logits, lc, ignore_index, lse);
@@ -106,21 +106,22 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& labe
   const Tensor total =
       head_chunks(x2, w, labels1, ignore_index, step, scale, recorded ? saved.get() : nullptr);
   const Tensor loss = kernels::binary_scalar(BinaryOp::mul, total.view(Shape{}), scale);
-  return record(
-      "linear_cross_entropy", {x, w}, loss,
-      [saved_x = detail::SavedInput(x), w, labels, ignore_index, precision, saved](
-          const Node& self, const TensorList& g) {
-        if (building_higher_order())
-          return reference_vjp(self, {saved_x.get(), w}, g[0], [&](const TensorList& in) {
-            PrecisionGuard same(precision);
-            return cross_entropy(matmul(in[0], in[1], false, true), labels, ignore_index);
-          });
-        TensorList grads(2);
-        if (self.needs_grad(0)) grads[0] = scaled(saved->dx, g[0]).view(self.input_meta()[0].shape);
-        if (self.needs_grad(1)) grads[1] = scaled(saved->dw, g[0]);
-        if (last_run_of_rule()) *saved = HeadGrads{};  // the engine now holds the only handles
-        return grads;
-      });
+  return record("linear_cross_entropy", {x, w}, loss,
+                [saved_x = detail::SavedInput(x), w, labels, ignore_index, precision, saved](
+                    const Node& self, const TensorList& g) {
+                  if (building_higher_order())
+                    return reference_vjp(self, {saved_x.get(), w}, g[0], [&](const TensorList& in) {
+                      PrecisionGuard same(precision);
+                      return cross_entropy(matmul(in[0], in[1], false, true), labels, ignore_index);
+                    });
+                  TensorList grads(2);
+                  if (self.needs_grad(0))
+                    grads[0] = scaled(saved->dx, g[0]).view(self.input_meta()[0].shape);
+                  if (self.needs_grad(1)) grads[1] = scaled(saved->dw, g[0]);
+                  if (last_run_of_rule())
+                    *saved = HeadGrads{};  // the engine now holds the only handles
+                  return grads;
+                });
 }
 
 }  // namespace redco

@@ -16,15 +16,20 @@ using detail::reference_vjp;
 namespace {
 Tensor embedding_scatter(const Tensor& dout, const Tensor& ids, int64_t vocab) {
   return record(
-      "embedding_scatter", {dout}, kernels::embedding_backward(dout, ids, vocab),
+      "embedding_scatter", {dout}, kernels::embedding_backward(dout, ids, vocab, Tensor()),
       [ids](const Node&, const TensorList& g) { return TensorList{embedding(g[0], ids)}; });
 }
 }  // namespace
 
 Tensor embedding(const Tensor& table, const Tensor& ids) {
   return record("embedding", {table}, kernels::embedding(table, ids),
-                [ids, vocab = table.dim(0)](const Node&, const TensorList& g) {
-                  return TensorList{embedding_scatter(g[0], ids, vocab)};
+                [ids, vocab = table.dim(0)](const Node& self, const TensorList& g) {
+                  if (building_higher_order())
+                    return TensorList{embedding_scatter(g[0], ids, vocab)};
+                  // The table's gradient summed so far (a tied LM head's) takes
+                  // the rows in place: no second [vocab, dim] buffer (154 MB on GPT-2).
+                  Tensor into = detail::take_pending_grad(self, 0);
+                  return TensorList{kernels::embedding_backward(g[0], ids, vocab, into)};
                 });
 }
 

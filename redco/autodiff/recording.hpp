@@ -37,9 +37,9 @@ class SavedInput {
   Tensor get() const;
 
  private:
-  Tensor value_;                          // when there is no recipe
-  std::function<Tensor()> recompute_;     // otherwise
-  std::weak_ptr<Node> node_;              // the producer (kept alive by the consumer's edge)
+  Tensor value_;                       // when there is no recipe
+  std::function<Tensor()> recompute_;  // otherwise
+  std::weak_ptr<Node> node_;           // the producer (kept alive by the consumer's edge)
   int slot_ = 0;
 };
 
@@ -58,6 +58,12 @@ inline bool building_higher_order() { return GradMode::enabled(); }
 // after. A rule may then reuse a captured tensor's buffer for its gradient,
 // if nothing else references that buffer (see owns_buffer).
 bool last_run_of_rule();
+
+// The gradient summed so far for input `input` of the running rule's node,
+// handed over so that the rule adds its own part in place and returns the
+// total; undefined (nothing taken) unless it is an f32 buffer of the input's
+// shape that nothing else references, in a first-order backward.
+Tensor take_pending_grad(const Node& self, int input);
 
 // True when `t` is the only handle to its buffer.
 inline bool owns_buffer(const Tensor& t) {

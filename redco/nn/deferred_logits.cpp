@@ -22,9 +22,10 @@ class DeferredLogits final : public Placement {
   DeferredLogits(Tensor h, Tensor table) : h_(std::move(h)), table_(std::move(table)) {}
 
   std::string describe() const override {
-    return fmt::format("the LM head's logits {} x {}^T, not formed yet (they are formed a chunk "
-                       "at a time by the loss)",
-                       h_.shape(), table_.shape());
+    return fmt::format(
+        "the LM head's logits {} x {}^T, not formed yet (they are formed a chunk "
+        "at a time by the loss)",
+        h_.shape(), table_.shape());
   }
   std::string read_hint() const override {
     return "Call nn::whole(t) to form them (cross_entropy takes them as they are, without "
@@ -63,8 +64,7 @@ class DeferredLogits final : public Placement {
 Tensor vocab_head_logits(const Tensor& h, const Tensor& table, const Ctx& ctx) {
   const bool keep = ctx.split_output == Ctx::SplitOutput::always ||
                     (ctx.split_output == Ctx::SplitOutput::in_training && ctx.train);
-  if (ctx.split_features || !keep || !needs_graph({h, table}))
-    return matmul(h, table, false, true);
+  if (ctx.split_features || !keep || !needs_graph({h, table})) return matmul(h, table, false, true);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>();  // no values: nothing is allocated
   impl->storage->owned = false;

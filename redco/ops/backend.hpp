@@ -87,7 +87,10 @@ class Backend {
                                         const Tensor& lse, const Tensor& dloss,
                                         int64_t ignore_index, bool overwrite_logits) = 0;
   virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
-  virtual Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) = 0;
+  // Scatter-adds dout's rows into `into` [vocab, dim] when it is defined (a
+  // gradient summed so far) and returns it, else into a fresh zero table.
+  virtual Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab,
+                                    const Tensor& into) = 0;
   virtual Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) = 0;
   // q [B,Hq,Tq,D], k/v [B,Hkv,Tk,D] -> o [B,Hq,Tq,D], lse [B,Hq,Tq].
   virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

@@ -44,7 +44,8 @@ class CpuBackend final : public Backend {
                                 const Tensor& dloss, int64_t ignore_index,
                                 bool overwrite_logits) override;
   Tensor embedding(const Tensor& table, const Tensor& ids) override;
-  Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) override;
+  Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab,
+                            const Tensor& into) override;
   Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
                    Tensor& lse) override;

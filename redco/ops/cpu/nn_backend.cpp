@@ -217,13 +217,17 @@ Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
                          ids.numel(), table.dim(0), table.dim(1));
   return out;
 }
-Tensor CpuBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab) {
+Tensor CpuBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab,
+                                      const Tensor& into) {
   Tensor dout = f32(dout_in, "embedding backward");
   const int64_t dim = dout.shape().last();
   REDCO_CHECK(dout.numel() == ids.numel() * dim,
               "embedding backward: gradient {} does not match ids {} x dim {}", dout.shape(),
               ids.shape(), dim);
-  Tensor dtable = Tensor::zeros({vocab, dim});
+  REDCO_CHECK(!into.defined() || (into.dtype() == DType::f32 && into.shape() == Shape{vocab, dim}),
+              "embedding backward: cannot accumulate into {}, the table is f32[{}, {}]",
+              into.str(0), vocab, dim);
+  Tensor dtable = into.defined() ? into : Tensor::zeros({vocab, dim});
   cpu::embedding_backward(dout.data<float>(), ids_of(ids, "embedding"), dtable.data<float>(),
                           ids.numel(), vocab, dim);
   return dtable;

@@ -238,7 +238,8 @@ Tensor CudaBackend::embedding(const Tensor& table_in, const Tensor& ids) {
   cuda::k::embedding_forward(table.data<float>(), p, out.data<float>(), ids.numel(), table.dim(1));
   return out;
 }
-Tensor CudaBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab) {
+Tensor CudaBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab,
+                                       const Tensor& into) {
   const Device dev = dout_in.device();
   Scope scope(dev);
   Tensor dout = f32(dout_in, dev, "embedding backward");
@@ -248,7 +249,10 @@ Tensor CudaBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids,
               ids.shape(), dim);
   const int64_t* p = ids_of(ids, dev, "embedding");
   check_ids("embedding_backward", ids, vocab);
-  Tensor dtable = Tensor::zeros({vocab, dim}, DType::f32, dev);
+  REDCO_CHECK(!into.defined() || (into.dtype() == DType::f32 && into.shape() == Shape{vocab, dim}),
+              "embedding backward: cannot accumulate into {}, the table is f32[{}, {}]",
+              into.str(0), vocab, dim);
+  Tensor dtable = into.defined() ? into : Tensor::zeros({vocab, dim}, DType::f32, dev);
   const size_t bytes = cuda::k::embedding_backward_scratch(ids.numel());
   Tensor scratch = Tensor::empty({int64_t(bytes)}, DType::u8, dev);
   cuda::k::embedding_backward(dout.data<float>(), p, dtable.data<float>(), ids.numel(), vocab, dim,

@@ -35,7 +35,7 @@ __global__ void embed_bwd(const float* dout, const int64_t* keys, const int64_t*
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.f;
     for (int64_t q = k; q < n && keys[q] == id; ++q) acc += dout[pos[q] * D + d];
-    dtable[id * D + d] = acc;
+    dtable[id * D + d] += acc;  // onto zeros, or onto a gradient summed so far
   }
 }
 

@@ -540,9 +540,11 @@ TEST_CASE("matmul_into writes or accumulates into a row range of a larger buffer
     for (size_t i : {size_t(0), size_t(5), size_t(21), size_t(26)}) CHECK(all[i] == 2.f);
   }
   Tensor wrong = Tensor::zeros({5, 4});
-  require_error([&] { cpu::matmul_into(rnd({5, 7}, 1), rnd({7, 3}, 2), false, false, wrong,
-                                           false); },
-                {"matmul_into", "[5, 4]"});
+  require_error(
+      [&] {
+        cpu::matmul_into(rnd({5, 7}, 1), rnd({7, 3}, 2), false, false, wrong, false);
+      },
+      {"matmul_into", "[5, 4]"});
 }
 
 TEST_CASE("cpu matmul errors name both shapes", "[cpu][matmul]") {

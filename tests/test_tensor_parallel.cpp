@@ -454,8 +454,8 @@ TEST_CASE("an LM head's logits are deferred in training and the loss and gradien
       CHECK(close(deferred.second.at(name), g));
     }
     CHECK_THAT(deferred_desc, Catch::Contains("not formed yet"));
-    CHECK_THAT(read_error, Catch::Contains("no values to read yet") &&
-                               Catch::Contains("nn::whole(t)"));
+    CHECK_THAT(read_error,
+               Catch::Contains("no values to read yet") && Catch::Contains("nn::whole(t)"));
     CHECK_THAT(slice_error, Catch::Contains("sliced or reshaped"));
     // Evaluation, or training with no gradient to record: formed logits.
     nn::Ctx eval;

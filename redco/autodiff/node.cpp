@@ -1,9 +1,10 @@
 // Graph recording: grad mode, nodes, SavedOutput. The engine that runs the
 // graph backwards is in engine.cpp.
 #include "redco/autodiff/node.hpp"
-#include "redco/autodiff/recording.hpp"
 
 #include <algorithm>
+
+#include "redco/autodiff/recording.hpp"
 
 namespace redco {
 namespace {

@@ -62,23 +62,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const int64_t in = w.dim(1), out = w.dim(0);
   const Shape x_shape = x.shape(), out_shape = x.shape().with(-1, out);
   const Precision precision = matmul_precision();
-  Tensor y = record(
-      "linear", {x, w}, kernels::matmul(x.view({-1, in}), w, false, true).view(out_shape),
-      [saved_x = SavedInput(x), w, in, out, x_shape, precision](const Node& self,
-                                                                const TensorList& g) {
-        PrecisionGuard same(precision);
-        const Tensor x = saved_x.get();
-        if (building_higher_order())
-          return reference_vjp(self, {x, w}, g[0], [&](const TensorList& a) {
-            return reshape(matmul(reshape(a[0], {-1, in}), a[1], false, true),
-                           x_shape.with(-1, out));
-          });
-        const Tensor dy = g[0].view({-1, out});  // [rows, out]
-        TensorList grads(2);
-        if (self.needs_grad(0)) grads[0] = kernels::matmul(dy, w, false, false).view(x_shape);
-        if (self.needs_grad(1)) grads[1] = kernels::matmul(dy, x.view({-1, in}), true, false);
-        return grads;
-      });
+  Tensor y =
+      record("linear", {x, w}, kernels::matmul(x.view({-1, in}), w, false, true).view(out_shape),
+             [saved_x = SavedInput(x), w, in, out, x_shape, precision](const Node& self,
+                                                                       const TensorList& g) {
+               PrecisionGuard same(precision);
+               const Tensor x = saved_x.get();
+               if (building_higher_order())
+                 return reference_vjp(self, {x, w}, g[0], [&](const TensorList& a) {
+                   return reshape(matmul(reshape(a[0], {-1, in}), a[1], false, true),
+                                  x_shape.with(-1, out));
+                 });
+               const Tensor dy = g[0].view({-1, out});  // [rows, out]
+               TensorList grads(2);
+               if (self.needs_grad(0))
+                 grads[0] = kernels::matmul(dy, w, false, false).view(x_shape);
+               if (self.needs_grad(1))
+                 grads[1] = kernels::matmul(dy, x.view({-1, in}), true, false);
+               return grads;
+             });
   return bias.defined() ? add(y, bias) : y;
 }
 
@@ -127,8 +129,8 @@ Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& b
   kept[0] = Tensor();
   return record(
       "linear", inputs, y.view(x.shape().with(-1, out)),
-      [kept, saved_x = SavedInput(x), n = ws.size(), has_bias = !bs.empty(), in, out,
-       precision](const Node& self, const TensorList& g) {
+      [kept, saved_x = SavedInput(x), n = ws.size(), has_bias = !bs.empty(), in, out, precision](
+          const Node& self, const TensorList& g) {
         PrecisionGuard same(precision);
         TensorList inputs = kept;
         inputs[0] = saved_x.get();

@@ -90,7 +90,7 @@ struct CachingAllocator::Impl {
   AllocatorStats stats;
   std::unordered_map<size_t, std::vector<void*>> small_free;  // capacity -> free blocks
   std::map<char*, Region> regions;                            // base -> region
-  std::array<Pool, 2> pools;  // 0: everything else, 1: long-lived
+  std::array<Pool, 2> pools;                                  // 0: everything else, 1: long-lived
 
   void add_free(Pool& pool, char* p, size_t size) {
     pool.free_by_addr.emplace(p, size);

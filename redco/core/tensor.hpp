@@ -30,8 +30,8 @@ class Tensor;
 // raw() and data() refuse, with a message naming nn::whole(). Views and
 // detach() keep the placement; cross_entropy computes on split logits without
 // gathering them. An LM head's logits in training are a placement too: not
-// formed at all until the loss reads them (nn/deferred_logits.cpp). Core knows no communicators: redco/nn/tensor_parallel.hpp
-// implements this interface holding one.
+// formed at all until the loss reads them (nn/deferred_logits.cpp). Core knows no communicators:
+// redco/nn/tensor_parallel.hpp implements this interface holding one.
 struct Placement {
   virtual ~Placement() = default;
   // E.g. "split along its last dim across 2 model-parallel ranks (this rank holds 8 of 16)".

@@ -5,7 +5,9 @@
 #include <array>
 #include <span>
 
+#include "redco/core/error.hpp"
 #include "redco/core/shape.hpp"
+#include "redco/core/tensor.hpp"
 
 namespace redco::matmul_detail {
 
@@ -58,6 +60,22 @@ inline Batch broadcast_batch(const Shape& a, const Shape& b, int64_t mat_a, int6
     }
   }
   return out;
+}
+
+// matmul_into's operands checked, and its {M, N, K}: 2-d a and b, an f32
+// result [M, N].
+inline std::array<int64_t, 3> into_dims(const Tensor& a, const Tensor& b, bool ta, bool tb,
+                                        const Tensor& c) {
+  REDCO_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2 && c.dtype() == DType::f32,
+              "matmul_into: needs 2-d operands and an f32 2-d result, got {} {}, {} {} into {} {}",
+              dtype_name(a.dtype()), a.shape(), dtype_name(b.dtype()), b.shape(),
+              dtype_name(c.dtype()), c.shape());
+  const int64_t M = a.dim(ta ? 1 : 0), K = a.dim(ta ? 0 : 1);
+  const int64_t kb = b.dim(tb ? 1 : 0), N = b.dim(tb ? 0 : 1);
+  REDCO_CHECK(K == kb && (c.shape() == Shape{M, N}),
+              "matmul_into: op(a) {}x{} times op(b) {}x{} does not fit the result {}", M, K, kb, N,
+              c.shape());
+  return {M, N, K};
 }
 
 }  // namespace redco::matmul_detail

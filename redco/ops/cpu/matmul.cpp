@@ -173,9 +173,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   // A linear layer's leading dims fold into M (the fast path below), so its
   // profile key shows the one GEMM that runs.
   const bool folds = bs.rank() == 2 && !trans_a;
-  const std::string shape_key =
-      gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N, g.K,
-               folds || bt.rank == 0 ? "" : " batched");
+  const std::string shape_key = gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N,
+                                         g.K, folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
   if (native_bf16(a_in, b_in, g, bt, c)) return c;
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
@@ -199,15 +198,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
 
 void matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b, Tensor& c,
                  bool accumulate) {
-  REDCO_CHECK(a_in.rank() == 2 && b_in.rank() == 2 && c.rank() == 2 && c.dtype() == DType::f32,
-              "matmul_into: needs 2-d operands and an f32 2-d result, got {} {}, {} {} into {} {}",
-              dtype_name(a_in.dtype()), a_in.shape(), dtype_name(b_in.dtype()), b_in.shape(),
-              dtype_name(c.dtype()), c.shape());
-  const int64_t M = a_in.dim(trans_a ? 1 : 0), K = a_in.dim(trans_a ? 0 : 1);
-  const int64_t kb = b_in.dim(trans_b ? 1 : 0), N = b_in.dim(trans_b ? 0 : 1);
-  REDCO_CHECK(K == kb && (c.shape() == Shape{M, N}),
-              "matmul_into: op(a) {}x{} times op(b) {}x{} does not fit the result {}", M, K, kb, N,
-              c.shape());
+  const auto [M, N, K] = into_dims(a_in, b_in, trans_a, trans_b, c);
   if (M * N == 0) return;
   if (K == 0) {  // an empty sum adds nothing
     if (!accumulate) std::memset(c.raw(), 0, c.nbytes());

@@ -169,15 +169,7 @@ void CudaBackend::matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans
   cuda::Scope scope(dev);
   cuda::expect_on(b_in, dev, "matmul_into");
   cuda::expect_on(c, dev, "matmul_into");
-  REDCO_CHECK(a_in.rank() == 2 && b_in.rank() == 2 && c.rank() == 2 && c.dtype() == DType::f32,
-              "matmul_into: needs 2-d operands and an f32 2-d result, got {} {}, {} {} into {} {}",
-              dtype_name(a_in.dtype()), a_in.shape(), dtype_name(b_in.dtype()), b_in.shape(),
-              dtype_name(c.dtype()), c.shape());
-  const int64_t M = a_in.dim(trans_a ? 1 : 0), K = a_in.dim(trans_a ? 0 : 1);
-  const int64_t kb = b_in.dim(trans_b ? 1 : 0), N = b_in.dim(trans_b ? 0 : 1);
-  REDCO_CHECK(K == kb && (c.shape() == Shape{M, N}),
-              "matmul_into: op(a) {}x{} times op(b) {}x{} does not fit the result {}", M, K, kb, N,
-              c.shape());
+  const auto [M, N, K] = into_dims(a_in, b_in, trans_a, trans_b, c);
   if (M * N == 0) return;
   if (K == 0) {  // an empty sum adds nothing
     if (!accumulate) c.fill(0.f);

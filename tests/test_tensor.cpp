@@ -66,6 +66,35 @@ TEST_CASE("bf16 rounds to nearest, ties to even", "[tensor][dtype]") {
   CHECK(std::isnan(round_trip({std::nanf("")}, DType::bf16)[0]));
 }
 
+TEST_CASE("f32 to bf16 over a large tensor matches rounding each element alone",
+          "[tensor][dtype]") {
+  // Tensor::to(bf16) has a vectorised, parallel loop of its own (mixed
+  // precision's GEMM operands); every bit pattern class must come out as the
+  // scalar rule says: round to nearest even, NaN made quiet, overflow to inf.
+  auto reference = [](uint32_t u) -> uint16_t {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  };
+  const size_t n = 300'000;  // several parallel chunks of 65536
+  std::vector<float> x(n);
+  uint32_t state = 12345;
+  const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00000u, 0x7f7fffffu,
+                              0x00008000u, 0x00018000u, 0x3f808000u, 0x3f818000u, 0x80000000u};
+  for (size_t i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;  // every bit pattern is fair game
+    x[i] = from_bits(i % 97 < 10 ? special[i % 97] : state);
+  }
+  const Tensor h = Tensor::from<float>(x, {int64_t(n)}).to(DType::bf16);
+  const auto* got = static_cast<const uint16_t*>(h.raw());
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &x[i], 4);
+    wrong += got[i] != reference(u);
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("f16 round trip: exact values, ties to even, subnormals, overflow", "[tensor][dtype]") {
   const float min_sub = std::ldexp(1.f, -24), min_norm = std::ldexp(1.f, -14);
   const std::vector<float> exact = {0.f,      1.f,     -2.5f,       65504.f,

@@ -45,9 +45,12 @@ struct HeadGrads {
 
 // The sum of the rows' losses ([1]); with `grads`, also the gradients of
 // (that sum * scale) into it, where they are wanted.
-Tensor head_chunks(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t ignore_index,
+Tensor head_chunks(const Tensor& x, const Tensor& w_in, const Tensor& labels, int64_t ignore_index,
                    int64_t step, float scale, HeadGrads* grads) {
   const int64_t rows = x.dim(0);
+  // Under bf16 precision every chunk's two GEMMs with the table would round
+  // it again (154 MB for GPT-2's): round it once, stored as bf16 [V, d].
+  const Tensor w = matmul_precision() == Precision::bf16 ? w_in.to(DType::bf16) : w_in;
   Tensor total;  // [1]
   const std::array<int, 1> axis0{0};
   for (int64_t begin = 0; begin < rows; begin += step) {

@@ -283,6 +283,15 @@ void Tensor::copy_from(const Tensor& src) {
   void* dst = raw();
   const void* s = src.raw();
   const DType sd = src.dtype(), dd = dtype();
+  if (sd == DType::f32 &&
+      dd == DType::bf16) {  // mixed precision's GEMM operands: typed, vectorised
+    const auto* from = static_cast<const uint32_t*>(s);  // [numel] f32 bits
+    auto* to = static_cast<uint16_t*>(dst);              // [numel] bf16 bits
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), 1 << 16), [&](auto r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) to[i] = float_bits_to_bf16(from[i]);
+    });
+    return;
+  }
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), 1 << 16), [&](auto r) {
     for (int64_t i = r.begin(); i < r.end(); ++i) store(dst, dd, i, load(s, sd, i));
   });

@@ -291,7 +291,8 @@ struct Bf16Kernel {
   dnnl_memory_t a = nullptr, b = nullptr, c = nullptr;
 };
 
-using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+// trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate
+using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
 dnnl_memory_t make_memory(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
                           dnnl_data_type_t type) {
@@ -304,7 +305,7 @@ dnnl_memory_t make_memory(int64_t rows, int64_t cols, int64_t row_stride, int64_
 }
 
 Bf16Kernel make_kernel(const Bf16Key& key) {
-  const auto [ta, tb, M, N, K, lda, ldb, ldc] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
   Bf16Kernel k;
   k.a = make_memory(M, K, ta ? 1 : lda, ta ? lda : 1, dnnl_bf16);  // op(A) [M, K]
   k.b = make_memory(K, N, tb ? 1 : ldb, tb ? ldb : 1, dnnl_bf16);  // op(B) [K, N]
@@ -315,8 +316,19 @@ Bf16Kernel make_kernel(const Bf16Key& key) {
   dnnl_ok(dnnl_memory_get_memory_desc(k.c, &c_md), "memory descriptor query");
   dnnl_matmul_desc_t desc;
   dnnl_ok(dnnl_matmul_desc_init(&desc, a_md, b_md, nullptr, c_md), "matmul descriptor");
+  // C += product: a sum post-op, which reads C before the kernel writes it.
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post_ops = nullptr;
+  if (accumulate) {
+    dnnl_ok(dnnl_primitive_attr_create(&attr), "attribute creation");
+    dnnl_ok(dnnl_post_ops_create(&post_ops), "post-op creation");
+    dnnl_ok(dnnl_post_ops_append_sum(post_ops, 1.f), "sum post-op");
+    dnnl_ok(dnnl_primitive_attr_set_post_ops(attr, post_ops), "setting post-ops");
+  }
   dnnl_primitive_desc_t pd = nullptr;
-  const dnnl_status_t made = dnnl_primitive_desc_create(&pd, &desc, nullptr, cpu_engine(), nullptr);
+  const dnnl_status_t made = dnnl_primitive_desc_create(&pd, &desc, attr, cpu_engine(), nullptr);
+  if (post_ops) dnnl_post_ops_destroy(post_ops);
+  if (attr) dnnl_primitive_attr_destroy(attr);
   REDCO_CHECK(made != dnnl_unimplemented,
               "gemm_bf16: oneDNN has no bf16 matmul for this CPU (it needs AVX512_BF16 or AMX); "
               "leave the bf16 GEMM path on automatic, which rounds to bf16 and runs sgemm here");
@@ -368,9 +380,10 @@ bool has_native_bf16() {
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc) {
+               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
+               bool accumulate) {
   REDCO_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M={} N={} K={}", M, N, K);
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0 || (K == 0 && accumulate)) return;
   if (K == 0) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
     return;
@@ -380,7 +393,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     const int64_t im = index / grid.tn, in = index % grid.tn;
     const int64_t m0 = cut(M, grid.tm, im), m1 = cut(M, grid.tm, im + 1);
     const int64_t n0 = cut(N, grid.tn, in), n1 = cut(N, grid.tn, in + 1);
-    const Bf16Key key{trans_a, trans_b, m1 - m0, n1 - n0, K, lda, ldb, ldc};
+    const Bf16Key key{trans_a, trans_b, m1 - m0, n1 - n0, K, lda, ldb, ldc, accumulate};
     serial_gemm_bf16(key, A + (trans_a ? m0 : m0 * lda), B + (trans_b ? n0 * ldb : n0),
                      C + m0 * ldc + n0);
   };

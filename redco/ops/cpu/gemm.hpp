@@ -20,13 +20,14 @@ void sgemm_batched(int64_t batch, bool trans_a, bool trans_b, int64_t M, int64_t
                    int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
                    int64_t stride_c);
 
-// C[M,N] = op(A)[M,K] * op(B)[K,N] with A and B in bf16 (raw bits) and C in
-// f32 (overwritten); products accumulate in f32. Runs oneDNN's matmul
+// C[M,N] = op(A)[M,K] * op(B)[K,N] (or C += that, with `accumulate`) with A
+// and B in bf16 (raw bits) and C in f32; products accumulate in f32. Runs oneDNN's matmul
 // primitive, tiled over TBB like sgemm. Fast only where the CPU has bf16 dot
 // products (see has_native_bf16); elsewhere oneDNN falls back to a slow
 // reference kernel, so callers round to bf16 and use sgemm instead.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc);
+               int64_t lda, const uint16_t* B, int64_t ldb, float* C, int64_t ldc,
+               bool accumulate = false);
 
 // True when the CPU has bf16 dot-product instructions (AVX512_BF16 or AMX).
 bool has_native_bf16();

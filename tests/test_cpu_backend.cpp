@@ -585,25 +585,33 @@ void check_bf16_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   CHECK(worst < 70 * 2 * 0.0039f);
 }
 
-TEST_CASE("cpu matmul under bf16 precision rounds both operands and accumulates in f32",
-          "[cpu][matmul][bf16]") {
-  // Both ways of computing it: f32 GEMM on rounded operands, and oneDNN's
-  // bf16 GEMM where the CPU has bf16 instructions (oneDNN implements bf16
-  // matmul nowhere else).
-  std::vector<cpu::Bf16GemmPath> paths{cpu::Bf16GemmPath::rounded};
-  if (cpu::has_native_bf16()) paths.push_back(cpu::Bf16GemmPath::onednn);
-  struct Restore {
-    ~Restore() { cpu::set_bf16_gemm_path(cpu::Bf16GemmPath::automatic); }
-  } restore;
-  for (const auto path : paths) {
-    cpu::set_bf16_gemm_path(path);
-    for (int flags = 0; flags < 4; ++flags) {
-      const bool ta = flags & 1, tb = flags & 2;
-      const Tensor b = rnd(stored({}, 70, 19, tb), 22);                // op(b): [70, 19]
-      check_bf16_matmul(rnd(stored({}, 33, 70, ta), 21), b, ta, tb);   // a plain product
-      check_bf16_matmul(rnd(stored({2}, 33, 70, ta), 23), b, ta, tb);  // batch dims
+// The bf16 GEMM paths this CPU can run: f32 GEMM on rounded operands always,
+// oneDNN's bf16 GEMM where the CPU has bf16 instructions (oneDNN implements
+// bf16 matmul nowhere else). Puts the automatic choice back when done.
+struct Bf16Paths {
+  std::vector<cpu::Bf16GemmPath> list{cpu::Bf16GemmPath::rounded};
+  Bf16Paths() {
+    if (cpu::has_native_bf16()) list.push_back(cpu::Bf16GemmPath::onednn);
+  }
+  ~Bf16Paths() { cpu::set_bf16_gemm_path(cpu::Bf16GemmPath::automatic); }
+  // f(path, trans_a, trans_b) on every path, for the four transpose cases.
+  template <typename F>
+  void each(F&& f) const {
+    for (const auto path : list) {
+      cpu::set_bf16_gemm_path(path);
+      for (int flags = 0; flags < 4; ++flags) f(path, bool(flags & 1), bool(flags & 2));
     }
   }
+};
+
+TEST_CASE("cpu matmul under bf16 precision rounds both operands and accumulates in f32",
+          "[cpu][matmul][bf16]") {
+  // Both ways of computing it (Bf16Paths).
+  Bf16Paths().each([](cpu::Bf16GemmPath, bool ta, bool tb) {
+    const Tensor b = rnd(stored({}, 70, 19, tb), 22);                // op(b): [70, 19]
+    check_bf16_matmul(rnd(stored({}, 33, 70, ta), 21), b, ta, tb);   // a plain product
+    check_bf16_matmul(rnd(stored({2}, 33, 70, ta), 23), b, ta, tb);  // batch dims
+  });
 }
 
 TEST_CASE("matmul_into under bf16 precision writes and accumulates the bf16 product",
@@ -611,33 +619,24 @@ TEST_CASE("matmul_into under bf16 precision writes and accumulates the bf16 prod
   // The LM head's chunked loss runs its dX and dW GEMMs through matmul_into;
   // where the CPU has bf16 dot products they are oneDNN bf16 GEMMs, the
   // accumulating one with a sum post-op.
-  std::vector<cpu::Bf16GemmPath> paths{cpu::Bf16GemmPath::rounded};
-  if (cpu::has_native_bf16()) paths.push_back(cpu::Bf16GemmPath::onednn);
-  struct Restore {
-    ~Restore() { cpu::set_bf16_gemm_path(cpu::Bf16GemmPath::automatic); }
-  } restore;
-  for (const auto path : paths) {
-    cpu::set_bf16_gemm_path(path);
-    for (int flags = 0; flags < 4; ++flags) {
-      const bool ta = flags & 1, tb = flags & 2;
-      INFO("onednn=" << (path == cpu::Bf16GemmPath::onednn) << " ta=" << ta << " tb=" << tb);
-      const Tensor a = rnd(stored({}, 21, 70, ta), 41), b = rnd(stored({}, 70, 13, tb), 42);
-      Shape out;
-      const auto want = ref_matmul(bf16_rounded(a), bf16_rounded(b), ta, tb, &out);  // [21, 13]
-      Tensor big = Tensor::full({25, 13}, 2.f);
-      Tensor rows = big.slice0(3, 24);
-      PrecisionGuard mixed(Precision::bf16);
-      cpu::matmul_into(a, b, ta, tb, rows, false);
-      check_close(rows, out, want, 1e-4f);
-      cpu::matmul_into(a, b, ta, tb, rows, true);
-      std::vector<float> twice(want);
-      for (float& v : twice) v *= 2.f;
-      check_close(rows, out, twice, 1e-4f);
-      const auto all = big.to_vector();  // rows outside [3, 24) untouched
-      for (size_t i : {size_t(0), size_t(38), size_t(24 * 13), size_t(25 * 13 - 1)})
-        CHECK(all[i] == 2.f);
-    }
-  }
+  Bf16Paths().each([](cpu::Bf16GemmPath path, bool ta, bool tb) {
+    INFO("onednn=" << (path == cpu::Bf16GemmPath::onednn) << " ta=" << ta << " tb=" << tb);
+    const Tensor a = rnd(stored({}, 21, 70, ta), 41), b = rnd(stored({}, 70, 13, tb), 42);
+    Shape out;
+    const auto want = ref_matmul(bf16_rounded(a), bf16_rounded(b), ta, tb, &out);  // [21, 13]
+    Tensor big = Tensor::full({25, 13}, 2.f);
+    Tensor rows = big.slice0(3, 24);
+    PrecisionGuard mixed(Precision::bf16);
+    cpu::matmul_into(a, b, ta, tb, rows, false);
+    check_close(rows, out, want, 1e-4f);
+    cpu::matmul_into(a, b, ta, tb, rows, true);
+    std::vector<float> twice(want);
+    for (float& v : twice) v *= 2.f;
+    check_close(rows, out, twice, 1e-4f);
+    const auto all = big.to_vector();  // rows outside [3, 24) untouched
+    for (size_t i : {size_t(0), size_t(38), size_t(24 * 13), size_t(25 * 13 - 1)})
+      CHECK(all[i] == 2.f);
+  });
 }
 
 TEST_CASE("cpu matmul rounding to bf16 keeps infinities and NaN", "[cpu][matmul][bf16]") {

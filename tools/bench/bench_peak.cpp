@@ -35,29 +35,25 @@ using Vec = __m512;
 constexpr int kLanes = 16;
 inline Vec splat(float x) { return _mm512_set1_ps(x); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-// Stored and added by hand: GCC 12's _mm512_reduce_add_ps trips -Wuninitialized.
-inline float sum(Vec v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0;
-  for (float x : t) s += x;
-  return s;
-}
 #elif defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;
 constexpr int kLanes = 8;
 inline Vec splat(float x) { return _mm256_set1_ps(x); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float sum(Vec v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
+#else
+#error "bench_peak needs AVX2+FMA or AVX-512 (build with -march=native)"
+#endif
+
+// The lanes added by hand (GCC 12's _mm512_reduce_add_ps trips
+// -Wuninitialized); only the loop's result has to be kept alive.
+template <typename V>
+float sum(V v) {
+  float t[sizeof(V) / sizeof(float)];
+  std::memcpy(t, &v, sizeof v);
   float s = 0;
   for (float x : t) s += x;
   return s;
 }
-#else
-#error "bench_peak needs AVX2+FMA or AVX-512 (build with -march=native)"
-#endif
 
 // Runs `rounds` x kInner x kChains FMAs; returns the FLOPs done. The result is
 // consumed through `sink` so the compiler keeps the loop.

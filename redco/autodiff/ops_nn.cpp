@@ -174,9 +174,10 @@ Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool 
             const Tensor pre = in[1].defined() ? add(in[0], in[1]) : in[0];
             return linear(gelu(pre, tanh_approx), in[2]);
           });
-        const auto [pre, h] = activations(y);    // recomputed: [rows, hidden]
+        auto [pre, h] = activations(y);          // recomputed: [rows, hidden]
         const Tensor dz = g[0].view({-1, out});  // [rows, out]
         Tensor dw = self.needs_grad(2) ? kernels::matmul(dz, h, true, false) : Tensor();
+        h = Tensor();  // done with: one [rows, hidden] buffer less at the step's peak (here)
         Tensor du = kernels::gelu_backward(pre, kernels::matmul(dz, w, false, false), tanh_approx);
         Tensor db;
         if (b.defined() && self.needs_grad(1)) {

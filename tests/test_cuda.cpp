@@ -6,14 +6,18 @@
 // model whose loss and gradients must match the CPU run.
 //
 // Without a GPU (CI), every test returns after a warning.
+#include <dlfcn.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "redco/autodiff/functional.hpp"
 #include "redco/autodiff/node.hpp"
 #include "redco/ops/backend.hpp"
+#include "redco/ops/cuda/cublas_api.hpp"
 #include "redco/ops/cuda/cuda_backend.hpp"
 
 namespace redco {
@@ -61,6 +65,22 @@ void close(const Tensor& g, const Tensor& c, float rtol, float atol) {
   CHECK(ok);
 }
 void same(const Tensor& g, const Tensor& c) { close(g, c, 0.f, 0.f); }
+
+TEST_CASE("cuBLAS is not loaded until a GPU GEMM needs it, then every entry point resolves",
+          "[cuda]") {
+  // Runs without a GPU: linking cuBLAS cost every process ~150 MB of RSS, so
+  // the backend opens it on first use. Until then it is not in the process...
+  CHECK(dlopen(cuda::cublas_library_name(), RTLD_NOW | RTLD_NOLOAD) == nullptr);
+  // ... and once opened, every function the backend calls is there.
+  const cuda::CublasApi& api = cuda::cublas();
+  CHECK(api.create != nullptr);
+  CHECK(api.set_stream != nullptr);
+  CHECK(api.set_workspace != nullptr);
+  CHECK(api.gemm_strided_batched_ex != nullptr);
+  CHECK(std::string(api.status_name(CUBLAS_STATUS_NOT_INITIALIZED)) ==
+        "CUBLAS_STATUS_NOT_INITIALIZED");
+  CHECK(dlopen(cuda::cublas_library_name(), RTLD_NOW | RTLD_NOLOAD) != nullptr);
+}
 
 TEST_CASE("cuda: tensors move between host and device", "[cuda]") {
   REQUIRE_GPU();

@@ -9,14 +9,13 @@
 // Two bf16 (or two f16) operands go to the GEMM as they are: their products
 // are exact in fp32 and accumulate in fp32, which is what converting them to
 // f32 first would compute, without the conversion pass.
-#include <cublas_v2.h>
-
 #include <array>
 #include <atomic>
 #include <mutex>
 
 #include "redco/core/error.hpp"
 #include "redco/ops/cuda/backend_cuda.hpp"
+#include "redco/ops/cuda/cublas_api.hpp"
 #include "redco/ops/cuda/cuda_backend.hpp"
 #include "redco/ops/cuda/cuda_util.hpp"
 #include "redco/ops/cuda/tensor_util.hpp"
@@ -32,7 +31,7 @@ constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
 
 void cublas_check(cublasStatus_t s, const char* what) {
   REDCO_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLAS error in {}: {} ({})", what,
-              cublasGetStatusString(s), cublasGetStatusName(s));
+              cuda::cublas().status_string(s), cuda::cublas().status_name(s));
 }
 
 // One handle per device, bound to the device's stream, with a workspace
@@ -45,11 +44,12 @@ cublasHandle_t handle(Device dev) {
   std::lock_guard lock(mu);
   cublasHandle_t& h = handles[size_t(dev.index)];
   if (!h) {
-    cublas_check(cublasCreate(&h), "cublasCreate");
-    cublas_check(cublasSetStream(h, cuda::stream()), "cublasSetStream");
+    const cuda::CublasApi& api = cuda::cublas();  // opens cuBLAS on the first GPU GEMM
+    cublas_check(api.create(&h), "cublasCreate");
+    cublas_check(api.set_stream(h, cuda::stream()), "cublasSetStream");
     Tensor& ws = workspaces[size_t(dev.index)];
     ws = Tensor::empty({kWorkspaceBytes}, DType::u8, dev);
-    cublas_check(cublasSetWorkspace(h, ws.raw(), size_t(kWorkspaceBytes)), "cublasSetWorkspace");
+    cublas_check(api.set_workspace(h, ws.raw(), size_t(kWorkspaceBytes)), "cublasSetWorkspace");
   }
   return h;
 }
@@ -70,7 +70,7 @@ void gemm_batched(cublasHandle_t h, const Gemm& g, int64_t count, const void* A,
   const cublasComputeType_t compute =
       g.in_type == CUDA_R_32F && g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublas_check(
-      cublasGemmStridedBatchedEx(
+      cuda::cublas().gemm_strided_batched_ex(
           h, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N), int(g.M),
           int(g.K), &one, B, g.in_type, int(g.ldb), stride_b, A, g.in_type, int(g.lda), stride_a,
           &beta, C, CUDA_R_32F, int(g.N), stride_c, int(count), compute, CUBLAS_GEMM_DEFAULT),

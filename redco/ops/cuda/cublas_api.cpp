@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <string>
+#include <vector>
 
 #include "redco/core/error.hpp"
 
@@ -14,20 +15,22 @@ namespace {
 #define REDCO_STR(x) REDCO_STR2(x)
 constexpr const char* kLibrary = "libcublas.so." REDCO_STR(CUBLAS_VER_MAJOR);
 
-// cuBLAS sits next to the CUDA runtime in every toolkit layout: when the
-// loader's search path (ld.so.cache, LD_LIBRARY_PATH) does not have it, look
-// in the directory libcudart was loaded from.
+// Where to look: the loader's search path (ld.so.cache, LD_LIBRARY_PATH),
+// then the directory libcudart was loaded from (cuBLAS sits next to the
+// runtime in a toolkit), then the toolkit redco was built against.
 void* open_library(std::string& tried) {
-  tried = kLibrary;
-  if (void* h = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL)) return h;
-  tried += std::string(" (") + dlerror() + ")";
+  std::vector<std::string> candidates{kLibrary};
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&cudaGetDeviceCount), &info) && info.dli_fname) {
-    std::string dir = info.dli_fname;
-    dir = dir.substr(0, dir.find_last_of('/') + 1);
-    const std::string path = dir + kLibrary;
+    const std::string runtime = info.dli_fname;
+    candidates.push_back(runtime.substr(0, runtime.find_last_of('/') + 1) + kLibrary);
+  }
+#ifdef REDCO_CUDA_LIBDIR
+  candidates.push_back(std::string(REDCO_CUDA_LIBDIR) + "/" + kLibrary);
+#endif
+  for (const std::string& path : candidates) {
     if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-    tried += ", " + path + " (" + dlerror() + ")";
+    tried += (tried.empty() ? "" : ", ") + path + " (" + dlerror() + ")";
   }
   return nullptr;
 }

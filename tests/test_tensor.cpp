@@ -66,7 +66,7 @@ TEST_CASE("bf16 rounds to nearest, ties to even", "[tensor][dtype]") {
   CHECK(std::isnan(round_trip({std::nanf("")}, DType::bf16)[0]));
 }
 
-TEST_CASE("f32 to bf16 over a large tensor matches rounding each element alone",
+TEST_CASE("f32 to bf16 and back over a large tensor match converting each element alone",
           "[tensor][dtype]") {
   // Tensor::to(bf16) has a vectorised, parallel loop of its own (mixed
   // precision's GEMM operands); every bit pattern class must come out as the
@@ -93,6 +93,12 @@ TEST_CASE("f32 to bf16 over a large tensor matches rounding each element alone",
     wrong += got[i] != reference(u);
   }
   CHECK(wrong == 0);
+  // ... and widening back (its own typed loop) is exact: the bf16 bits on top.
+  const Tensor back = h.to(DType::f32);
+  const auto* wide = static_cast<const uint32_t*>(back.raw());
+  size_t wrong_back = 0;
+  for (size_t i = 0; i < n; ++i) wrong_back += wide[i] != uint32_t(got[i]) << 16;
+  CHECK(wrong_back == 0);
 }
 
 TEST_CASE("f16 round trip: exact values, ties to even, subnormals, overflow", "[tensor][dtype]") {

@@ -283,19 +283,24 @@ void Tensor::copy_from(const Tensor& src) {
   void* dst = raw();
   const void* s = src.raw();
   const DType sd = src.dtype(), dd = dtype();
-  // f32 -> bf16 is what mixed precision does to every GEMM operand: a typed
-  // loop the compiler vectorises, not the per-element dtype switch below.
+  auto each = [&](auto&& convert) {  // convert(i) for every element, in parallel
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), 1 << 16), [&](auto r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) convert(i);
+    });
+  };
+  // f32 <-> bf16 is what mixed precision does to GEMM operands: typed loops
+  // the compiler vectorises, not the per-element dtype switch below.
   if (sd == DType::f32 && dd == DType::bf16) {
     const auto* from = static_cast<const uint32_t*>(s);  // [numel] f32 bits
     auto* to = static_cast<uint16_t*>(dst);              // [numel] bf16 bits
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), 1 << 16), [&](auto r) {
-      for (int64_t i = r.begin(); i < r.end(); ++i) to[i] = float_bits_to_bf16(from[i]);
-    });
-    return;
+    return each([&](int64_t i) { to[i] = float_bits_to_bf16(from[i]); });
   }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), 1 << 16), [&](auto r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) store(dst, dd, i, load(s, sd, i));
-  });
+  if (sd == DType::bf16 && dd == DType::f32) {
+    const auto* from = static_cast<const uint16_t*>(s);  // [numel] bf16 bits
+    auto* to = static_cast<uint32_t*>(dst);              // [numel] f32 bits
+    return each([&](int64_t i) { to[i] = uint32_t(from[i]) << 16; });
+  }
+  each([&](int64_t i) { store(dst, dd, i, load(s, sd, i)); });
 }
 
 Tensor Tensor::to(DType t) const {

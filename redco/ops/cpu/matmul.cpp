@@ -121,6 +121,14 @@ bool use_native_bf16() {
   return path == Bf16GemmPath::onednn || (path == Bf16GemmPath::automatic && has_native_bf16());
 }
 
+// C (f32, rows of g.N floats) = or += op(a) op(b) as one oneDNN bf16 GEMM on
+// bf16 copies of the operands (no copy for an operand stored as bf16).
+void run_bf16(const Gemm& g, const Tensor& a_in, const Tensor& b_in, Tensor& c, bool accumulate) {
+  const Tensor a = a_in.to(DType::bf16), b = b_in.to(DType::bf16);
+  gemm_bf16(g.ta, g.tb, g.M, g.N, g.K, static_cast<const uint16_t*>(a.raw()), g.lda,
+            static_cast<const uint16_t*>(b.raw()), g.ldb, c.data<float>(), g.N, accumulate);
+}
+
 // Under Precision::bf16 on a CPU with bf16 dot products, a product with no
 // batch broadcasting (a linear layer, a weight gradient) runs as one oneDNN
 // bf16 GEMM on bf16 copies of the operands. Returns false (nothing done) when
@@ -130,20 +138,8 @@ bool native_bf16(const Tensor& a_in, const Tensor& b_in, const Gemm& g, const Ba
   if (!use_native_bf16()) return false;
   const bool fold = b_in.rank() == 2 && !g.ta;  // a's batch dims fold into M
   if (!fold && bt.rank != 0) return false;
-  const Tensor a = a_in.to(DType::bf16), b = b_in.to(DType::bf16);  // bf16 copies
-  const int64_t M = fold ? a.numel() / g.K : g.M;
-  gemm_bf16(g.ta, g.tb, M, g.N, g.K, static_cast<const uint16_t*>(a.raw()), g.lda,
-            static_cast<const uint16_t*>(b.raw()), g.ldb, c.data<float>(), g.N);
-  return true;
-}
-
-// native_bf16 for matmul_into: C (f32, rows of N floats) = or += op(a) op(b).
-bool native_bf16_into(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, int64_t M,
-                      int64_t N, int64_t K, Tensor& c, bool accumulate) {
-  if (!use_native_bf16()) return false;
-  const Tensor a = a_in.to(DType::bf16), b = b_in.to(DType::bf16);  // bf16 copies
-  gemm_bf16(ta, tb, M, N, K, static_cast<const uint16_t*>(a.raw()), a.dim(1),
-            static_cast<const uint16_t*>(b.raw()), b.dim(1), c.data<float>(), N, accumulate);
+  const int64_t M = fold ? a_in.numel() / g.K : g.M;
+  run_bf16({g.ta, g.tb, M, g.N, g.K, g.lda, g.ldb}, a_in, b_in, c, false);
   return true;
 }
 
@@ -221,7 +217,9 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool tran
   }
   const std::string shape_key = gemm_key(trans_a, trans_b, M, N, K, accumulate ? " +=" : "");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
-  if (native_bf16_into(a_in, b_in, trans_a, trans_b, M, N, K, c, accumulate)) return;
+  if (use_native_bf16())
+    return run_bf16({trans_a, trans_b, M, N, K, a_in.dim(1), b_in.dim(1)}, a_in, b_in, c,
+                    accumulate);
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
   sgemm(trans_a, trans_b, M, N, K, 1.f, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
         accumulate ? 1.f : 0.f, c.data<float>(), N);

@@ -86,6 +86,7 @@ struct World {
   std::vector<std::string> dead;  // per world rank: why it is gone; "" while alive
   std::string failure;            // the first timeout; "" while healthy
   bool closing = false;
+  std::vector<uint8_t> goodbyes;  // one byte per peer: the closing handshake's buffers
   Clock::time_point last_check;
   std::unique_ptr<sched::ProgressEngine> engine;
 
@@ -112,6 +113,7 @@ struct World {
     return std::exchange(to_fire, {});
   }
   void submit(const OpPtr& op, uint64_t tag, void* buf, size_t len);
+  void say_goodbye();
   void peer_failed(int peer, const std::string& why);
   void check_timeouts();
   bool poll();

@@ -44,7 +44,8 @@ static_assert(gpt2_plan.count(Collective::vocab_logits) == 1);
 static_assert(gpt2_plan.split_if_divisible("wte.weight", 50257, 2) == -1);
 
 constexpr auto llama_plan = shard::plan_v<models::Llama>;
-static_assert(llama_plan.params.size() == 1 + 9 + 2);  // per layer: 2 norms, q k v o, 3 MLP
+// Per layer: 2 norms, q k v o, their biases (present when the config asks: Qwen2), 3 MLP.
+static_assert(llama_plan.params.size() == 1 + 13 + 2);
 static_assert(llama_plan.split("embed_tokens.weight") == 0);
 static_assert(llama_plan.split("layers.*.input_layernorm.weight") == -1);
 static_assert(llama_plan.split("layers.*.self_attn.q_proj.weight") == 0);
@@ -56,7 +57,9 @@ static_assert(llama_plan.split("layers.*.mlp.gate_proj.weight") == 0);
 static_assert(llama_plan.split("layers.*.mlp.up_proj.weight") == 0);
 static_assert(llama_plan.split("layers.*.mlp.down_proj.weight") == 1);
 static_assert(llama_plan.split("norm.weight") == -1 && llama_plan.split("lm_head.weight") == 0);
-static_assert(!llama_plan.has("layers.*.self_attn.q_proj.bias") && !llama_plan.has("wte.weight"));
+static_assert(llama_plan.split("layers.*.self_attn.q_proj.bias") == 0);
+static_assert(llama_plan.split("layers.*.self_attn.o_proj.bias") == -1);
+static_assert(!llama_plan.has("wte.weight"));
 // Embedding lookup, attention and gated MLP: one all-reduce each, nothing gathered.
 static_assert(llama_plan.count(Collective::all_reduce) == 3);
 static_assert(llama_plan.count(Collective::all_gather) == 0);

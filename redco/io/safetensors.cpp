@@ -542,4 +542,37 @@ Tensor SafetensorsReader::read(std::string_view name) const {
   return t;
 }
 
+Tensor SafetensorsReader::read_block(std::string_view name, int64_t row_begin, int64_t row_end,
+                                     int64_t col_begin, int64_t col_end) const {
+  const auto it = impl_->by_name.find(name);
+  if (it == impl_->by_name.end()) bad(path_, "tensor '{}' is missing from the file", name);
+  const Entry& e = *it->second;
+  if (e.shape.rank() < 1 || e.shape.rank() > 2)
+    bad(path_, "tensor '{}' has shape {}: a block read needs 1 or 2 dims", e.name, e.shape);
+  const int64_t rows = e.shape[0], cols = e.shape.rank() == 2 ? e.shape[1] : 1;
+  REDCO_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= rows && 0 <= col_begin &&
+                  col_begin <= col_end && col_end <= cols,
+              "read_block: rows [{}, {}) and columns [{}, {}) are outside tensor '{}' of shape {}",
+              row_begin, row_end, col_begin, col_end, e.name, e.shape);
+  const int64_t n_rows = row_end - row_begin, n_cols = col_end - col_begin;
+  const uint64_t es = dtype_size(e.dtype);
+  Tensor t = e.shape.rank() == 2 ? Tensor::empty(Shape{n_rows, n_cols}, e.dtype)
+                                 : Tensor::empty(Shape{n_rows}, e.dtype);
+  const uint64_t start = impl_->header.data_start + e.begin;
+  const std::string what = fmt::format("tensor '{}'", e.name);
+  auto* dst = static_cast<char*>(t.raw());
+  if (n_cols == cols || n_rows == 1) {  // one contiguous range
+    const uint64_t off = start + (uint64_t(row_begin) * uint64_t(cols) + uint64_t(col_begin)) * es;
+    read_exact(impl_->fd, dst, uint64_t(n_rows * n_cols) * es, off, path_, what);
+  } else {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const uint64_t off =
+          start + (uint64_t(row_begin + r) * uint64_t(cols) + uint64_t(col_begin)) * es;
+      read_exact(impl_->fd, dst + uint64_t(r * n_cols) * es, uint64_t(n_cols) * es, off, path_,
+                 what);
+    }
+  }
+  return t;
+}
+
 }  // namespace redco::io

@@ -102,6 +102,12 @@ class SafetensorsReader {
   std::vector<TensorSpec> specs() const;  // in data order
   bool contains(std::string_view name) const;
   Tensor read(std::string_view name) const;  // throws naming the file if absent
+  // Rows [row_begin, row_end) and columns [col_begin, col_end) of a 1-D or
+  // 2-D tensor (a 1-D tensor is one column), in the file's dtype: reads only
+  // those bytes (one read per row when the columns are a part of each row),
+  // so a model shard is loaded without its whole tensor passing through memory.
+  Tensor read_block(std::string_view name, int64_t row_begin, int64_t row_end, int64_t col_begin,
+                    int64_t col_end) const;
   const std::filesystem::path& path() const { return path_; }
 
  private:

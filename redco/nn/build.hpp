@@ -21,12 +21,15 @@ inline RMSNorm rms_norm(int64_t dim, float eps = 1e-6f) { return {.dim = dim, .e
 struct AttentionOptions {
   int64_t kv_heads = 0;  // 0: as many as query heads; fewer: grouped-query attention
   bool rotary = false;
-  float rope_base = 10000.f;
+  RopeOptions rope{};
+  int64_t head_dim = 0;                 // 0: dim / heads
+  bool qkv_bias = true, o_bias = true;  // with a Bias layer: which projections have one
 };
 template <bool Bias = true>
 Attention<Bias> causal_attention(int64_t dim, int64_t heads, AttentionOptions o = {}) {
-  REDCO_CHECK(heads > 0 && dim % heads == 0,
-              "causal_attention: dim {} must be a multiple of heads {}", dim, heads);
+  REDCO_CHECK(heads > 0 && (o.head_dim > 0 || dim % heads == 0),
+              "causal_attention: dim {} must be a multiple of heads {} (or give head_dim)", dim,
+              heads);
   const int64_t kv = o.kv_heads ? o.kv_heads : heads;
   REDCO_CHECK(heads % kv == 0, "causal_attention: heads {} must be a multiple of kv_heads {}",
               heads, kv);
@@ -35,7 +38,10 @@ Attention<Bias> causal_attention(int64_t dim, int64_t heads, AttentionOptions o 
           .kv_heads = kv,
           .causal = true,
           .rotary = o.rotary,
-          .rope_base = o.rope_base};
+          .rope = o.rope,
+          .head_size = o.head_dim,
+          .qkv_bias = o.qkv_bias,
+          .o_bias = o.o_bias};
 }
 template <bool Bias = true>
 Attention<Bias> self_attention(int64_t dim, int64_t heads, AttentionOptions o = {}) {

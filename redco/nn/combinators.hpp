@@ -109,7 +109,8 @@ struct Repeat {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     Tensor h = x;
-    for (int64_t i = 0; i < count; ++i)
+    ctx.layer = 0;
+    for (int64_t i = 0; i < count; ++i, ctx.layer = i)
       h = whole_features(
           block.forward(p.indexed(i).template content<B>(), whole_features(h, ctx), ctx), ctx);
     return h;

@@ -9,6 +9,7 @@
 
 #include "redco/autodiff/functional.hpp"
 #include "redco/core/philox.hpp"
+#include "redco/nn/rope.hpp"
 #include "redco/nn/tensor_parallel.hpp"
 #include "redco/nn/walk.hpp"
 
@@ -83,20 +84,26 @@ struct TiedLMHead {
   }
 };
 
-struct LMHead {  // an untied head [vocab, d]
+// An LM head [vocab, d] of its own, or, when `tied_to` names the token
+// embedding (a checkpoint's tie_word_embeddings), that table: the parameter
+// is then absent at run time (the compile-time plan lists it, with the role
+// the embedding has too).
+struct LMHead {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "lm_head";
   int64_t dim = 0, vocab = 0;
+  const char* tied_to = nullptr;
   static constexpr void walk(Walker& w, const LMHead* l) {
     w.need_whole();
     w.new_group();
-    w.param("weight", Role::vocab, l ? Dims{l->vocab, l->dim} : Dims{}, Init::normal,
-            kTransformerInitStd);
+    if (!l || !l->tied_to)
+      w.param("weight", Role::vocab, l ? Dims{l->vocab, l->dim} : Dims{}, Init::normal,
+              kTransformerInitStd);
     w.add_collective(Collective::vocab_logits);
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    const Tensor& table = p["weight"];
-    const Name name = p.path().dot("weight");
+    const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
+    const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
     return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, name.view()), table, ctx);
   }
 };
@@ -135,7 +142,13 @@ struct RMSNorm {
 // ---- attention ---------------------------------------------------------------------------
 // Multi-head attention, q/k/v/o projections named as in Hugging Face models.
 // kv_heads < heads is grouped-query attention; `rotary` applies rotary
-// positions to q and k. Cross-attention reads keys and values from ctx.memory.
+// positions (nn/rope.hpp) to q and k. Cross-attention reads keys and values
+// from ctx.memory. The head size is dim / heads unless head_size says
+// otherwise (q is [heads * head_size, dim], o [dim, heads * head_size]).
+// With Bias, qkv_bias / o_bias say which projections carry one (Qwen2: q, k
+// and v only). Logits are scaled by `scale` (0: 1/sqrt(head size)), further
+// divided by the layer's index + 1 with scale_by_inverse_layer (GPT-2's
+// scale_attn_by_inverse_layer_idx; the index is the enclosing repeat's copy).
 // Tensor-parallel: each rank holds whole heads of q, k and v (as many local
 // heads as its q rows hold) and the matching input columns of o.
 template <bool Bias = true, bool Cross = false>
@@ -144,26 +157,33 @@ struct Attention {
   static constexpr std::string_view kName = Cross ? "cross_attn" : "attn";
   int64_t dim = 0, heads = 0, kv_heads = 0;
   bool causal = true, rotary = false;
-  float rope_base = 10000.f;
+  RopeOptions rope{};
+  int64_t head_size = 0;
+  bool qkv_bias = true, o_bias = true;
+  float scale = 0.f;
+  bool scale_by_inverse_layer = false;
+  int64_t window = 0;  // > 0: sliding-window attention, refused for longer sequences
 
-  int64_t head_dim() const { return dim / heads; }
+  int64_t head_dim() const { return head_size ? head_size : dim / heads; }
   static constexpr void walk(Walker& w, const Attention* l) {
     w.begin_block();
-    const Dims q = l ? Dims{l->dim, l->dim} : Dims{};
-    const Dims kv = l ? Dims{l->kv_heads * l->head_dim(), l->dim} : Dims{};
-    const float std = kTransformerInitStd;
     const int64_t hd = l ? l->head_dim() : 1;  // splits keep whole heads
-    auto bias = [&](const char* name, Role role, int64_t n) {
-      if constexpr (Bias) w.param(name, role, l ? Dims{n} : Dims{}, Init::zeros, 0.f, hd);
+    const Dims q = l ? Dims{l->heads * hd, l->dim} : Dims{};
+    const Dims kv = l ? Dims{l->kv_heads * hd, l->dim} : Dims{};
+    const Dims o = l ? Dims{l->dim, l->heads * hd} : Dims{};
+    const float std = kTransformerInitStd;
+    const bool qkv_bias = Bias && (!l || l->qkv_bias), o_bias = Bias && (!l || l->o_bias);
+    auto bias = [&](const char* name, bool on, Role role, int64_t n) {
+      if (on) w.param(name, role, l ? Dims{n} : Dims{}, Init::zeros, 0.f, hd);
     };
     w.param("q_proj.weight", Role::attn_q, q, Init::normal, std, hd);
-    bias("q_proj.bias", Role::column_bias, q.d[0]);
+    bias("q_proj.bias", qkv_bias, Role::column_bias, q.d[0]);
     w.param("k_proj.weight", Role::attn_k, kv, Init::normal, std, hd);
-    bias("k_proj.bias", Role::column_bias, kv.d[0]);
+    bias("k_proj.bias", qkv_bias, Role::column_bias, kv.d[0]);
     w.param("v_proj.weight", Role::attn_v, kv, Init::normal, std, hd);
-    bias("v_proj.bias", Role::column_bias, kv.d[0]);
-    w.param("o_proj.weight", Role::attn_o, q, Init::normal, std, hd);
-    bias("o_proj.bias", Role::row_bias, q.d[0]);
+    bias("v_proj.bias", qkv_bias, Role::column_bias, kv.d[0]);
+    w.param("o_proj.weight", Role::attn_o, o, Init::normal, std, hd);
+    bias("o_proj.bias", o_bias, Role::row_bias, o.d[0]);
     w.end_block();
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
@@ -172,6 +192,7 @@ struct Attention {
   bool split_heads(const Params& p, const Ctx& ctx) const;
   Tensor project(const Params& p, const char* name, const Tensor& x) const;
   TensorList project_qkv(const Params& p, const Tensor& x) const;
+  float logit_scale(const Ctx& ctx) const;
 };
 
 // ---- feed-forward blocks --------------------------------------------------------------------

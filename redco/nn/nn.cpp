@@ -88,13 +88,13 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx&) const {
 template <bool Bias, bool Cross>
 bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {
   const std::string at(p.path().view());
-  const int64_t hd = head_dim(), kv = kv_heads * hd;
+  const int64_t hd = head_dim(), kv = kv_heads * hd, qw = heads * hd;
   const Tensor& wq = p["q_proj.weight"];
   const Tensor& wk = p["k_proj.weight"];
-  const int q = shard_dim(wq, Shape{dim, dim}, {0}, ctx, at + ".q_proj.weight");
+  const int q = shard_dim(wq, Shape{qw, dim}, {0}, ctx, at + ".q_proj.weight");
   const int k = shard_dim(wk, Shape{kv, dim}, {0}, ctx, at + ".k_proj.weight");
   const int v = shard_dim(p["v_proj.weight"], Shape{kv, dim}, {0}, ctx, at + ".v_proj.weight");
-  const int o = shard_dim(p["o_proj.weight"], Shape{dim, dim}, {1}, ctx, at + ".o_proj.weight");
+  const int o = shard_dim(p["o_proj.weight"], Shape{dim, qw}, {1}, ctx, at + ".o_proj.weight");
   REDCO_CHECK(q == k && k == v && (o == 1) == (q == 0),
               "{}: q/k/v/o_proj are split inconsistently (one split, another whole); cut them "
               "with train::shard_params(full, shard::resolve(model, n), rank, n)",
@@ -109,9 +109,11 @@ bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const 
 template <bool Bias, bool Cross>
 Tensor Attention<Bias, Cross>::project(const Params& p, const char* name, const Tensor& x) const {
   const std::string proj(name);
-  Tensor y = linear(x, p[proj + ".weight"], Bias ? p[proj + ".bias"] : Tensor());  // [B, T, h*hd]
-  const int64_t h = y.dim(2) / head_dim();                                  // this rank's heads
-  return transpose(reshape(y, {x.dim(0), x.dim(1), h, head_dim()}), 1, 2);  // [B, h, T, hd]
+  const bool has_bias = Bias && qkv_bias;
+  Tensor y =
+      linear(x, p[proj + ".weight"], has_bias ? p[proj + ".bias"] : Tensor());  // [B, T, h*hd]
+  const int64_t h = y.dim(2) / head_dim();                                      // this rank's heads
+  return transpose(reshape(y, {x.dim(0), x.dim(1), h, head_dim()}), 1, 2);      // [B, h, T, hd]
 }
 
 // Self-attention projects the same input three times: one GEMM against the
@@ -125,8 +127,9 @@ TensorList Attention<Bias, Cross>::project_qkv(const Params& p, const Tensor& x)
   const Tensor& wq = p["q_proj.weight"];
   const Tensor& wk = p["k_proj.weight"];
   const TensorList ws{wq, wk, p["v_proj.weight"]};
-  const TensorList bs =
-      Bias ? TensorList{p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"]} : TensorList{};
+  const TensorList bs = Bias && qkv_bias
+                            ? TensorList{p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"]}
+                            : TensorList{};
   const int64_t hd = head_dim(), hq = wq.dim(0) / hd, hkv = wk.dim(0) / hd;  // this rank's heads
   const Tensor y = linear_stacked(x, ws, bs);  // [B, T, (hq + 2 hkv) * hd]
   const Tensor heads = transpose(reshape(y, {x.dim(0), x.dim(1), hq + 2 * hkv, hd}), 1, 2);
@@ -138,6 +141,10 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
   const Tensor x = whole_features(x_in, ctx);
   REDCO_CHECK(x.rank() == 3 && x.dim(2) == dim, "{}: expected input [batch, seq, {}], got {}",
               p.path().view(), dim, x.shape());
+  REDCO_CHECK(window == 0 || x.dim(1) <= window,
+              "{}: a sequence of {} tokens is longer than the sliding attention window ({}), "
+              "which redco does not implement; use sequences of at most {} tokens",
+              p.path().view(), x.dim(1), window, window);
   REDCO_CHECK(!Cross || ctx.memory.defined(),
               "{}: cross-attention needs the encoder output (ctx.memory)", p.path().view());
   // Split heads: the whole input enters the parallel region (its gradient is
@@ -155,13 +162,19 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
     q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   }
   if (rotary) {
-    q = redco::rotary(q, 0, rope_base);
-    k = redco::rotary(k, 0, rope_base);
+    q = apply_rope(q, 0, rope);
+    k = apply_rope(k, 0, rope);
   }
-  const Tensor o = attention_merged_heads(q, k, v, causal);  // [B, T, local heads * hd]
-  const Tensor bias = Bias ? p["o_proj.bias"] : Tensor();
+  const Tensor o = attention_merged_heads(q, k, v, causal, logit_scale(ctx));  // [B, T, h * hd]
+  const Tensor bias = Bias && o_bias ? p["o_proj.bias"] : Tensor();
   if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);
   return linear(o, p["o_proj.weight"], bias);
+}
+
+template <bool Bias, bool Cross>
+float Attention<Bias, Cross>::logit_scale(const Ctx& ctx) const {
+  const float s = scale > 0.f ? scale : 1.f / std::sqrt(float(head_dim()));
+  return scale_by_inverse_layer ? s / float(ctx.layer + 1) : s;
 }
 
 template struct Attention<true, false>;

@@ -217,6 +217,7 @@ struct Ctx {
   uint64_t seed = 0;   // dropout masks depend on (seed, step, call index) only
   uint64_t step = 0;
   uint64_t dropout_calls = 0;
+  int64_t layer = 0;  // the copy of the innermost nn::repeat being run (set by Repeat)
   Tensor source{};  // encoder input (token ids), for encoder-decoder models
   Tensor memory{};  // encoder output, for cross-attention
   // The model-parallel group this rank computes with (nullptr or size 1: the

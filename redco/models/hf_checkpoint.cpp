@@ -1,0 +1,403 @@
+// Hugging Face checkpoint folders: config.json, safetensors weights (single
+// or sharded with an index), loaded slice by slice and saved in HF layout.
+#include "redco/models/hf_checkpoint.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "redco/core/error.hpp"
+#include "redco/io/safetensors.hpp"
+
+namespace redco::models::hf {
+namespace fs = std::filesystem;
+
+TensorSource same(std::string param, std::string hf, Shape shape) {
+  return {std::move(param), std::move(hf), std::move(shape), false, {}};
+}
+
+// ---- config.json ----------------------------------------------------------------------------
+
+namespace {
+std::string read_text(const fs::path& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  REDCO_CHECK(in.good(), "{} '{}' cannot be opened: is this a Hugging Face model folder?", what,
+              path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+Config::Config(const fs::path& dir) : source_((dir / "config.json").string()) {
+  REDCO_CHECK(fs::is_directory(dir), "model folder '{}' does not exist (or is not a folder)",
+              dir.string());
+  json_ = io::Json::parse(read_text(dir / "config.json", "config file"), source_);
+  REDCO_CHECK(json_.is_object(), "{}: expected a JSON object", source_);
+}
+
+void Config::fail(std::string_view key, std::string_view problem) const {
+  throw Error(fmt::format("{}: key '{}' {}", source_, key, problem));
+}
+
+const io::Json* Config::find(std::string_view key) const {
+  if (!json_.contains(key)) return nullptr;
+  const io::Json& v = json_.at(key);
+  return v.is_null() ? nullptr : &v;
+}
+
+bool Config::has(std::string_view key) const { return find(key) != nullptr; }
+
+int64_t Config::integer(std::string_view key) const {
+  const io::Json* v = find(key);
+  if (!v) fail(key, "is missing (an integer is required)");
+  if (v->is_int()) return v->as_int();
+  if (v->is_number() && v->as_double() == double(int64_t(v->as_double())))
+    return int64_t(v->as_double());
+  fail(key, fmt::format("must be an integer, got {}", v->dump()));
+}
+int64_t Config::integer(std::string_view key, int64_t fallback) const {
+  return has(key) ? integer(key) : fallback;
+}
+double Config::number(std::string_view key) const {
+  const io::Json* v = find(key);
+  if (!v) fail(key, "is missing (a number is required)");
+  if (!v->is_number()) fail(key, fmt::format("must be a number, got {}", v->dump()));
+  return v->as_double();
+}
+double Config::number(std::string_view key, double fallback) const {
+  return has(key) ? number(key) : fallback;
+}
+bool Config::boolean(std::string_view key, bool fallback) const {
+  const io::Json* v = find(key);
+  if (!v) return fallback;
+  if (!v->is_bool()) fail(key, fmt::format("must be true or false, got {}", v->dump()));
+  return v->as_bool();
+}
+std::string Config::string(std::string_view key) const {
+  const io::Json* v = find(key);
+  if (!v) fail(key, "is missing (a string is required)");
+  if (!v->is_string()) fail(key, fmt::format("must be a string, got {}", v->dump()));
+  return v->as_string();
+}
+std::string Config::string(std::string_view key, std::string fallback) const {
+  return has(key) ? string(key) : fallback;
+}
+const io::Json& Config::object(std::string_view key) const {
+  const io::Json* v = find(key);
+  if (!v || !v->is_object()) fail(key, "must be an object");
+  return *v;
+}
+std::string Config::model_type() const { return string("model_type"); }
+
+void Config::expect_model_type(std::initializer_list<std::string_view> accepted,
+                               std::string_view loader) const {
+  const std::string t = model_type();
+  for (std::string_view a : accepted)
+    if (t == a) return;
+  throw Error(fmt::format(
+      "{}: the folder holds a '{}' model, which {} does not load (it loads {}); use the loader "
+      "for '{}' (models::from_pretrained_any picks it from config.json)",
+      source_, t, loader, fmt::join(accepted, ", "), t));
+}
+
+// ---- the weight files -----------------------------------------------------------------------
+
+namespace {
+
+// Every tensor of the checkpoint: its name -> the reader of the file that holds it.
+struct WeightFiles {
+  std::vector<std::unique_ptr<io::SafetensorsReader>> readers;
+  std::map<std::string, const io::SafetensorsReader*, std::less<>> where;
+  std::map<std::string, io::TensorSpec, std::less<>> specs;
+};
+
+WeightFiles open_weights(const fs::path& dir) {
+  WeightFiles w;
+  auto add_file = [&](const fs::path& file) {
+    w.readers.push_back(std::make_unique<io::SafetensorsReader>(file));
+    for (const io::TensorSpec& s : w.readers.back()->specs()) {
+      REDCO_CHECK(!w.where.count(s.name), "tensor '{}' is in two weight files of '{}' ({} and {})",
+                  s.name, dir.string(), w.where[s.name]->path().string(), file.string());
+      w.where[s.name] = w.readers.back().get();
+      w.specs[s.name] = s;
+    }
+  };
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (fs::exists(single)) {
+    add_file(single);
+    return w;
+  }
+  if (!fs::exists(index)) {
+    const bool bin =
+        fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json");
+    throw Error(fmt::format("'{}' holds no model.safetensors or model.safetensors.index.json{}",
+                            dir.string(),
+                            bin ? ": it has PyTorch .bin weights; convert them with transformers "
+                                  "(model.save_pretrained(dir, safe_serialization=True))"
+                                : ""));
+  }
+  const io::Json j = io::Json::parse(read_text(index, "index file"), index.string());
+  REDCO_CHECK(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(),
+              "{}: expected an object with a \"weight_map\" object", index.string());
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const auto& [name, file] : j.at("weight_map").as_object()) {
+    REDCO_CHECK(file.is_string(), "{}: weight_map['{}'] must be a file name", index.string(), name);
+    by_file[file.as_string()].push_back(name);
+  }
+  for (const auto& [file, names] : by_file) {
+    REDCO_CHECK(file.find('/') == std::string::npos && file != ".." && !file.empty(),
+                "{}: weight file '{}' must be a plain file name in the folder", index.string(),
+                file);
+    REDCO_CHECK(fs::exists(dir / file), "{} names weight file '{}', which is missing from '{}'",
+                index.string(), file, dir.string());
+    add_file(dir / file);
+    for (const std::string& n : names)
+      REDCO_CHECK(w.where.count(n) && w.where[n]->path() == dir / file,
+                  "{} places tensor '{}' in '{}', but that file does not hold it", index.string(),
+                  n, file);
+  }
+  return w;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::string pick_prefix(const WeightFiles& w, const Layout& layout, const fs::path& dir) {
+  REDCO_CHECK(!layout.sources.empty(), "load_weights: the layout lists no tensors");
+  for (const std::string& p : layout.prefixes)
+    if (w.where.count(p + layout.sources.front().hf)) return p;
+  throw Error(fmt::format(
+      "'{}': tensor '{}' is missing from the weights (looked for it with prefixes '{}'): the "
+      "checkpoint does not match config.json, or is not a model of this family",
+      dir.string(), layout.sources.front().hf, fmt::join(layout.prefixes, "', '")));
+}
+
+// Checks names, shapes and dtypes of the whole checkpoint before any data is read.
+void check_checkpoint(const WeightFiles& w, const Layout& layout, const std::string& prefix,
+                      const fs::path& dir) {
+  std::set<std::string, std::less<>> expected;
+  for (const TensorSource& s : layout.sources) {
+    const std::string name = prefix + s.hf;
+    expected.insert(name);
+    auto it = w.specs.find(name);
+    REDCO_CHECK(it != w.specs.end(),
+                "'{}': tensor '{}' is missing from the weights (config.json implies it)",
+                dir.string(), name);
+    const io::TensorSpec& spec = it->second;
+    REDCO_CHECK(spec.shape == s.hf_shape,
+                "'{}': tensor '{}' in {} has shape {} but config.json implies {}", dir.string(),
+                name, w.where.at(name)->path().string(), spec.shape, s.hf_shape);
+    REDCO_CHECK(is_floating(spec.dtype),
+                "'{}': tensor '{}' is stored as {}; redco loads F32, BF16 and F16 weights",
+                dir.string(), name, io::safetensors_dtype(spec.dtype));
+  }
+  for (const auto& [name, spec] : w.specs) {
+    if (expected.count(name)) continue;
+    const bool ignored = std::any_of(layout.ignored_suffixes.begin(), layout.ignored_suffixes.end(),
+                                     [&](const std::string& s) { return ends_with(name, s); });
+    REDCO_CHECK(ignored,
+                "'{}': unexpected tensor '{}' in {}: the weights hold more than config.json "
+                "describes (another variant of the architecture?)",
+                dir.string(), name, w.where.at(name)->path().string());
+  }
+}
+
+// out[i, :] = in[rows[i], :] for f32 rows of `cols` elements.
+Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& rows, int64_t cols) {
+  Tensor out = Tensor::empty(cols == 0 || in.rank() == 1 ? Shape{int64_t(rows.size())}
+                                                         : Shape{int64_t(rows.size()), cols});
+  const float* src = in.data<float>();
+  float* dst = out.data<float>();
+  const int64_t width = in.rank() == 1 ? 1 : cols;
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(dst + int64_t(i) * width, src + rows[i] * width, size_t(width) * sizeof(float));
+  return out;
+}
+
+Tensor transpose2d(const Tensor& in) {  // f32 [r, c] -> [c, r]
+  const int64_t r = in.dim(0), c = in.dim(1);
+  Tensor out = Tensor::empty(Shape{c, r});
+  const float* src = in.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) dst[j * r + i] = src[i * c + j];
+  return out;
+}
+
+// This rank's slice of one parameter: its rows `prow` (positions in the
+// parameter) and columns [c0, c1), read from the source tensor.
+Tensor read_slice(const io::SafetensorsReader& file, const std::string& name, const TensorSource& s,
+                  const std::vector<int64_t>& prow, int64_t c0, int64_t c1) {
+  std::vector<int64_t> src(prow.size());
+  for (size_t i = 0; i < prow.size(); ++i) src[i] = s.rows.empty() ? prow[i] : s.rows[prow[i]];
+  if (src.empty()) return Tensor::empty(s.hf_shape.rank() == 1 ? Shape{0} : Shape{0, c1 - c0});
+  const auto [lo_it, hi_it] = std::minmax_element(src.begin(), src.end());
+  const int64_t lo = *lo_it, hi = *hi_it + 1;
+  Tensor block;  // f32 [hi - lo, c1 - c0] (or [hi - lo] for a vector), logical layout
+  if (!s.transposed) {
+    block = file.read_block(name, lo, hi, c0, c1).to(DType::f32);
+  } else {
+    block = transpose2d(file.read_block(name, c0, c1, lo, hi).to(DType::f32));
+  }
+  bool contiguous = true;
+  for (size_t i = 0; i < src.size(); ++i) contiguous &= src[i] == lo + int64_t(i);
+  if (contiguous) return block;
+  for (int64_t& r : src) r -= lo;
+  return gather_rows(block, src, c1 - c0);
+}
+
+}  // namespace
+
+nn::ParamTree load_weights(const fs::path& dir, const Layout& layout,
+                           const std::vector<shard::ParamSplit>& plan, const LoadOptions& opts) {
+  REDCO_CHECK(opts.n_shards >= 1 && opts.rank >= 0 && opts.rank < opts.n_shards,
+              "load_weights: rank {} is not a shard of {}", opts.rank, opts.n_shards);
+  REDCO_CHECK(is_floating(opts.dtype), "load_weights: parameters must be f32, bf16 or f16");
+  const WeightFiles w = open_weights(dir);
+  const std::string prefix = pick_prefix(w, layout, dir);
+  check_checkpoint(w, layout, prefix, dir);
+  std::map<std::string_view, const TensorSource*> by_param;
+  for (const TensorSource& s : layout.sources) by_param[s.param] = &s;
+
+  nn::ParamTree out;
+  for (const shard::ParamSplit& split : plan) {
+    auto it = by_param.find(split.name);
+    REDCO_CHECK(it != by_param.end(), "load_weights: the layout has no source for parameter '{}'",
+                split.name);
+    const TensorSource& s = *it->second;
+    const std::string name = prefix + s.hf;
+    const Shape& shape = split.shape;  // the whole parameter
+    Tensor t;
+    if (shape.rank() > 2) {  // convolutions and the like: whole, as stored
+      REDCO_CHECK(!s.transposed && s.rows.empty() && split.split_dim < 0,
+                  "load_weights: '{}' (rank {}) can only be read whole", split.name, shape.rank());
+      t = w.where.at(name)->read(name).to(DType::f32);
+    } else {
+      const int64_t rows = shape[0], cols = shape.rank() == 2 ? shape[1] : 1;
+      std::vector<int64_t> prow;
+      int64_t c0 = 0, c1 = cols;
+      const auto ranges =
+          opts.n_shards > 1 && split.split_dim >= 0
+              ? shard::shard_ranges(split, opts.n_shards, opts.rank)
+              : std::vector<shard::IndexRange>{{0, split.split_dim == 1 ? cols : rows}};
+      if (split.split_dim == 1 && opts.n_shards > 1) {
+        REDCO_CHECK(ranges.size() == 1, "load_weights: '{}' splits dim 1 in fused blocks",
+                    split.name);
+        c0 = ranges[0].begin, c1 = ranges[0].end;
+        for (int64_t r = 0; r < rows; ++r) prow.push_back(r);
+      } else {
+        for (const shard::IndexRange& r : ranges)
+          for (int64_t i = r.begin; i < r.end; ++i) prow.push_back(i);
+      }
+      t = read_slice(*w.where.at(name), name, s, prow, c0, c1);
+    }
+    out.emplace(split.name, opts.dtype == DType::f32 ? t : t.to(opts.dtype));
+  }
+  return out;
+}
+
+// ---- saving ---------------------------------------------------------------------------------
+
+namespace {
+
+// One checkpoint tensor (stored layout, f32) assembled from its parameters.
+Tensor assemble(const std::vector<const TensorSource*>& parts, const nn::ParamTree& params) {
+  const TensorSource& first = *parts.front();
+  const Shape stored = first.hf_shape;
+  const Shape logical = first.transposed ? Shape{stored[1], stored[0]} : stored;
+  const int64_t rows = logical[0], width = logical.numel() / std::max<int64_t>(rows, 1);
+  Tensor out = Tensor::zeros(logical);
+  float* dst = out.data<float>();
+  int64_t covered = 0;
+  for (const TensorSource* s : parts) {
+    auto it = params.find(s->param);
+    REDCO_CHECK(it != params.end(), "save_pretrained: parameter '{}' is missing", s->param);
+    const Tensor p = it->second.to(Device::cpu()).to(DType::f32);
+    const int64_t n = s->rows.empty() ? rows : int64_t(s->rows.size());
+    REDCO_CHECK(p.numel() == n * width,
+                "save_pretrained: parameter '{}' has shape {}, which does not fill {} rows of "
+                "'{}' (shape {})",
+                s->param, p.shape(), n, s->hf, logical);
+    const float* src = p.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = s->rows.empty() ? i : s->rows[size_t(i)];
+      std::memcpy(dst + r * width, src + i * width, size_t(width) * sizeof(float));
+    }
+    covered += n;
+  }
+  REDCO_CHECK(covered == rows, "save_pretrained: the parameters fill {} of the {} rows of '{}'",
+              covered, rows, first.hf);
+  return first.transposed ? transpose2d(out) : out;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  io::AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+}  // namespace
+
+void save_folder(const fs::path& dir, const io::Json& config, const Layout& layout,
+                 const nn::ParamTree& params, const SaveOptions& opts) {
+  REDCO_CHECK(is_floating(opts.dtype), "save_pretrained: the dtype must be f32, bf16 or f16");
+  REDCO_CHECK(opts.max_shard_bytes > 0, "save_pretrained: max_shard_bytes must be positive");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  REDCO_CHECK(!ec, "save_pretrained: cannot create '{}': {}", dir.string(), ec.message());
+  // Checkpoint tensors in first-appearance order, each with the parameters it holds.
+  std::vector<std::pair<std::string, std::vector<const TensorSource*>>> tensors;
+  std::map<std::string, size_t> index_of;
+  for (const TensorSource& s : layout.sources) {
+    auto [it, fresh] = index_of.emplace(s.hf, tensors.size());
+    if (fresh) tensors.push_back({s.hf, {}});
+    tensors[it->second].second.push_back(&s);
+  }
+  // Files of at most max_shard_bytes (a tensor larger than that gets a file of its own).
+  std::vector<nn::ParamTree> files(1);
+  int64_t bytes = 0, total = 0;
+  const std::string prefix = layout.prefixes.front();
+  for (const auto& [hf, parts] : tensors) {
+    Tensor t = assemble(parts, params);
+    if (opts.dtype != DType::f32) t = t.to(opts.dtype);
+    const int64_t b = t.numel() * int64_t(dtype_size(t.dtype()));
+    if (bytes > 0 && bytes + b > opts.max_shard_bytes) files.emplace_back(), bytes = 0;
+    files.back().emplace(prefix + hf, std::move(t));
+    bytes += b, total += b;
+  }
+  // Weight files an earlier save left here would shadow or contradict the new ones.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("model", 0) == 0 &&
+        (ends_with(n, ".safetensors") || n == "model.safetensors.index.json"))
+      fs::remove(e.path());
+  }
+  const io::Metadata meta{{"format", "pt"}};  // transformers requires it
+  if (files.size() == 1) {
+    io::save_safetensors(dir / "model.safetensors", files[0], meta);
+  } else {
+    io::Json weight_map = io::Json::object();
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string name =
+          fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, files.size());
+      io::save_safetensors(dir / name, files[i], meta);
+      for (const auto& [tensor, t] : files[i]) weight_map[tensor] = name;
+    }
+    io::Json index = io::Json::object();
+    index["metadata"]["total_size"] = total;
+    index["weight_map"] = std::move(weight_map);
+    write_text(dir / "model.safetensors.index.json", index.dump(true) + "\n");
+  }
+  write_text(dir / "config.json", config.dump(true) + "\n");
+  io::fsync_directory(dir);
+}
+
+}  // namespace redco::models::hf

@@ -1,0 +1,18 @@
+#include "redco/models/pretrained.hpp"
+
+#include <fmt/format.h>
+
+namespace redco::models {
+
+AnyPretrained from_pretrained_any(const std::filesystem::path& dir, const hf::LoadOptions& opts) {
+  const std::string type = hf::Config(dir).model_type();
+  if (type == "gpt2") return from_pretrained<Gpt2>(dir, opts);
+  if (type == "llama" || type == "mistral" || type == "qwen2")
+    return from_pretrained<Llama>(dir, opts);
+  throw Error(
+      fmt::format("{}/config.json: model_type '{}' is not one redco loads (gpt2, llama, "
+                  "mistral, qwen2)",
+                  dir.string(), type));
+}
+
+}  // namespace redco::models

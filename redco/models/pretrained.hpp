@@ -1,0 +1,85 @@
+#pragma once
+// Pretrained Hugging Face checkpoints as typed redco models:
+//
+//   auto llama = models::from_pretrained<models::Llama>("path/to/hf-folder");
+//   Tensor logits = nn::apply(llama.model, llama.params, ids);
+//   models::save_pretrained("out", llama);   // transformers loads it back
+//
+// The model type names the architecture (as LlamaForCausalLM.from_pretrained
+// does); a folder holding another one is refused with the loader to use.
+// from_pretrained_any picks the type from config.json for tools that take any
+// checkpoint. With LoadOptions::n_shards > 1 the parameters are this rank's
+// shards under the model's shard plan, read slice by slice from the files.
+#include <filesystem>
+#include <variant>
+
+#include "redco/models/gpt2.hpp"
+#include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/llama.hpp"
+#include "redco/shard/plan.hpp"
+
+namespace redco::models {
+
+// What each architecture contributes: config.json <-> its config struct, the
+// model, and where its parameters sit in the checkpoint.
+template <typename M>
+struct HfFamily;
+
+template <>
+struct HfFamily<Gpt2> {
+  using Config = Gpt2Config;
+  static Config config(const hf::Config& f) { return gpt2_config(f); }
+  static Gpt2 build(const Config& c) { return gpt2(c); }
+  static hf::Layout layout(const Config& c) { return gpt2_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gpt2_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<Llama> {
+  using Config = LlamaConfig;
+  static Config config(const hf::Config& f) { return llama_config(f); }
+  static Llama build(const Config& c) { return llama(c); }
+  static hf::Layout layout(const Config& c) { return llama_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return llama_hf_config(c, base); }
+};
+
+template <typename M>
+struct Pretrained {
+  using Config = typename HfFamily<M>::Config;
+  Config config;
+  M model;
+  nn::ParamTree params;  // whole, or this rank's shards (LoadOptions::n_shards)
+  io::Json hf_config;    // config.json as read: saved back with the model's keys updated
+};
+
+template <typename M>
+Pretrained<M> from_pretrained(const std::filesystem::path& dir, const hf::LoadOptions& opts = {}) {
+  const hf::Config file(dir);
+  auto config = HfFamily<M>::config(file);
+  M model = HfFamily<M>::build(config);
+  const auto plan = shard::resolve(model, opts.n_shards);
+  nn::ParamTree params = hf::load_weights(dir, HfFamily<M>::layout(config), plan, opts);
+  return {std::move(config), std::move(model), std::move(params), file.json()};
+}
+
+// `params` are whole (a Trainer's whole_params()). `base`: a config.json to
+// keep keys redco does not model (tokenizer ids, generation settings).
+template <typename M>
+void save_pretrained(const std::filesystem::path& dir, const typename HfFamily<M>::Config& config,
+                     const nn::ParamTree& params, const hf::SaveOptions& opts = {},
+                     io::Json base = io::Json::object()) {
+  hf::save_folder(dir, HfFamily<M>::to_json(config, std::move(base)), HfFamily<M>::layout(config),
+                  params, opts);
+}
+template <typename M>
+void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
+                     const hf::SaveOptions& opts = {}) {
+  save_pretrained<M>(dir, p.config, p.params, opts, p.hf_config);
+}
+
+// Any supported checkpoint, by config.json's model_type.
+using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>>;
+AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
+                                  const hf::LoadOptions& opts = {});
+
+}  // namespace redco::models

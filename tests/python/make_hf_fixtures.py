@@ -1,0 +1,89 @@
+"""Builds the tiny Hugging Face checkpoints redco's pretrained-model tests load.
+
+For every family and config variant: a random-weight model from `transformers`
+saved with save_pretrained(safe_serialization=True) into
+tests/fixtures/hf/<name>/, and golden.safetensors beside it holding fixed
+input ids and the reference logits (fp32). Weights are redrawn with a larger
+spread than transformers' initialiser so logits are O(1): a wrong transpose,
+permutation or scale then moves them far beyond the tests' 1e-4.
+
+Run with the test venv (Debian's python3-torch 1.13 + transformers 4.46.3):
+  .venv/bin/python tests/python/make_hf_fixtures.py
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+import transformers as tf
+from safetensors.torch import save_file
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
+VOCAB = 96
+
+
+def randomise(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name or name.endswith("layernorm.weight"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if name.endswith("weight")
+                        else 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                std = 0.3 if p.dim() < 2 else 1.0 / p.shape[-1] ** 0.5 * 1.5
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+
+def inputs(seed, batch=2, seq=11):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, seq), generator=g)
+
+
+def write(name, model, seed):
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(d, safe_serialization=True)
+    ids = inputs(seed + 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float().contiguous()
+    save_file({"input_ids": ids.contiguous(), "logits": logits}, os.path.join(d, "golden.safetensors"))
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, "
+          f"logits std {logits.std():.3f}")
+
+
+def gpt2(**kw):
+    cfg = dict(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    cfg.update(kw)
+    return tf.GPT2LMHeadModel(tf.GPT2Config(**cfg))
+
+
+def llama(cls=tf.LlamaForCausalLM, config=tf.LlamaConfig, **kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg.update(kw)
+    return cls(config(**cfg))
+
+
+def main():
+    torch.manual_seed(0)
+    write("gpt2", gpt2(n_inner=40), 1)
+    write("gpt2_variants", gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
+                                scale_attn_by_inverse_layer_idx=True, n_layer=3), 2)
+    write("llama", llama(), 3)
+    write("llama_head_dim", llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
+                                  rope_scaling={"rope_type": "linear", "factor": 2.0}), 4)
+    write("llama3_tied", llama(tie_word_embeddings=True, attention_bias=True,
+                               rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 16}), 5)
+    write("mistral", llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
+                           sliding_window=64, rms_norm_eps=1e-5), 6)
+    write("qwen2", llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
+                         rope_theta=1e6), 7)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+// Hugging Face checkpoints: every fixture of tests/fixtures/hf (tiny random
+// models saved by the real transformers, tests/python/make_hf_fixtures.py)
+// loads into its typed redco model and gives the reference logits; under
+// tensor parallelism each rank reads only its slices and the logits equal the
+// 1-shard ones; save_pretrained writes what load reads back bit for bit; bad
+// folders fail with one message naming the culprit.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "gradcheck.hpp"
+#include "redco/dist/threads_comm.hpp"
+#include "redco/io/safetensors.hpp"
+#include "redco/models/pretrained.hpp"
+#include "redco/train/parallel.hpp"
+
+using namespace redco;
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+fs::path fixtures() {
+  const char* root = std::getenv("REDCO_ROOT");
+  const fs::path base = root ? fs::path(root) : fs::path(__FILE__).parent_path().parent_path();
+  return base / "tests" / "fixtures" / "hf";
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / fmt::format("redco-test-hf-{}-{}", ::getpid(), counter++);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+struct Golden {
+  Tensor ids, logits;
+};
+Golden golden(const std::string& name) {
+  const nn::ParamTree g = io::load_safetensors(fixtures() / name / "golden.safetensors");
+  return {g.at("input_ids"), g.at("logits")};
+}
+
+float max_abs(const Tensor& t) {
+  float m = 0.f;
+  for (float v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+template <typename M>
+Tensor logits_of(const models::Pretrained<M>& p, const Tensor& ids) {
+  NoGradGuard no_grad;
+  return nn::apply(p.model, p.params, ids);
+}
+
+// The model's logits from rank-sharded parameters read by each rank itself.
+template <typename M>
+Tensor sharded_logits(const fs::path& dir, int n, const Tensor& ids) {
+  std::vector<Tensor> out(static_cast<size_t>(n));
+  dist::ThreadsWorld(n).run([&](dist::Comm& comm) {
+    const auto p = models::from_pretrained<M>(dir, {.n_shards = n, .rank = comm.rank()});
+    NoGradGuard no_grad;
+    nn::Ctx ctx;
+    ctx.mp = &comm;
+    out[size_t(comm.rank())] = nn::apply(p.model, p.params, ids, ctx);
+  });
+  return out[0];
+}
+
+template <typename M>
+void check_family(const std::string& name, std::vector<int> shard_counts) {
+  INFO("fixture " << name);
+  const Golden g = golden(name);
+  const auto p = models::from_pretrained<M>(fixtures() / name);
+  const Tensor got = logits_of(p, g.ids);
+  REQUIRE(got.shape() == g.logits.shape());
+  CHECK(test::max_abs_diff(got, g.logits) <= 1e-4f);
+  for (int n : shard_counts) {
+    INFO(n << " model shards");
+    const Tensor tp = sharded_logits<M>(fixtures() / name, n, g.ids);
+    CHECK(test::max_abs_diff(tp, got) <= 1e-5f * max_abs(got));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2 checkpoints give transformers' logits, sharded or not", "[hf][gpt2]") {
+  check_family<models::Gpt2>("gpt2", {2, 4});
+  check_family<models::Gpt2>("gpt2_variants", {2});
+}
+
+TEST_CASE("LLaMA, Mistral and Qwen2 checkpoints give transformers' logits", "[hf][llama]") {
+  check_family<models::Llama>("llama", {2});
+  check_family<models::Llama>("llama_head_dim", {2, 4});
+  check_family<models::Llama>("llama3_tied", {2});
+  check_family<models::Llama>("mistral", {2});
+  check_family<models::Llama>("qwen2", {});  // one kv head: nothing to split by heads
+}
+
+TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]") {
+  for (const char* name : {"gpt2", "llama_head_dim"}) {
+    INFO(name);
+    const fs::path dir = fixtures() / name;
+    const auto whole = models::from_pretrained_any(dir);
+    std::visit(
+        [&](const auto& p) {
+          const auto plan = shard::resolve(p.model, 2);
+          for (int r = 0; r < 2; ++r) {
+            using M = std::decay_t<decltype(p.model)>;
+            const auto part = models::from_pretrained<M>(dir, {.n_shards = 2, .rank = r});
+            const nn::ParamTree want = train::shard_params(p.params, plan, r, 2);
+            REQUIRE(part.params.size() == want.size());
+            for (const auto& [k, t] : want) {
+              INFO(k);
+              CHECK(test::max_abs_diff(part.params.at(k), t) == 0.f);
+            }
+          }
+        },
+        whole);
+  }
+}
+
+TEST_CASE("save_pretrained writes what from_pretrained reads, in HF layout", "[hf]") {
+  for (const char* name : {"gpt2_variants", "llama3_tied", "qwen2"}) {
+    INFO(name);
+    TempDir out;
+    const auto p = models::from_pretrained_any(fixtures() / name);
+    std::visit(
+        [&](const auto& m) {
+          using M = std::decay_t<decltype(m.model)>;
+          models::save_pretrained(out.path, m);
+          // Same tensor names, shapes and bytes as the file transformers wrote.
+          const nn::ParamTree ref = io::load_safetensors(fixtures() / name / "model.safetensors");
+          const nn::ParamTree mine = io::load_safetensors(out.path / "model.safetensors");
+          REQUIRE(mine.size() == ref.size());
+          for (const auto& [k, t] : ref) {
+            INFO(k);
+            REQUIRE(mine.count(k));
+            CHECK(test::max_abs_diff(mine.at(k), t) == 0.f);
+          }
+          const auto back = models::from_pretrained<M>(out.path);
+          for (const auto& [k, t] : m.params)
+            CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
+        },
+        p);
+  }
+}
+
+TEST_CASE("sharded saves with an index, bf16 on disk", "[hf]") {
+  TempDir out;
+  const auto p = models::from_pretrained<models::Llama>(fixtures() / "llama");
+  models::save_pretrained(out.path, p, {.dtype = DType::bf16, .max_shard_bytes = 20'000});
+  CHECK(fs::exists(out.path / "model.safetensors.index.json"));
+  CHECK(!fs::exists(out.path / "model.safetensors"));
+  CHECK(fs::exists(out.path / "model-00003-of-00003.safetensors"));  // 43 kB in bf16
+  const auto back = models::from_pretrained<models::Llama>(out.path);
+  for (const auto& [k, t] : p.params) {
+    INFO(k);
+    const Tensor rounded = t.to(DType::bf16).to(DType::f32);
+    CHECK(test::max_abs_diff(back.params.at(k), rounded) == 0.f);
+  }
+  // bf16 weights loaded as bf16 parameters.
+  const auto half = models::from_pretrained<models::Llama>(out.path, {.dtype = DType::bf16});
+  CHECK(half.params.at("norm.weight").dtype() == DType::bf16);
+}
+
+namespace {
+
+void copy_fixture(const std::string& name, const fs::path& to) {
+  fs::copy(fixtures() / name, to, fs::copy_options::recursive);
+}
+void edit_config(const fs::path& dir, const std::string& from, const std::string& to) {
+  std::ifstream in(dir / "config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  std::ofstream(dir / "config.json") << text;
+}
+
+}  // namespace
+
+TEST_CASE("bad checkpoint folders fail with one message naming the culprit", "[hf][errors]") {
+  using models::Gpt2, models::Llama;
+  TempDir t;
+  const fs::path d = t.path / "m";
+  auto fresh = [&](const char* name) {
+    fs::remove_all(d);
+    copy_fixture(name, d);
+  };
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(t.path / "nowhere"), Contains("does not exist"));
+  fresh("gpt2");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                    Contains("'gpt2' model") && Contains("models::Llama"));
+  edit_config(d, "\"n_embd\": 32", "\"n_embd\": \"32\"");
+  CHECK_THROWS_WITH(models::from_pretrained<Gpt2>(d), Contains("'n_embd' must be an integer"));
+  fresh("gpt2");
+  edit_config(d, "\"n_head\": 4,", "");
+  CHECK_THROWS_WITH(models::from_pretrained<Gpt2>(d), Contains("'n_head' is missing"));
+  fresh("gpt2");
+  edit_config(d, "\"n_embd\": 32", "\"n_embd\": 36");
+  CHECK_THROWS_WITH(models::from_pretrained<Gpt2>(d),
+                    Contains("has shape") && Contains("config.json implies"));
+  fresh("llama");
+  edit_config(d, "\"model_type\": \"llama\"", "\"model_type\": \"falcon\"");
+  CHECK_THROWS_WITH(models::from_pretrained_any(d), Contains("'falcon' is not one redco loads"));
+  fresh("llama");
+  edit_config(d, "\"rope_scaling\": null",
+              "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2}");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d), Contains("\"yarn\""));
+  fresh("llama");
+  edit_config(d, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                    Contains("model.layers.2.input_layernorm.weight") && Contains("missing"));
+  edit_config(d, "\"num_hidden_layers\": 3", "\"num_hidden_layers\": 1");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                    Contains("unexpected tensor 'model.layers.1."));
+  // Weights: truncated, missing, an index naming a missing shard, integer weights.
+  fresh("llama");
+  fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") - 100);
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d), Contains("model.safetensors"));
+  fs::remove(d / "model.safetensors");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d), Contains("holds no model.safetensors"));
+  {
+    const auto p = models::from_pretrained<Llama>(fixtures() / "llama");
+    models::save_pretrained(d, p, {.max_shard_bytes = 30'000});  // 87 kB: 4 files
+    fs::remove(d / "model-00002-of-00004.safetensors");
+    CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                      Contains("model-00002-of-00004.safetensors") && Contains("missing"));
+    fresh("llama");
+    nn::ParamTree w = io::load_safetensors(d / "model.safetensors");
+    w["model.norm.weight"] = Tensor::zeros(Shape{32}, DType::i32);
+    io::save_safetensors(d / "model.safetensors", w, {{"format", "pt"}});
+    CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                      Contains("model.norm.weight") && Contains("I32"));
+  }
+}

@@ -365,7 +365,7 @@ TEST_CASE("cuda: ops without a CUDA kernel say so", "[cuda]") {
   REQUIRE_GPU();
   const Tensor q = dev(rnd({1, 2, 4, 8}, 130));
   Tensor lse;
-  CHECK_THROWS_WITH(gpu().attention(q, q, q, true, 0.3f, lse),
+  CHECK_THROWS_WITH(gpu().attention(q, q, q, true, 0.3f, lse, {}),
                     Catch::Contains("attention") && Catch::Contains("CUDA backend"));
   const Tensor img = dev(rnd({1, 2, 6, 6}, 131)), w = dev(rnd({3, 2, 3, 3}, 132));
   CHECK_THROWS_WITH(gpu().conv2d(img, w, Tensor(), 1, 0), Catch::Contains("CUDA backend"));

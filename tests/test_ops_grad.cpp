@@ -356,6 +356,61 @@ TEST_CASE("fused attention equals the unfused composition, values and gradients"
                      0, {0, 1, 2});
 }
 
+TEST_CASE("attention over padded rows with a score bias equals the composition", "[grad]") {
+  auto ranges = [](std::vector<int64_t> lo, std::vector<int64_t> hi) {
+    AttentionExtras x;
+    x.key_begin = Tensor::from<int64_t>(std::span<const int64_t>(lo), {int64_t(lo.size())});
+    x.key_end = Tensor::from<int64_t>(std::span<const int64_t>(hi), {int64_t(hi.size())});
+    return x;
+  };
+  struct Case {
+    int64_t Tq, Tk;
+    bool causal, bias;
+    std::vector<int64_t> lo, hi;  // per batch row: right padding, left padding, an empty row
+  };
+  // 130 keys span three 64-key tiles: whole tiles are skipped and others cut.
+  for (const Case& c : {Case{130, 130, true, false, {0, 70, 9}, {100, 130, 9}},
+                        Case{130, 130, false, true, {0, 66, 3}, {130, 128, 64}},
+                        Case{5, 130, true, true, {0, 127, 40}, {120, 130, 40}},
+                        Case{7, 9, false, true, {2, 0, 0}, {9, 4, 9}}}) {
+    INFO("Tq " << c.Tq << " Tk " << c.Tk << " causal " << c.causal << " bias " << c.bias);
+    AttentionExtras x = ranges(c.lo, c.hi);
+    TensorList in{randn({3, 4, c.Tq, 8}, 60), randn({3, 2, c.Tk, 8}, 61),
+                  randn({3, 2, c.Tk, 8}, 62)};
+    if (c.bias) in.push_back(randn({4, c.Tq, c.Tk}, 63));
+    for (auto& t : in) t.set_requires_grad(true);
+    auto with = [&](const TensorList& t) {
+      AttentionExtras y = x;
+      if (t.size() > 3) y.bias = t[3];
+      return y;
+    };
+    const Tensor fused = attention(in[0], in[1], in[2], c.causal, -1.f, with(in));
+    const Tensor ref = attention_reference(in[0], in[1], in[2], c.causal, -1.f, with(in));
+    CHECK(test::max_abs_diff(fused, ref) < 1e-4f);
+    const Tensor r = randn(fused.shape(), 64);
+    const TensorList gf = grad({sum(fused * r)}, in), gr = grad({sum(ref * r)}, in);
+    for (size_t i = 0; i < in.size(); ++i) CHECK(test::max_abs_diff(gf[i], gr[i]) < 1e-4f);
+    // The empty row: zero output and zero gradient.
+    const Tensor empty_row = slice(fused, 0, 2, 3);
+    if (c.lo[2] == c.hi[2]) CHECK(max(abs(flatten(empty_row, 0)), 0).item() == 0.f);
+  }
+  // Finite differences on a small case, the bias included.
+  AttentionExtras x = ranges({1, 0}, {5, 3});
+  auto f = [x](const TensorList& t) {
+    AttentionExtras y = x;
+    y.bias = t[3];
+    return attention(t[0], t[1], t[2], true, 0.7f, y);
+  };
+  check_gradients(f,
+                  {randn({2, 2, 4, 4}, 65), randn({2, 1, 5, 4}, 66), randn({2, 1, 5, 4}, 67),
+                   randn({2, 4, 5}, 68)},
+                  {0, 1, 2, 3});
+  check_second_order(f,
+                     {randn({2, 2, 4, 4}, 65), randn({2, 1, 5, 4}, 66), randn({2, 1, 5, 4}, 67),
+                      randn({2, 4, 5}, 68)},
+                     3, {0, 3});
+}
+
 TEST_CASE("attention_merged_heads equals attention with its heads merged", "[grad]") {
   TensorList in{randn({2, 4, 5, 8}, 50), randn({2, 2, 5, 8}, 51), randn({2, 2, 5, 8}, 52)};
   for (auto& t : in) t.set_requires_grad(true);

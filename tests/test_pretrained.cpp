@@ -46,10 +46,25 @@ struct TempDir {
 
 struct Golden {
   Tensor ids, logits;
+  Tensor mask, padded_logits;  // a left-, a right- and an unpadded row
 };
 Golden golden(const std::string& name) {
   const nn::ParamTree g = io::load_safetensors(fixtures() / name / "golden.safetensors");
-  return {g.at("input_ids"), g.at("logits")};
+  return {g.at("input_ids"), g.at("logits"), g.at("attention_mask"), g.at("padded_logits")};
+}
+
+// The largest difference over the positions the mask keeps (transformers'
+// outputs at padding positions are arbitrary; redco's are too).
+float max_diff_unpadded(const Tensor& got, const Tensor& want, const Tensor& mask) {
+  REQUIRE(got.shape() == want.shape());
+  const int64_t V = got.dim(-1);
+  const auto a = got.to_vector(), b = want.to_vector();
+  const int64_t* m = mask.data<int64_t>();
+  float worst = 0.f;
+  for (int64_t r = 0; r < mask.numel(); ++r)
+    for (int64_t v = 0; m[r] && v < V; ++v)
+      worst = std::max(worst, std::abs(a[size_t(r * V + v)] - b[size_t(r * V + v)]));
+  return worst;
 }
 
 float max_abs(const Tensor& t) {
@@ -86,6 +101,14 @@ void check_family(const std::string& name, std::vector<int> shard_counts) {
   const Tensor got = logits_of(p, g.ids);
   REQUIRE(got.shape() == g.logits.shape());
   CHECK(test::max_abs_diff(got, g.logits) <= 1e-4f);
+  {
+    NoGradGuard no_grad;
+    nn::Ctx ctx;
+    ctx.mask = g.mask;
+    const Tensor padded = nn::apply(p.model, p.params, g.ids, ctx);
+    CHECK(max_diff_unpadded(padded, g.padded_logits, g.mask) <= 1e-4f);
+    CHECK(max_diff_unpadded(padded, g.logits, g.mask) > 1e-3f);  // the mask changed something
+  }
   for (int n : shard_counts) {
     INFO(n << " model shards");
     const Tensor tp = sharded_logits<M>(fixtures() / name, n, g.ids);

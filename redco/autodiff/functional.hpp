@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "redco/autodiff/node.hpp"
+#include "redco/ops/backend.hpp"
 
 namespace redco {
 
@@ -105,17 +106,18 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream);
 // x [B, H, T, D]; positions pos_offset + t.
 Tensor rotary(const Tensor& x, int64_t pos_offset = 0, float base = 10000.f);
 // Scaled dot-product attention, fused (O(T) memory); q [B,Hq,Tq,D], k/v [B,Hkv,Tk,D].
-// scale < 0 means 1/sqrt(D).
+// scale < 0 means 1/sqrt(D). `extras`: key ranges of padded rows and an
+// additive score bias [Hq, Tq, Tk] (differentiable), see AttentionExtras.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                 float scale = -1.f);
+                 float scale = -1.f, const AttentionExtras& extras = {});
 // attention(q, k, v) with its heads merged: [B, Tq, Hq * D], the input of an
 // output projection. Keeps one output buffer for backward instead of two.
 Tensor attention_merged_heads(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                              float scale = -1.f);
+                              float scale = -1.f, const AttentionExtras& extras = {});
 // The same attention as a composition of primitive ops (O(T^2) memory): the
 // reference for tests and the path taken for higher-order gradients.
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                           float scale = -1.f);
+                           float scale = -1.f, const AttentionExtras& extras = {});
 // x [N, C, H, W], w [O, C, KH, KW], bias [O] (may be undefined).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = {}, int64_t stride = 1,
               int64_t pad = 0);

@@ -54,8 +54,32 @@ float attention_scale(const Tensor& q, float scale) {
 }
 }  // namespace
 
+namespace {
+// The additive mask of causality and key ranges [B or 1, 1, Tq, Tk] (-1e30
+// where a query may not look), and [B or 1, 1, Tq, 1]: 1 where a query sees
+// some key (the fused kernel's output is 0 for the others).
+std::pair<Tensor, Tensor> reference_masks(int64_t B, int64_t Tq, int64_t Tk, bool causal,
+                                          const AttentionExtras& x) {
+  const int64_t rows = x.key_begin.defined() ? B : 1;
+  Tensor mask = Tensor::zeros({rows, 1, Tq, Tk}), seen = Tensor::zeros({rows, 1, Tq, 1});
+  float *m = mask.data<float>(), *s = seen.data<float>();
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t lo = x.key_begin.defined() ? x.key_begin.data<int64_t>()[b] : 0;
+    const int64_t hi = x.key_end.defined() ? x.key_end.data<int64_t>()[b] : Tk;
+    for (int64_t i = 0; i < Tq; ++i) {
+      // Query i sits at position i + (Tk - Tq) and sees keys up to there.
+      const int64_t end = causal ? std::min(hi, i + (Tk - Tq) + 1) : hi;
+      for (int64_t j = 0; j < Tk; ++j)
+        if (j < lo || j >= end) m[(b * Tq + i) * Tk + j] = -1e30f;
+      s[b * Tq + i] = end > lo ? 1.f : 0.f;
+    }
+  }
+  return {mask, seen};
+}
+}  // namespace
+
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                           float scale) {
+                           float scale, const AttentionExtras& extras) {
   REDCO_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape() == v.shape() && k.dim(1) > 0 &&
                   q.dim(1) % k.dim(1) == 0,
               "attention: expected q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D]; got q {}, k {}, v {}",
@@ -69,30 +93,44 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
   };
   Tensor scores =
       matmul(q, repeat_heads(k), false, true) * attention_scale(q, scale);  // [B,Hq,Tq,Tk]
-  if (causal) {
-    // Query i sits at position i + (Tk - Tq) and sees keys up to there.
-    Tensor mask = Tensor::zeros({Tq, Tk});
-    float* m = mask.data<float>();
-    for (int64_t i = 0; i < Tq; ++i)
-      for (int64_t j = i + (Tk - Tq) + 1; j < Tk; ++j) m[i * Tk + j] = -1e30f;
-    scores = scores + mask;
-  }
-  return matmul(softmax(scores), repeat_heads(v));
+  if (extras.bias.defined()) scores = scores + extras.bias;
+  if (!causal && !extras.key_begin.defined()) return matmul(softmax(scores), repeat_heads(v));
+  auto [mask, seen] = reference_masks(B, Tq, Tk, causal, extras);
+  if (!q.device().is_cpu()) mask = mask.to(q.device()), seen = seen.to(q.device());
+  return matmul(softmax(scores + mask), repeat_heads(v)) * seen;
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale_in) {
+namespace {
+// The inputs attention records: q, k, v and the bias when there is one.
+TensorList attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const AttentionExtras& x) {
+  return x.bias.defined() ? TensorList{q, k, v, x.bias} : TensorList{q, k, v};
+}
+// The extras with the bias taken from the (higher-order) inputs.
+AttentionExtras with_bias(const AttentionExtras& x, const TensorList& in) {
+  AttentionExtras y = x;
+  if (in.size() > 3) y.bias = in[3];
+  return y;
+}
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale_in,
+                 const AttentionExtras& extras) {
   const float scale = attention_scale(q, scale_in);
   auto lse = std::make_shared<Tensor>();
-  Tensor o = kernels::attention(q, k, v, causal, scale, *lse);
+  Tensor o = kernels::attention(q, k, v, causal, scale, *lse, extras);
   auto saved_o = std::make_shared<Tensor>(o.detach());
-  return record("attention", {q, k, v}, o,
-                [q, k, v, causal, scale, lse, saved_o](const Node& self, const TensorList& g) {
-                  if (building_higher_order())
-                    return reference_vjp(self, {q, k, v}, g[0], [&](const TensorList& in) {
-                      return attention_reference(in[0], in[1], in[2], causal, scale);
-                    });
-                  return kernels::attention_backward(q, k, v, *saved_o, *lse, g[0], causal, scale);
-                });
+  const TensorList inputs = attention_inputs(q, k, v, extras);
+  return record(
+      "attention", inputs, o,
+      [inputs, extras, causal, scale, lse, saved_o](const Node& self, const TensorList& g) {
+        if (building_higher_order())
+          return reference_vjp(self, inputs, g[0], [&](const TensorList& in) {
+            return attention_reference(in[0], in[1], in[2], causal, scale, with_bias(extras, in));
+          });
+        return kernels::attention_backward(inputs[0], inputs[1], inputs[2], *saved_o, *lse, g[0],
+                                           causal, scale, extras);
+      });
 }
 
 // The attention output in the layout the output projection reads: one buffer
@@ -101,25 +139,28 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 // well, for the backward's rowsum(dO * O) (75 MB over GPT-2 small's 12 layers
 // at 2048 tokens); here backward transposes it back into a temporary.
 Tensor attention_merged_heads(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                              float scale_in) {
+                              float scale_in, const AttentionExtras& extras) {
   const float scale = attention_scale(q, scale_in);
   auto lse = std::make_shared<Tensor>();
-  const Tensor o = kernels::attention(q, k, v, causal, scale, *lse);  // [B, Hq, Tq, D]
+  const Tensor o = kernels::attention(q, k, v, causal, scale, *lse, extras);  // [B, Hq, Tq, D]
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), D = q.dim(3);
   static constexpr std::array<int, 4> kSwap{0, 2, 1, 3};  // [B, H, T, D] <-> [B, T, H, D]
   Tensor y = kernels::permute(o, kSwap).view({B, T, H * D});
+  const TensorList inputs = attention_inputs(q, k, v, extras);
   return detail::record_with_output(
-      "attention", {q, k, v}, std::move(y),
-      [q, k, v, causal, scale, lse, B, H, T, D](const Node& self, const Tensor& y,
-                                                const TensorList& g) {
+      "attention", inputs, std::move(y),
+      [inputs, extras, causal, scale, lse, B, H, T, D](const Node& self, const Tensor& y,
+                                                       const TensorList& g) {
         if (building_higher_order())
-          return reference_vjp(self, {q, k, v}, g[0], [&](const TensorList& in) {
-            const Tensor r = attention_reference(in[0], in[1], in[2], causal, scale);
+          return reference_vjp(self, inputs, g[0], [&](const TensorList& in) {
+            const Tensor r =
+                attention_reference(in[0], in[1], in[2], causal, scale, with_bias(extras, in));
             return reshape(transpose(r, 1, 2), {B, T, H * D});
           });
         const Tensor o = kernels::permute(y.view({B, T, H, D}), kSwap);
         const Tensor dout = kernels::permute(g[0].view({B, T, H, D}), kSwap);
-        return kernels::attention_backward(q, k, v, o, *lse, dout, causal, scale);
+        return kernels::attention_backward(inputs[0], inputs[1], inputs[2], o, *lse, dout, causal,
+                                           scale, extras);
       });
 }
 

@@ -149,9 +149,12 @@ struct EncoderDecoder {
     REDCO_CHECK(ctx.source.defined(),
                 "encoder_decoder: set ctx.source to the encoder's input ids before calling it");
     ctx.split_features = false;  // the encoder reads ids
+    const Tensor target_mask = ctx.mask;
+    ctx.mask = ctx.source_mask;
     ctx.memory = whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
+    ctx.mask = target_mask, ctx.memory_mask = ctx.source_mask;
     Tensor y = apply_child(decoder, p, x, ctx);
-    ctx.memory = Tensor();
+    ctx.memory = Tensor(), ctx.memory_mask = Tensor();
     return y;
   }
 };

@@ -195,6 +195,10 @@ struct Attention {
   float logit_scale(const Ctx& ctx) const;
 };
 
+// Key ranges for attention from an attention mask [batch, keys] (see
+// Ctx::mask); nothing when the mask is undefined.
+AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys, std::string_view where);
+
 // ---- feed-forward blocks --------------------------------------------------------------------
 enum class Act : uint8_t { relu, gelu, gelu_erf, silu, tanh };
 Tensor activate(Act a, const Tensor& x);

@@ -85,6 +85,33 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx&) const {
   return slice(p["weight"], 0, 0, T);  // [T, d], broadcast over the batch
 }
 
+AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
+                           std::string_view where) {
+  AttentionExtras x;
+  if (!mask.defined()) return x;
+  REDCO_CHECK(mask.shape() == (Shape{batch, keys}),
+              "{}: the attention mask is {} but the keys are [batch {}, {} positions]", where,
+              mask.shape(), batch, keys);
+  const Tensor m = mask.to(Device::cpu()).to(DType::f32);
+  const float* p = m.data<float>();
+  x.key_begin = Tensor::empty({batch}, DType::i64);
+  x.key_end = Tensor::empty({batch}, DType::i64);
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* row = p + b * keys;
+    int64_t lo = 0, hi = keys;
+    while (lo < keys && row[lo] == 0.f) ++lo;
+    while (hi > lo && row[hi - 1] == 0.f) --hi;
+    for (int64_t j = lo; j < hi; ++j)
+      REDCO_CHECK(row[j] == 1.f,
+                  "{}: attention mask row {} is not one run of ones (position {} is {}); redco "
+                  "supports left or right padding",
+                  where, b, j, row[j]);
+    x.key_begin.data<int64_t>()[b] = lo;
+    x.key_end.data<int64_t>()[b] = hi;
+  }
+  return x;
+}
+
 template <bool Bias, bool Cross>
 bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {
   const std::string at(p.path().view());
@@ -165,7 +192,9 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
     q = apply_rope(q, 0, rope);
     k = apply_rope(k, 0, rope);
   }
-  const Tensor o = attention_merged_heads(q, k, v, causal, logit_scale(ctx));  // [B, T, h * hd]
+  const AttentionExtras extras =
+      key_ranges(Cross ? ctx.memory_mask : ctx.mask, k.dim(0), k.dim(2), p.path().view());
+  const Tensor o = attention_merged_heads(q, k, v, causal, logit_scale(ctx), extras);  // [B,T,h*hd]
   const Tensor bias = Bias && o_bias ? p["o_proj.bias"] : Tensor();
   if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);
   return linear(o, p["o_proj.weight"], bias);

@@ -218,8 +218,15 @@ struct Ctx {
   uint64_t step = 0;
   uint64_t dropout_calls = 0;
   int64_t layer = 0;  // the copy of the innermost nn::repeat being run (set by Repeat)
-  Tensor source{};  // encoder input (token ids), for encoder-decoder models
-  Tensor memory{};  // encoder output, for cross-attention
+  Tensor source{};    // encoder input (token ids), for encoder-decoder models
+  Tensor memory{};    // encoder output, for cross-attention
+  // Padded batches (Hugging Face's attention_mask): [B, T], 1 for a token, 0
+  // for padding, each row one run of ones (left or right padding). `mask`
+  // belongs to the input being run, `source_mask` to ctx.source (and then to
+  // ctx.memory's keys). Undefined: no padding.
+  Tensor mask{};
+  Tensor source_mask{};
+  Tensor memory_mask{};  // set by encoder_decoder from source_mask
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
   // train::shard_params), and each layer tells from the shapes of the shards

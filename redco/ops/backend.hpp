@@ -33,6 +33,15 @@ enum class UnaryOp {
 enum class BinaryOp { add, sub, mul, div, max, min, pow, eq, gt };
 enum class ReduceOp { sum, max };
 
+// What attention may take beyond q, k, v: per-batch-row key ranges (padded
+// batches, left or right: row b sees keys [key_begin[b], key_end[b]) only;
+// a query that sees no key gets a zero output) and an additive bias on the
+// scaled scores (T5's relative position bias), differentiable.
+struct AttentionExtras {
+  Tensor key_begin, key_end;  // i64 [B] on the CPU, or undefined (all keys)
+  Tensor bias;                // f32 [Hq, Tq, Tk], or undefined
+};
+
 struct LayerNormSaved {
   Tensor mean, rstd;  // [rows] each; mean undefined for RMS norm
 };
@@ -92,12 +101,15 @@ class Backend {
   virtual Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab,
                                     const Tensor& into) = 0;
   virtual Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) = 0;
-  // q [B,Hq,Tq,D], k/v [B,Hkv,Tk,D] -> o [B,Hq,Tq,D], lse [B,Hq,Tq].
+  // q [B,Hq,Tq,D], k/v [B,Hkv,Tk,D] -> o [B,Hq,Tq,D], lse [B,Hq,Tq]. The
+  // backward returns {dq, dk, dv}, and dbias [Hq, Tq, Tk] after them when
+  // extras.bias is defined.
   virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                           float scale, Tensor& lse) = 0;
+                           float scale, Tensor& lse, const AttentionExtras& extras) = 0;
   virtual TensorList attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& o, const Tensor& lse, const Tensor& dout,
-                                        bool causal, float scale) = 0;
+                                        bool causal, float scale,
+                                        const AttentionExtras& extras) = 0;
   virtual Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
                         int64_t pad) = 0;
   virtual TensorList conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,

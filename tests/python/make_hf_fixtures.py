@@ -35,7 +35,7 @@ def randomise(model, seed):
                 p.copy_(std * torch.randn(p.shape, generator=g))
 
 
-def inputs(seed, batch=2, seq=11):
+def inputs(seed, batch=3, seq=11):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (batch, seq), generator=g)
 
@@ -49,7 +49,15 @@ def write(name, model, seed):
     ids = inputs(seed + 1)
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float().contiguous()
-    save_file({"input_ids": ids.contiguous(), "logits": logits}, os.path.join(d, "golden.safetensors"))
+    # A padded batch: right padding, left padding and a full row (positions are
+    # 0.. in every row, as transformers' forward numbers them without position_ids).
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0
+    mask[1, :4] = 0
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=mask).logits.float().contiguous()
+    save_file({"input_ids": ids.contiguous(), "logits": logits, "attention_mask": mask.contiguous(),
+               "padded_logits": padded}, os.path.join(d, "golden.safetensors"))
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, "
           f"logits std {logits.std():.3f}")
 

@@ -22,6 +22,12 @@
 // so no -inf ever enters the arithmetic. A query that sees no key at all
 // (causal with Tq > Tk, or Tk == 0) gets o = 0, lse = -inf and zero gradient.
 //
+// Padding: batch row b may see only keys [key_begin[b], key_end[b]) (left
+// or right padding); tiles outside the range are skipped like causal ones and
+// cut ones exponentiate only the visible span. A bias [Hq, Tq, Tk] (T5's
+// relative positions) is added to the scaled scores of the visible span; its
+// gradient is dS itself, written per batch row and summed by the caller.
+//
 // Tile products go through redco::cpu::sgemm (oneDNN underneath); at 64x64x64
 // it beat Eigen's GEMM on mapped tiles (tools/bench/README.md, ## Attention).
 // The per-element work (max, exp, rescale) uses Eigen arrays, which vectorise
@@ -71,16 +77,36 @@ void check_shape(const char* op, const AttentionShape& s) {
 // Causal offset: query i sees keys j <= i + off.
 int64_t causal_offset(const AttentionShape& s) { return s.Tk - s.Tq; }
 
-// Keys [0, end) are visible to at least one of the queries [.., i1).
-int64_t key_end(const AttentionShape& s, int64_t i1) {
-  if (!s.causal) return s.Tk;
-  return std::clamp<int64_t>(i1 + causal_offset(s), 0, s.Tk);
+// The keys one batch row may see at all (padding), [begin, end).
+struct KeyRange {
+  int64_t begin, end;
+};
+KeyRange keys_of(const AttentionShape& s, int64_t b) {
+  return {s.key_begin ? s.key_begin[b] : 0, s.key_end ? s.key_end[b] : s.Tk};
 }
 
-// Of the c keys starting at j0, how many query i sees (a prefix of the tile).
-int64_t visible_in_tile(const AttentionShape& s, int64_t i, int64_t j0, int64_t c) {
-  if (!s.causal) return c;
-  return std::clamp<int64_t>(i + causal_offset(s) + 1 - j0, 0, c);
+// Keys [.., end) are visible to at least one of the queries [.., i1).
+int64_t key_end(const AttentionShape& s, KeyRange kr, int64_t i1) {
+  const int64_t causal_end = s.causal ? std::clamp<int64_t>(i1 + causal_offset(s), 0, s.Tk) : s.Tk;
+  return std::min(causal_end, kr.end);
+}
+
+// Of the c keys starting at j0, the ones query i sees: [lo, hi) within the tile.
+struct Span {
+  int64_t lo, hi;
+};
+Span visible_in_tile(const AttentionShape& s, KeyRange kr, int64_t i, int64_t j0, int64_t c) {
+  int64_t hi = std::clamp<int64_t>(kr.end - j0, 0, c);
+  if (s.causal) hi = std::min(hi, std::clamp<int64_t>(i + causal_offset(s) + 1 - j0, 0, c));
+  const int64_t lo = std::clamp<int64_t>(kr.begin - j0, 0, c);
+  return {lo, std::max(lo, hi)};
+}
+
+// Adds the bias entries of row i (keys j0 + lo .. j0 + hi) to a score row.
+void add_bias(const AttentionShape& s, const float* bias_h, int64_t i, int64_t j0, Span v,
+              float* row) {
+  if (bias_h && v.hi > v.lo)
+    Row(row + v.lo, v.hi - v.lo) += CRow(bias_h + i * s.Tk + j0 + v.lo, v.hi - v.lo);
 }
 
 // Runs f(begin, end) over [0, n) on TBB, one index per task when each index is
@@ -108,14 +134,16 @@ struct FwdScratch {
 
 // Folds one score tile (rows i0.., keys j0..j0+c) into the running state and
 // turns S into the tile's probabilities (unnormalised, relative to the new m).
-void online_softmax_step(const AttentionShape& s, FwdScratch& w, int64_t i0, int64_t r, int64_t j0,
-                         int64_t c) {
+void online_softmax_step(const AttentionShape& s, KeyRange kr, const float* bias_h, FwdScratch& w,
+                         int64_t i0, int64_t r, int64_t j0, int64_t c) {
   for (int64_t ii = 0; ii < r; ++ii) {
     float* srow = w.S + ii * kBc;
-    const int64_t n = visible_in_tile(s, i0 + ii, j0, c);
-    std::fill(srow + n, srow + c, 0.f);
-    if (n == 0) continue;  // row sees nothing here: p = 0, state unchanged
-    Row p(srow, n);
+    const Span v = visible_in_tile(s, kr, i0 + ii, j0, c);
+    std::fill(srow, srow + v.lo, 0.f);
+    std::fill(srow + v.hi, srow + c, 0.f);
+    if (v.hi == v.lo) continue;  // row sees nothing here: p = 0, state unchanged
+    add_bias(s, bias_h, i0 + ii, j0, v, srow);
+    Row p(srow + v.lo, v.hi - v.lo);
     const float m_new = std::max(w.m[ii], p.maxCoeff());
     // exp(-inf) = 0: a row's first visible tile drops the (zero) old state.
     const float alpha = std::exp(w.m[ii] - m_new);
@@ -127,18 +155,20 @@ void online_softmax_step(const AttentionShape& s, FwdScratch& w, int64_t i0, int
 }
 
 // One query tile [i0, i1) of one head: q, o are that head's [Tq, D] rows,
-// k, v its kv head's [Tk, D] rows, lse its [Tq] entries.
-void forward_tile(const AttentionShape& s, const float* q, const float* k, const float* v, float* o,
-                  float* lse, int64_t i0, int64_t i1, FwdScratch& w) {
+// k, v its kv head's [Tk, D] rows, lse its [Tq] entries, bias_h its [Tq, Tk]
+// bias (or null); kr the keys its batch row sees.
+void forward_tile(const AttentionShape& s, KeyRange kr, const float* bias_h, const float* q,
+                  const float* k, const float* v, float* o, float* lse, int64_t i0, int64_t i1,
+                  FwdScratch& w) {
   const int64_t r = i1 - i0, D = s.D;
   std::fill(w.m, w.m + r, kNegInf);
   std::fill(w.l, w.l + r, 0.f);
   std::fill(w.acc, w.acc + r * D, 0.f);
-  const int64_t j_end = key_end(s, i1);
-  for (int64_t j0 = 0; j0 < j_end; j0 += kBc) {
+  const int64_t j_end = key_end(s, kr, i1);
+  for (int64_t j0 = std::max<int64_t>(0, kr.begin) / kBc * kBc; j0 < j_end; j0 += kBc) {
     const int64_t c = std::min(kBc, j_end - j0);
     sgemm(false, true, r, c, D, s.scale, q + i0 * D, D, k + j0 * D, D, 0.f, w.S, kBc);
-    online_softmax_step(s, w, i0, r, j0, c);
+    online_softmax_step(s, kr, bias_h, w, i0, r, j0, c);
     sgemm(false, false, r, D, c, 1.f, w.S, kBc, v + j0 * D, D, 1.f, w.acc, D);
   }
   for (int64_t ii = 0; ii < r; ++ii) {
@@ -171,6 +201,8 @@ struct QHead {
   const float* lse;
   const float* delta;
   float* dq;
+  const float* bias;  // [Tq, Tk] or null
+  float* dbias;       // [Tq, Tk] of this batch row, or null
 };
 
 // One kv head's [Tk, D] rows of k, v and of the dk, dv outputs.
@@ -179,16 +211,20 @@ struct KvHead {
   const float* v;
   float* dk;
   float* dv;
+  KeyRange keys;  // of its batch row
 };
 
-// P = exp(scale q k^T - lse) on each row's visible prefix, 0 elsewhere.
-void rebuild_probabilities(const AttentionShape& s, const QHead& qh, BwdScratch& w, int64_t i0,
-                           int64_t r, int64_t j0, int64_t c) {
+// P = exp(scale q k^T + bias - lse) on each row's visible keys, 0 elsewhere.
+void rebuild_probabilities(const AttentionShape& s, const QHead& qh, KeyRange kr, BwdScratch& w,
+                           int64_t i0, int64_t r, int64_t j0, int64_t c) {
   for (int64_t ii = 0; ii < r; ++ii) {
     float* prow = w.P + ii * kBc;
-    const int64_t n = visible_in_tile(s, i0 + ii, j0, c);
-    std::fill(prow + n, prow + c, 0.f);
-    if (n > 0) Row(prow, n) = (Row(prow, n) - qh.lse[i0 + ii]).exp();
+    const Span v = visible_in_tile(s, kr, i0 + ii, j0, c);
+    std::fill(prow, prow + v.lo, 0.f);
+    std::fill(prow + v.hi, prow + c, 0.f);
+    if (v.hi == v.lo) continue;
+    add_bias(s, qh.bias, i0 + ii, j0, v, prow);
+    Row(prow + v.lo, v.hi - v.lo) = (Row(prow + v.lo, v.hi - v.lo) - qh.lse[i0 + ii]).exp();
   }
 }
 
@@ -200,7 +236,7 @@ void backward_pair(const AttentionShape& s, const QHead& qh, const KvHead& kv, B
   const float* doi = qh.dout + i0 * D;  // [r, D]
   const float* kj = kv.k + j0 * D;      // [c, D]
   sgemm(false, true, r, c, D, s.scale, qi, D, kj, D, 0.f, w.P, kBc);
-  rebuild_probabilities(s, qh, w, i0, r, j0, c);
+  rebuild_probabilities(s, qh, kv.keys, w, i0, r, j0, c);
   // dV_j += P^T dO_i
   sgemm(true, false, c, D, r, 1.f, w.P, kBc, doi, D, 1.f, kv.dv + j0 * D, D);
   // dP = dO_i V_j^T, then dS = P * (dP - Delta) row by row.
@@ -208,6 +244,8 @@ void backward_pair(const AttentionShape& s, const QHead& qh, const KvHead& kv, B
   for (int64_t ii = 0; ii < r; ++ii) {
     Row ds(w.dS + ii * kBc, c);
     ds = CRow(w.P + ii * kBc, c) * (ds - qh.delta[i0 + ii]);
+    // The bias enters the scores unscaled: its gradient is dS itself.
+    if (qh.dbias) std::copy_n(w.dS + ii * kBc, c, qh.dbias + (i0 + ii) * s.Tk + j0);
   }
   // dQ_i += scale dS K_j,   dK_j += scale dS^T Q_i
   sgemm(false, false, r, D, c, s.scale, w.dS, kBc, kj, D, 1.f, qh.dq + i0 * D, D);
@@ -221,6 +259,7 @@ void backward_key_tile(const AttentionShape& s, const QHead* heads, int64_t n_he
   const int64_t D = s.D;
   std::fill(kv.dk + j0 * D, kv.dk + (j0 + c) * D, 0.f);
   std::fill(kv.dv + j0 * D, kv.dv + (j0 + c) * D, 0.f);
+  if (j0 >= kv.keys.end || j0 + c <= kv.keys.begin) return;  // padding: no query sees it
   // Causal: the first query that sees key j0 is j0 - off; earlier tiles see none.
   const int64_t first = s.causal ? std::max<int64_t>(0, j0 - causal_offset(s)) : 0;
   for (int64_t t = 0; t < n_heads; ++t)
@@ -270,16 +309,20 @@ void flash_attention_forward(const AttentionShape& s, const float* q, const floa
       const int64_t bh = u / q_tiles, b = bh / s.Hq, h = bh % s.Hq;
       const int64_t i0 = u % q_tiles * kBr, i1 = std::min(s.Tq, i0 + kBr);
       const int64_t kvh = b * s.Hkv + h / group;
-      forward_tile(s, q + bh * s.Tq * D, k + kvh * s.Tk * D, v + kvh * s.Tk * D, o + bh * s.Tq * D,
-                   lse + bh * s.Tq, i0, i1, w);
+      const float* bias_h = s.bias ? s.bias + h * s.Tq * s.Tk : nullptr;
+      forward_tile(s, keys_of(s, b), bias_h, q + bh * s.Tq * D, k + kvh * s.Tk * D,
+                   v + kvh * s.Tk * D, o + bh * s.Tq * D, lse + bh * s.Tq, i0, i1, w);
     }
   });
 }
 
 void flash_attention_backward(const AttentionShape& s, const float* q, const float* k,
                               const float* v, const float* o, const float* lse, const float* dout,
-                              float* dq, float* dk, float* dv) {
+                              float* dq, float* dk, float* dv, float* dbias) {
   check_shape("flash_attention_backward", s);
+  REDCO_CHECK(!s.bias || dbias, "flash_attention_backward: a bias needs a dbias buffer");
+  const int64_t bias_elems = s.Tq * s.Tk;
+  if (dbias) std::fill(dbias, dbias + s.B * s.Hq * bias_elems, 0.f);
   const int64_t D = s.D, group = s.Hq / s.Hkv;
   const int64_t q_elems = s.B * s.Hq * s.Tq * D;
   AlignedFloats delta(static_cast<size_t>(s.B * s.Hq * s.Tq));  // [B, Hq, Tq]
@@ -297,11 +340,17 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
       const int64_t bg = u / splits, set = u % splits, b = bg / s.Hkv, g = bg % s.Hkv;
       float* dq_acc = set == 0 ? dq : dq_extra.data() + (set - 1) * q_elems;
       for (int64_t t = 0; t < group; ++t) {
-        const int64_t bh = b * s.Hq + g * group + t;
-        heads[t] = QHead{q + bh * s.Tq * D, dout + bh * s.Tq * D, lse + bh * s.Tq,
-                         delta.data() + bh * s.Tq, dq_acc + bh * s.Tq * D};
+        const int64_t h = g * group + t, bh = b * s.Hq + h;
+        heads[t] = QHead{q + bh * s.Tq * D,
+                         dout + bh * s.Tq * D,
+                         lse + bh * s.Tq,
+                         delta.data() + bh * s.Tq,
+                         dq_acc + bh * s.Tq * D,
+                         s.bias ? s.bias + h * bias_elems : nullptr,
+                         s.bias ? dbias + bh * bias_elems : nullptr};
       }
-      const KvHead kv{k + bg * s.Tk * D, v + bg * s.Tk * D, dk + bg * s.Tk * D, dv + bg * s.Tk * D};
+      const KvHead kv{k + bg * s.Tk * D, v + bg * s.Tk * D, dk + bg * s.Tk * D, dv + bg * s.Tk * D,
+                      keys_of(s, b)};
       for (int64_t kt = set; kt < key_tiles; kt += splits)
         backward_key_tile(s, heads.data(), group, kv, w, kt * kBc, std::min(kBc, s.Tk - kt * kBc));
     }

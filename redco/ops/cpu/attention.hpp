@@ -16,6 +16,12 @@ struct AttentionShape {
   int64_t B, Hq, Hkv, Tq, Tk, D;
   float scale;  // usually 1/sqrt(D)
   bool causal;
+  // Optional: batch row b sees only keys [key_begin[b], key_end[b]) (padding
+  // on either side); null: all keys.
+  const int64_t* key_begin = nullptr;
+  const int64_t* key_end = nullptr;
+  // Optional: [Hq, Tq, Tk] added to the scaled scores (T5's position bias).
+  const float* bias = nullptr;
 };
 
 void flash_attention_forward(const AttentionShape& s, const float* q, const float* k,
@@ -24,6 +30,8 @@ void flash_attention_forward(const AttentionShape& s, const float* q, const floa
 // Gradients are written (not accumulated) into dq [B,Hq,Tq,D], dk/dv [B,Hkv,Tk,D].
 void flash_attention_backward(const AttentionShape& s, const float* q, const float* k,
                               const float* v, const float* o, const float* lse, const float* dout,
-                              float* dq, float* dk, float* dv);
+                              float* dq, float* dk, float* dv, float* dbias = nullptr);
+// dbias, with a bias: [B, Hq, Tq, Tk], each batch row's gradient of the bias
+// (the caller sums over B); entries no query sees are zero.
 
 }  // namespace redco::cpu

@@ -257,12 +257,39 @@ cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tens
               q.shape(), k.shape());
   return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal};
 }
+
+// Checks the extras against the shape and points the kernel's view at them.
+void attach_extras(cpu::AttentionShape& s, const AttentionExtras& x, Tensor& bias) {
+  REDCO_CHECK(x.key_begin.defined() == x.key_end.defined(),
+              "attention: key ranges need both key_begin and key_end");
+  if (x.key_begin.defined()) {
+    for (const Tensor* t : {&x.key_begin, &x.key_end})
+      REDCO_CHECK(t->dtype() == DType::i64 && t->shape() == Shape{s.B} && t->device().is_cpu(),
+                  "attention: key ranges must be i64 [B = {}] CPU tensors, got {} {}", s.B,
+                  dtype_name(t->dtype()), t->shape());
+    s.key_begin = x.key_begin.data<int64_t>();
+    s.key_end = x.key_end.data<int64_t>();
+    for (int64_t b = 0; b < s.B; ++b)
+      REDCO_CHECK(0 <= s.key_begin[b] && s.key_begin[b] <= s.key_end[b] && s.key_end[b] <= s.Tk,
+                  "attention: batch row {} sees keys [{}, {}), outside [0, {})", b, s.key_begin[b],
+                  s.key_end[b], s.Tk);
+  }
+  if (x.bias.defined()) {
+    bias = f32(x.bias, "attention bias");
+    REDCO_CHECK(bias.shape() == (Shape{s.Hq, s.Tq, s.Tk}),
+                "attention: the bias must be [Hq, Tq, Tk] = [{}, {}, {}], got {}", s.Hq, s.Tq, s.Tk,
+                bias.shape());
+    s.bias = bias.data<float>();
+  }
+}
 }  // namespace
 
 Tensor CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                             bool causal, float scale, Tensor& lse) {
+                             bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
   Tensor q = f32(q_in, "attention"), k = f32(k_in, "attention"), v = f32(v_in, "attention");
-  const auto s = attention_shape(q, k, v, causal, scale);
+  auto s = attention_shape(q, k, v, causal, scale);
+  Tensor bias;
+  attach_extras(s, x, bias);
   Tensor o = like(q);
   lse = Tensor::empty({s.B, s.Hq, s.Tq});
   cpu::flash_attention_forward(s, q.data<float>(), k.data<float>(), v.data<float>(),
@@ -271,16 +298,24 @@ Tensor CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tenso
 }
 TensorList CpuBackend::attention_backward(const Tensor& q_in, const Tensor& k_in,
                                           const Tensor& v_in, const Tensor& o, const Tensor& lse,
-                                          const Tensor& dout_in, bool causal, float scale) {
+                                          const Tensor& dout_in, bool causal, float scale,
+                                          const AttentionExtras& x) {
   Tensor q = f32(q_in, "attention"), k = f32(k_in, "attention"), v = f32(v_in, "attention");
   Tensor dout = f32(dout_in, "attention backward");
-  const auto s = attention_shape(q, k, v, causal, scale);
+  auto s = attention_shape(q, k, v, causal, scale);
+  Tensor bias;
+  attach_extras(s, x, bias);
   check_same_shape(o, dout, "attention backward");
   Tensor dq = like(q), dk = like(k), dv = like(v);
+  // Each batch row's bias gradient [B, Hq, Tq, Tk], summed over B after.
+  Tensor dbias_rows = bias.defined() ? Tensor::empty({s.B, s.Hq, s.Tq, s.Tk}) : Tensor();
   cpu::flash_attention_backward(s, q.data<float>(), k.data<float>(), v.data<float>(),
                                 o.data<float>(), lse.data<float>(), dout.data<float>(),
-                                dq.data<float>(), dk.data<float>(), dv.data<float>());
-  return {dq, dk, dv};
+                                dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                                bias.defined() ? dbias_rows.data<float>() : nullptr);
+  if (!bias.defined()) return {dq, dk, dv};
+  const int axes[] = {0};
+  return {dq, dk, dv, reduce(ReduceOp::sum, dbias_rows, axes).view({s.Hq, s.Tq, s.Tk})};
 }
 
 // ---- convolution and pooling --------------------------------------------------------------

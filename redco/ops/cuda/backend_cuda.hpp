@@ -52,10 +52,10 @@ class CudaBackend final : public Backend {
                             const Tensor& into) override;
   Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
-                   Tensor& lse) override;
+                   Tensor& lse, const AttentionExtras& extras) override;
   TensorList attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                const Tensor& lse, const Tensor& dout, bool causal,
-                                float scale) override;
+                                const Tensor& lse, const Tensor& dout, bool causal, float scale,
+                                const AttentionExtras& extras) override;
   Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
                 int64_t pad) override;
   TensorList conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,

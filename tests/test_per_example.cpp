@@ -78,10 +78,12 @@ TEST_CASE("ghost norms: embedding with repeated ids", "[privacy]") {
 }
 
 TEST_CASE("ghost norms: conv2d weight and bias, with stride and padding", "[privacy]") {
-  // (N, C, H, O, k, stride, pad): small kernels take the Gram path, the wide one the direct.
+  // (N, C, H, O, k, stride, pad): few channels over many positions take the
+  // direct path (2 L^2 > O C k^2), many channels over few positions the Gram one.
   for (auto [N, C, H, O, k, s, p] : {std::array<int64_t, 7>{3, 2, 6, 4, 3, 1, 1},
                                      {2, 3, 7, 5, 3, 2, 0},
-                                     {2, 8, 5, 16, 3, 1, 1}}) {
+                                     {2, 16, 4, 16, 3, 1, 1},
+                                     {3, 12, 5, 10, 2, 2, 1}}) {
     INFO("N " << N << " C " << C << " H " << H << " O " << O << " k " << k);
     const int64_t OH = (H + 2 * p - k) / s + 1;
     const Tensor x = randn({N, C, H, H}, 13), r = randn({N, O, OH, OH}, 14);

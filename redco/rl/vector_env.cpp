@@ -41,7 +41,7 @@ struct VectorEnv::Task {
       if constexpr (E::action_dim == 0) {
         t = E::step(s, int64_t(actions[i]));
       } else {
-        t = E::step(s, reinterpret_cast<const float*>(actions) + i * E::action_dim);
+        t = E::step(s, actions + i * E::action_dim);
       }
       const int64_t elapsed = ++v.elapsed_[i];
       v.ep_return_[i] += t.reward;

@@ -22,7 +22,6 @@
 // All outputs live in buffers allocated once and overwritten by each step:
 // a step allocates nothing. Copy what must outlive the next step.
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>

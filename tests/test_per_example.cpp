@@ -124,6 +124,50 @@ TEST_CASE("clipped sum: one GEMM equals the sum of clipped per-example gradients
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(expect[i]).margin(1e-4));
 }
 
+namespace {
+
+// sum_b f_b * grads[b], elementwise.
+std::vector<double> weighted_sum(const TensorList& grads, const std::vector<float>& f) {
+  std::vector<double> out(grads[0].numel(), 0.0);
+  for (size_t b = 0; b < grads.size(); ++b) {
+    const auto g = grads[b].values<float>();
+    for (size_t i = 0; i < g.size(); ++i) out[i] += double(f[b]) * g[i];
+  }
+  return out;
+}
+
+void check_sum(const Tensor& got, const Shape& shape, const std::vector<double>& expect) {
+  CHECK(got.shape() == shape);
+  const auto v = got.values<float>();
+  REQUIRE(v.size() == expect.size());
+  for (size_t i = 0; i < v.size(); ++i) CHECK(v[i] == Approx(expect[i]).margin(1e-4));
+}
+
+}  // namespace
+
+TEST_CASE("clipped sums of conv2d and bias gradients from the same output gradients", "[privacy]") {
+  const std::vector<float> fv{0.25f, 1.f, 0.6f};
+  const Tensor f = Tensor::from<float>(fv, {3});
+  // conv2d, stride 2, pad 1: weight [4, 3, 3, 3] and bias [4].
+  const Tensor x = randn({3, 3, 7, 7}, 20), r = randn({3, 4, 4, 4}, 21);
+  const Tensor w = randn({4, 3, 3, 3}, 22), bias = randn({4}, 23);
+  const LayerFn conv_w = [&](const Tensor& xb, const Tensor& wt) {
+    return conv2d(xb, wt, {}, 2, 1);
+  };
+  const LayerFn conv_b = [&](const Tensor& xb, const Tensor& bt) {
+    return conv2d(xb, w, bt, 2, 1);
+  };
+  check_sum(privacy::clipped_conv2d_weight_grad(x, r, f, 3, 3, 2, 1), {4, 3, 3, 3},
+            weighted_sum(naive(conv_w, x, w, r).second, fv));
+  check_sum(privacy::clipped_conv2d_bias_grad(r, f), {4},
+            weighted_sum(naive(conv_b, x, bias, r).second, fv));
+  // linear bias over sequences.
+  const Tensor xl = randn({3, 5, 6}, 24), rl = randn({3, 5, 2}, 25), wl = randn({2, 6}, 26);
+  const LayerFn lin_b = [&](const Tensor& xb, const Tensor& bt) { return linear(xb, wl, bt); };
+  check_sum(privacy::clipped_linear_bias_grad(rl, f), {2},
+            weighted_sum(naive(lin_b, xl, randn({2}, 27), rl).second, fv));
+}
+
 TEST_CASE("ghost norms: shapes that do not fit are one clear error", "[privacy]") {
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(privacy::linear_weight_grad_sq_norms(randn({2, 3, 4}, 1), randn({2, 5, 6}, 2)),
@@ -134,4 +178,6 @@ TEST_CASE("ghost norms: shapes that do not fit are one clear error", "[privacy]"
   CHECK_THROWS_WITH(privacy::embedding_grad_sq_norms(randn({2, 3}, 1), randn({2, 3, 4}, 2)),
                     Contains("i64"));
   CHECK_THROWS_WITH(privacy::clip_factors(randn({4}, 1), 0.f), Contains("max_norm"));
+  CHECK_THROWS_WITH(privacy::clipped_conv2d_bias_grad(randn({2, 3, 4, 4}, 1), randn({3}, 2)),
+                    Contains("[N]"));
 }

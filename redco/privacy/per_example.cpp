@@ -12,16 +12,21 @@ namespace {
 // Elements of per-example gradients formed at once on the direct path (64 MiB).
 constexpr int64_t kDirectChunkElems = int64_t(1) << 24;
 
-// sum_{t,t'} (a_t . a_t')(g_t . g_t') for a [B, T, m], g [B, T, n], or
-// ||g_b^T a_b||^2 formed a few examples at a time when that is smaller.
-Tensor gram_norms(const Tensor& a, const Tensor& g) {
-  const int64_t B = a.dim(0), T = a.dim(1), m = a.dim(2), n = g.dim(2);
-  if (2 * T * T <= m * n) return sum(matmul(a, a, false, true) * matmul(g, g, false, true), {1, 2});
+// sum_{t,t'} (a_t . a_t')(g_t . g_t') per example, or ||G_b||^2 with G_b formed
+// a few examples at a time when that is smaller. Layouts: a [B, T, m] and
+// g [B, T, n] (positions first), or a [B, m, T] and g [B, n, T] (features
+// first, as im2col lays out patches); the GEMMs' transpose flags follow, so
+// no operand is copied into the other layout.
+Tensor gram_norms(const Tensor& a, const Tensor& g, bool features_first) {
+  const bool ff = features_first;
+  const int64_t B = a.dim(0), T = a.dim(ff ? 2 : 1), m = a.dim(ff ? 1 : 2), n = g.dim(ff ? 1 : 2);
+  if (2 * T * T <= m * n) return sum(matmul(a, a, ff, !ff) * matmul(g, g, ff, !ff), {1, 2});
   const int64_t chunk = std::max<int64_t>(1, kDirectChunkElems / (m * n));
   TensorList parts;
   for (int64_t b = 0; b < B; b += chunk) {
     const int64_t e = std::min(B, b + chunk);
-    parts.push_back(sum(square(matmul(g.slice0(b, e), a.slice0(b, e), true, false)), {1, 2}));
+    // G [chunk, n, m] = g^T a (positions first) or g a^T (features first).
+    parts.push_back(sum(square(matmul(g.slice0(b, e), a.slice0(b, e), !ff, ff)), {1, 2}));
   }
   return parts.size() == 1 ? parts[0] : concat(parts, 0);
 }
@@ -45,7 +50,7 @@ Tensor linear_weight_grad_sq_norms(const Tensor& input, const Tensor& grad_outpu
               fn, a, g);
   GradModeGuard off(false);
   if (a.rank() == 2) return sum(square(input), {1}) * sum(square(grad_output), {1});
-  return gram_norms(input, grad_output);
+  return gram_norms(input, grad_output, /*features_first=*/false);
 }
 
 Tensor linear_bias_grad_sq_norms(const Tensor& grad_output) {
@@ -75,9 +80,12 @@ Tensor embedding_grad_sq_norms(const Tensor& ids, const Tensor& grad_output) {
   return sum(matmul(grad_output, grad_output, false, true) * same, {1, 2});
 }
 
-Tensor conv2d_weight_grad_sq_norms(const Tensor& x, const Tensor& grad_output, int64_t kh,
-                                   int64_t kw, int64_t stride, int64_t pad) {
-  constexpr const char* fn = "conv2d_weight_grad_sq_norms";
+namespace {
+
+// Checks a conv2d's x [N, C, H, W] and grad_output [N, O, OH, OW] against the
+// kernel; returns the geometry.
+cpu::Conv2dGeometry conv_geometry(const char* fn, const Tensor& x, const Tensor& grad_output,
+                                  int64_t kh, int64_t kw, int64_t stride, int64_t pad) {
   check_float(fn, "x", x);
   check_float(fn, "grad_output", grad_output);
   REDCO_CHECK(x.rank() == 4 && grad_output.rank() == 4 && x.dim(0) == grad_output.dim(0),
@@ -91,15 +99,24 @@ Tensor conv2d_weight_grad_sq_norms(const Tensor& x, const Tensor& grad_output, i
               "pad {} (expected [{}, {}, {}, {}])",
               fn, grad_output.shape(), x.shape(), kh, kw, stride, pad, geo.N, geo.O, geo.out_h(),
               geo.out_w());
-  REDCO_CHECK(x.device() == Device::cpu(),
+  REDCO_CHECK(x.device() == Device::cpu() && grad_output.device() == Device::cpu(),
               "privacy::{}: implemented for CPU tensors (im2col), got x on {}", fn,
               x.device().str());
+  return geo;
+}
+
+}  // namespace
+
+Tensor conv2d_weight_grad_sq_norms(const Tensor& x, const Tensor& grad_output, int64_t kh,
+                                   int64_t kw, int64_t stride, int64_t pad) {
+  const auto geo =
+      conv_geometry("conv2d_weight_grad_sq_norms", x, grad_output, kh, kw, stride, pad);
   GradModeGuard off(false);
   const int64_t L = geo.out_h() * geo.out_w(), K = geo.C * kh * kw;
-  Tensor cols = Tensor::empty({geo.N, K, L});  // patches: [N, C*kh*kw, OH*OW]
+  Tensor cols = Tensor::empty({geo.N, K, L});  // patches, features first: [N, C*kh*kw, OH*OW]
   cpu::im2col(x.data<float>(), cols.data<float>(), geo);
   // G_n = g_n [O, L] @ cols_n^T [L, K]: a linear layer applied at L positions.
-  return gram_norms(transpose(cols, 1, 2), transpose(grad_output.view({geo.N, geo.O, L}), 1, 2));
+  return gram_norms(cols, grad_output.view({geo.N, geo.O, L}), /*features_first=*/true);
 }
 
 Tensor conv2d_bias_grad_sq_norms(const Tensor& grad_output) {
@@ -137,6 +154,48 @@ Tensor clipped_linear_weight_grad(const Tensor& input, const Tensor& grad_output
   const int64_t B = input.dim(0), in = input.dim(r - 1), out = grad_output.dim(r - 1);
   const Tensor scaled = grad_output * (r == 2 ? factors.view({B, 1}) : factors.view({B, 1, 1}));
   return matmul(reshape(scaled, {-1, out}), reshape(input, {-1, in}), true, false);
+}
+
+Tensor clipped_linear_bias_grad(const Tensor& grad_output, const Tensor& factors) {
+  check_float("clipped_linear_bias_grad", "grad_output", grad_output);
+  const int r = grad_output.rank();
+  REDCO_CHECK(
+      (r == 2 || r == 3) && factors.defined() && factors.shape() == Shape{grad_output.dim(0)},
+      "privacy::clipped_linear_bias_grad: grad_output {} and factors {} must be "
+      "[B(, T), out] and [B]",
+      grad_output.shape(), factors.defined() ? factors.shape() : Shape{});
+  GradModeGuard off(false);
+  const int64_t B = grad_output.dim(0);
+  if (r == 2) return sum(grad_output * factors.view({B, 1}), {0});
+  return sum(grad_output * factors.view({B, 1, 1}), {0, 1});
+}
+
+Tensor clipped_conv2d_weight_grad(const Tensor& x, const Tensor& grad_output, const Tensor& factors,
+                                  int64_t kh, int64_t kw, int64_t stride, int64_t pad) {
+  const auto geo = conv_geometry("clipped_conv2d_weight_grad", x, grad_output, kh, kw, stride, pad);
+  REDCO_CHECK(factors.defined() && factors.shape() == Shape{geo.N},
+              "privacy::clipped_conv2d_weight_grad: factors {} must be [N] = [{}]",
+              factors.defined() ? factors.shape() : Shape{}, geo.N);
+  GradModeGuard off(false);
+  // The convolution's own weight gradient of the per-example-scaled output
+  // gradient (no input gradient: w is not needed).
+  const Tensor dy = grad_output * factors.view({geo.N, 1, 1, 1});
+  Tensor dw = Tensor::empty({geo.O, geo.C, kh, kw});
+  Tensor cols = Tensor::empty({geo.N, geo.C * kh * kw, geo.out_h() * geo.out_w()});  // scratch
+  cpu::conv2d_backward(dy.data<float>(), x.data<float>(), nullptr, nullptr, dw.data<float>(),
+                       nullptr, cols.data<float>(), geo);
+  return dw;
+}
+
+Tensor clipped_conv2d_bias_grad(const Tensor& grad_output, const Tensor& factors) {
+  check_float("clipped_conv2d_bias_grad", "grad_output", grad_output);
+  REDCO_CHECK(
+      grad_output.rank() == 4 && factors.defined() && factors.shape() == Shape{grad_output.dim(0)},
+      "privacy::clipped_conv2d_bias_grad: grad_output {} and factors {} must be "
+      "[N, O, OH, OW] and [N]",
+      grad_output.shape(), factors.defined() ? factors.shape() : Shape{});
+  GradModeGuard off(false);
+  return sum(grad_output * factors.view({grad_output.dim(0), 1, 1, 1}), {0, 2, 3});
 }
 
 }  // namespace redco::privacy

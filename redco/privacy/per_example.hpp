@@ -16,7 +16,7 @@
 //
 // DP-SGD then scales each example's gradient by clip_factors(total squared
 // norm over all layers, C) and sums: for a linear layer that sum is one GEMM
-// with the output gradients scaled per example (clipped_linear_weight_grad).
+// with the output gradients scaled per example (clipped_*_grad below).
 //
 // All functions run without recording autodiff history; shapes are checked
 // and a mismatch is one redco::Error naming the function and both shapes.
@@ -45,8 +45,17 @@ Tensor conv2d_bias_grad_sq_norms(const Tensor& grad_output);
 // [B] squared norms -> [B] factors min(1, max_norm / (norm + 1e-6)).
 Tensor clip_factors(const Tensor& sq_norms, float max_norm);
 
-// sum_b factors[b] * G_b for a linear layer: [out, in], one GEMM.
+// The clipped sums sum_b factors[b] * G_b, from the same inputs and output
+// gradients, so one backward pass (to the layer outputs) serves both the norms
+// and the update. Linear weight: [out, in], one GEMM; bias: [out].
 Tensor clipped_linear_weight_grad(const Tensor& input, const Tensor& grad_output,
                                   const Tensor& factors);
+Tensor clipped_linear_bias_grad(const Tensor& grad_output, const Tensor& factors);
+// conv2d weight [O, C, kh, kw] (CPU, as conv2d_weight_grad_sq_norms) and bias [O].
+Tensor clipped_conv2d_weight_grad(const Tensor& x, const Tensor& grad_output, const Tensor& factors,
+                                  int64_t kh, int64_t kw, int64_t stride = 1, int64_t pad = 0);
+Tensor clipped_conv2d_bias_grad(const Tensor& grad_output, const Tensor& factors);
+// (An embedding's clipped sum is its ordinary backward of the output gradient
+// scaled per example: grad_output * factors[b].)
 
 }  // namespace redco::privacy

@@ -1,15 +1,19 @@
 // What DP-SGD's per-example clipping costs on models::small_cnn's layers
 // (conv 1->16 | relu | pool | conv 16->32 | relu | pool | linear 1568->10, on
 // 28x28 images), written with the functional ops:
-//   normal: forward + backward of the mean loss;
-//   dp:     forward, backward to the layer outputs, ghost norms of every
-//           weight and bias, clip factors, backward of the clipped-weighted
-//           loss sum to the parameters, Gaussian noise (two-pass ghost clipping).
+//   normal:   forward + backward of the mean loss to the parameters;
+//   dp 2-pass: forward, backward to the layer outputs, ghost norms of every
+//             weight and bias, clip factors, a second backward of the
+//             clipped-weighted loss sum to the parameters, Gaussian noise;
+//   dp 1-pass: the same up to the clip factors, then the clipped sums from the
+//             same output gradients (privacy::clipped_*_grad), Gaussian noise.
 //
 //   bench_dp_step [--batch B] [--reps N]
 //
-// Prints the time of each and their throughput ratio (normal / dp).
+// Prints each step's best time and its throughput relative to the normal step.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,35 +74,71 @@ int main(int argc, char** argv) {
     const Forward f = forward(p, x, onehot);
     return grad({mean(f.loss_vec)}, p.all());
   };
-  auto dp_step = [&] {
-    const Forward f = forward(p, x, onehot);
-    const TensorList g =
-        grad({sum(f.loss_vec)}, {f.z1, f.z2, f.logits}, {}, {.retain_graph = true});
-    Tensor sq = privacy::conv2d_weight_grad_sq_norms(x, g[0], 3, 3, 1, 1) +
-                privacy::conv2d_bias_grad_sq_norms(g[0]) +
-                privacy::conv2d_weight_grad_sq_norms(f.a1.detach(), g[1], 3, 3, 1, 1) +
-                privacy::conv2d_bias_grad_sq_norms(g[1]) +
-                privacy::linear_weight_grad_sq_norms(f.flat.detach(), g[2]) +
-                privacy::linear_bias_grad_sq_norms(g[2]);
-    const Tensor factors = privacy::clip_factors(sq, 1.f);
-    TensorList grads = grad({sum(f.loss_vec * factors)}, p.all());
+  // Backward to the layer outputs, then every layer's squared norms and the clip factors.
+  struct Norms {
+    Forward f;
+    TensorList g;  // d loss_sum / d (z1, z2, logits)
+    Tensor factors;
+  };
+  auto norms = [&](bool keep_graph) {
+    Norms n{forward(p, x, onehot), {}, {}};
+    n.g = grad({sum(n.f.loss_vec)}, {n.f.z1, n.f.z2, n.f.logits}, {}, {.retain_graph = keep_graph});
+    const Tensor a1 = n.f.a1.detach(), flat = n.f.flat.detach();
+    const Tensor sq = privacy::conv2d_weight_grad_sq_norms(x, n.g[0], 3, 3, 1, 1) +
+                      privacy::conv2d_bias_grad_sq_norms(n.g[0]) +
+                      privacy::conv2d_weight_grad_sq_norms(a1, n.g[1], 3, 3, 1, 1) +
+                      privacy::conv2d_bias_grad_sq_norms(n.g[1]) +
+                      privacy::linear_weight_grad_sq_norms(flat, n.g[2]) +
+                      privacy::linear_bias_grad_sq_norms(n.g[2]);
+    n.factors = privacy::clip_factors(sq, 1.f);
+    return n;
+  };
+  auto add_noise = [](TensorList grads) {
     for (size_t k = 0; k < grads.size(); ++k)
       grads[k] = grads[k] + Tensor::normal(grads[k].shape(), 3, k, 0.f, 1.f);
     return grads;
   };
+  auto dp_two_pass = [&] {
+    const Norms n = norms(true);
+    return add_noise(grad({sum(n.f.loss_vec * n.factors)}, p.all()));
+  };
+  auto dp_one_pass = [&] {
+    const Norms n = norms(false);
+    const Tensor& f = n.factors;
+    return add_noise({privacy::clipped_conv2d_weight_grad(x, n.g[0], f, 3, 3, 1, 1),
+                      privacy::clipped_conv2d_bias_grad(n.g[0], f),
+                      privacy::clipped_conv2d_weight_grad(n.f.a1.detach(), n.g[1], f, 3, 3, 1, 1),
+                      privacy::clipped_conv2d_bias_grad(n.g[1], f),
+                      privacy::clipped_linear_weight_grad(n.f.flat.detach(), n.g[2], f),
+                      privacy::clipped_linear_bias_grad(n.g[2], f)});
+  };
 
-  for (int i = 0; i < 3; ++i) normal_step(), dp_step();  // warm up caches and allocator
-  double t_normal = 1e30, t_dp = 1e30;
-  for (int64_t r = 0; r < reps; ++r) {  // alternate, keep each one's best
+  // The two DP steps must agree (they compute the same clipped sum).
+  {
+    const TensorList a = dp_two_pass(), b = dp_one_pass();
+    float worst = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      const auto va = a[k].values<float>(), vb = b[k].values<float>();
+      for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(va[i] - vb[i]));
+    }
+    std::printf("one-pass vs two-pass clipped gradients: max |difference| %.2g\n", worst);
+  }
+
+  for (int i = 0; i < 3; ++i) normal_step(), dp_two_pass(), dp_one_pass();  // warm up
+  double t[3] = {1e30, 1e30, 1e30};
+  for (int64_t r = 0; r < reps; ++r) {  // take turns, keep each one's best
     auto t0 = std::chrono::steady_clock::now();
     normal_step();
-    t_normal = std::min(t_normal, seconds_since(t0));
+    t[0] = std::min(t[0], seconds_since(t0));
     t0 = std::chrono::steady_clock::now();
-    dp_step();
-    t_dp = std::min(t_dp, seconds_since(t0));
+    dp_two_pass();
+    t[1] = std::min(t[1], seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    dp_one_pass();
+    t[2] = std::min(t[2], seconds_since(t0));
   }
   std::printf(
-      "batch %lld: normal step %.2f ms, DP-SGD step (ghost clipping) %.2f ms, "
-      "throughput ratio %.2f\n",
-      (long long)B, t_normal * 1e3, t_dp * 1e3, t_normal / t_dp);
+      "batch %lld: normal step %.2f ms; DP-SGD 2-pass %.2f ms (%.2fx throughput), "
+      "1-pass %.2f ms (%.2fx)\n",
+      (long long)B, t[0] * 1e3, t[1] * 1e3, t[0] / t[1], t[2] * 1e3, t[0] / t[2]);
 }

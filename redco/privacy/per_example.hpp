@@ -35,9 +35,9 @@ Tensor linear_bias_grad_sq_norms(const Tensor& grad_output);
 Tensor embedding_grad_sq_norms(const Tensor& ids, const Tensor& grad_output);
 
 // x [N, C, H, W] (CPU), grad_output [N, O, OH, OW], kernel kh x kw -> [N]:
-// the weight gradient's squared norm, by the linear identity over the
-// OH*OW patch positions (im2col). The bias's: linear_bias_grad_sq_norms on
-// grad_output viewed as [N, OH*OW, O] (conv2d_bias_grad_sq_norms).
+// the weight gradient's squared norm, by the linear identity with the OH*OW
+// output positions as T and the im2col patches [C*kh*kw] as inputs. The
+// bias's: ||sum over positions of g||^2.
 Tensor conv2d_weight_grad_sq_norms(const Tensor& x, const Tensor& grad_output, int64_t kh,
                                    int64_t kw, int64_t stride = 1, int64_t pad = 0);
 Tensor conv2d_bias_grad_sq_norms(const Tensor& grad_output);

@@ -61,6 +61,8 @@ struct Acrobot {
 
 // One continuous torque in [-2, 2]; reward -(angle^2 + 0.1 thdot^2 + 0.001 u^2)
 // with the angle normalised to [-pi, pi); never terminates (200-step limit).
+// Gymnasium clips a torque outside [-2, 2] silently; VectorEnv rejects it (a
+// policy that emits one usually has a bug): clamp first for Gymnasium's behaviour.
 // State (theta, theta_dot); observation (cos theta, sin theta, theta_dot);
 // reset theta ~ uniform(-pi, pi), theta_dot ~ uniform(-1, 1).
 struct Pendulum {

@@ -21,5 +21,8 @@
 #include "redco/nn/model.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/optim/schedule.hpp"
+#include "redco/privacy/accountant.hpp"
+#include "redco/privacy/per_example.hpp"
+#include "redco/rl/vector_env.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/trainer.hpp"

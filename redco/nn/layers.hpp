@@ -66,6 +66,10 @@ struct Positions {  // ids [B, T] -> learned positions [T, d] (broadcast over B)
   Tensor forward(const Params& p, const Tensor& ids, Ctx&) const;
 };
 
+// Generation asks for one position's logits per row (Ctx::logit_rows):
+// x [B, T, d] -> those rows [B, 1, d]; x itself when none are asked for.
+Tensor take_logit_rows(const Tensor& x, const Ctx& ctx);
+
 // Logits from the token embedding (GPT-2's tied head): [B, T, d] -> [B, T, vocab].
 // `vocab` tells a vocabulary-split table from a whole one under tensor
 // parallelism (0: unknown, enough on one rank).
@@ -80,7 +84,8 @@ struct TiedLMHead {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Tensor& table = p.at_root(Embedding.view());
-    return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, Embedding.view()), table, ctx);
+    const Tensor h = take_logit_rows(x, ctx);
+    return vocab_head_logits(enter_vocab_head(h, table, vocab, ctx, Embedding.view()), table, ctx);
   }
 };
 
@@ -104,7 +109,8 @@ struct LMHead {
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
     const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
-    return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, name.view()), table, ctx);
+    const Tensor h = take_logit_rows(x, ctx);
+    return vocab_head_logits(enter_vocab_head(h, table, vocab, ctx, name.view()), table, ctx);
   }
 };
 
@@ -193,6 +199,8 @@ struct Attention {
   Tensor project(const Params& p, const char* name, const Tensor& x) const;
   TensorList project_qkv(const Params& p, const Tensor& x) const;
   float logit_scale(const Ctx& ctx) const;
+  Tensor attend(const Params& p, const Tensor& in, bool split, Ctx& ctx) const;
+  Tensor attend_cached(const Params& p, const Tensor& in, bool split, Ctx& ctx) const;
 };
 
 // Key ranges for attention from an attention mask [batch, keys] (see

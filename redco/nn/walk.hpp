@@ -25,6 +25,9 @@
 namespace redco::dist {
 class Comm;
 }
+namespace redco::nn {
+class KVCache;
+}
 
 namespace redco::nn {
 
@@ -227,6 +230,11 @@ struct Ctx {
   Tensor mask{};
   Tensor source_mask{};
   Tensor memory_mask{};  // set by encoder_decoder from source_mask
+  // Generation (nn/kv_cache.hpp): attention reads and extends the cache, and
+  // positions continue each row's own. logit_rows (i64 [B]): the one input
+  // position per row whose logits the LM head computes ([B, 1, V]).
+  KVCache* cache = nullptr;
+  Tensor logit_rows{};
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
   // train::shard_params), and each layer tells from the shapes of the shards

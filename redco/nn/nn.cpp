@@ -280,8 +280,15 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
     return attention_merged_heads(q, s.k, s.v, false, logit_scale(ctx), extras);
   } else {
     REDCO_CHECK(causal, "{}: a KV cache serves causal self-attention only", path);
-    TensorList qkv = project_qkv(p, in);
-    Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+    // A decode step reads each weight once: three GEMVs beat stacking the
+    // weights (a copy of all three) for one GEMM.
+    Tensor q, k, v;
+    if (in.dim(0) * in.dim(1) <= 16) {
+      q = project(p, "q_proj", in), k = project(p, "k_proj", in), v = project(p, "v_proj", in);
+    } else {
+      TensorList qkv = project_qkv(p, in);
+      q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+    }
     if (rotary) {
       thread_local RopeTable table;  // reused step after step
       fill_rope_table(table, cache.lengths(), q.dim(2), head_dim(), rope);

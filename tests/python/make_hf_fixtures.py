@@ -8,7 +8,8 @@ spread than transformers' initialiser so logits are O(1): a wrong transpose,
 permutation or scale then moves them far beyond the tests' 1e-4.
 
 Run with the test venv (Debian's python3-torch 1.13 + transformers 4.46.3):
-  .venv/bin/python tests/python/make_hf_fixtures.py
+  .venv/bin/python tests/python/make_hf_fixtures.py            # every fixture
+  .venv/bin/python tests/python/make_hf_fixtures.py opt gptj   # only these
 """
 import json
 import os
@@ -67,23 +68,34 @@ def llama(cls=tf.LlamaForCausalLM, config=tf.LlamaConfig, **kw):
     return cls(config(**cfg))
 
 
-def main():
+# name -> (model factory, seed); factories run only for the fixtures written.
+FIXTURES = {
+    "gpt2": (lambda: gpt2(n_inner=40), 1),
+    "gpt2_variants": (lambda: gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
+                                   scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
+    "llama": (lambda: llama(), 3),
+    "llama_head_dim": (lambda: llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
+                                     rope_scaling={"rope_type": "linear", "factor": 2.0}), 4),
+    "llama3_tied": (lambda: llama(tie_word_embeddings=True, attention_bias=True,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 16}), 5),
+    "mistral": (lambda: llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
+                              sliding_window=64, rms_norm_eps=1e-5), 6),
+    "qwen2": (lambda: llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
+                            rope_theta=1e6), 7),
+}
+
+
+def main(names):
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        sys.exit(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
     torch.manual_seed(0)
-    write("gpt2", gpt2(n_inner=40), 1)
-    write("gpt2_variants", gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
-                                scale_attn_by_inverse_layer_idx=True, n_layer=3), 2)
-    write("llama", llama(), 3)
-    write("llama_head_dim", llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
-                                  rope_scaling={"rope_type": "linear", "factor": 2.0}), 4)
-    write("llama3_tied", llama(tie_word_embeddings=True, attention_bias=True,
-                               rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                             "original_max_position_embeddings": 16}), 5)
-    write("mistral", llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
-                           sliding_window=64, rms_norm_eps=1e-5), 6)
-    write("qwen2", llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
-                         rope_theta=1e6), 7)
+    for name in names or FIXTURES:
+        factory, seed = FIXTURES[name]
+        write(name, factory(), seed)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

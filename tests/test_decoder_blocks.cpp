@@ -1,0 +1,134 @@
+// The DSL pieces the OPT, GPT-J and GPT-NeoX checkpoints need: learned
+// positions with an offset, an LM head with a logit bias, a replicated
+// projection, pre-/post-norm residuals, the parallel residual and optional
+// layers. Each one's gradient against central finite differences, its value
+// against the combinators it stands for, and the compile-time plans of the
+// three families built from them.
+#include <algorithm>
+#include <catch2/catch.hpp>
+
+#include "gradcheck.hpp"
+#include "redco/shard/plan.hpp"
+
+using namespace redco;
+using test::max_abs_diff;
+using test::randn;
+
+namespace {
+
+// The gradient of a layer's output with respect to its input (when floating)
+// and every one of its parameters, drawn at random.
+template <typename M>
+void check_layer(const M& model, const Tensor& x) {
+  const auto entries = nn::param_entries(model);
+  TensorList in{x};
+  std::vector<size_t> wrt;
+  if (is_floating(x.dtype())) wrt.push_back(0);
+  for (const nn::ParamEntry& e : entries) {
+    wrt.push_back(in.size());
+    in.push_back(randn(e.shape.shape(), 10 + in.size(), 0.7f));
+  }
+  const test::Fn f = [&](const TensorList& t) {
+    nn::ParamTree p;
+    for (size_t i = 0; i < entries.size(); ++i)
+      p.emplace(std::string(entries[i].name.view()), t[i + 1]);
+    return nn::apply(model, p, t[0]);
+  };
+  test::check_gradients(f, in, wrt);
+}
+
+Tensor ids(std::vector<int64_t> v, const Shape& s) {
+  return Tensor::from<int64_t>(std::span<const int64_t>(v), s);
+}
+
+nn::ParamTree random_params(const std::vector<nn::ParamEntry>& entries) {
+  nn::ParamTree p;
+  uint64_t stream = 40;
+  for (const nn::ParamEntry& e : entries)
+    p.emplace(std::string(e.name.view()), randn(e.shape.shape(), stream++, 0.7f));
+  return p;
+}
+
+std::vector<std::string> sorted_names(const std::vector<nn::ParamEntry>& entries) {
+  std::vector<std::string> names;
+  for (const nn::ParamEntry& e : entries) names.emplace_back(e.name.view());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Two models with the same parameters (names, maybe in another order) give
+// the same output.
+template <typename A, typename B>
+float value_gap(const A& a, const B& b, const Tensor& x) {
+  const auto ea = nn::param_entries(a);
+  REQUIRE(sorted_names(ea) == sorted_names(nn::param_entries(b)));
+  const nn::ParamTree p = random_params(ea);
+  return max_abs_diff(nn::apply(a, p, x), nn::apply(b, p, x));
+}
+
+auto tanh_mlp() { return nn::mlp(4, 6, nn::Act::tanh); }
+
+}  // namespace
+
+TEST_CASE("learned positions with an offset read rows offset .. offset + T - 1", "[blocks]") {
+  const auto pos = nn::positions(6, 4, 2);
+  check_layer(pos, ids({1, 2, 3, 4, 5, 0}, {2, 3}));
+  const Tensor table = randn({6, 4}, 3);
+  const Tensor out = nn::apply(pos, {{"weight", table}}, ids({0, 0, 0}, {1, 3}));
+  CHECK(max_abs_diff(out, slice(table, 0, 2, 5)) == 0.f);
+  CHECK_THROWS_WITH(nn::apply(pos, {{"weight", table}}, ids({0, 0, 0, 0, 0}, {1, 5})),
+                    Catch::Matchers::Contains("exceeds the model's maximum 4"));
+}
+
+TEST_CASE("an LM head with a logit bias", "[blocks]") {
+  nn::LMHead head = nn::lm_head(4, 5);
+  head.bias = true;
+  check_layer(head, randn({2, 3, 4}, 1));
+  const Tensor x = randn({2, 3, 4}, 2), w = randn({5, 4}, 3), b = randn({5}, 4);
+  const Tensor want = matmul(x, w, false, true) + b;
+  CHECK(max_abs_diff(nn::apply(head, {{"weight", w}, {"bias", b}}, x), want) < 1e-6f);
+}
+
+TEST_CASE("a projection between feature sizes", "[blocks]") {
+  check_layer(nn::projection(4, 3), randn({2, 3, 4}, 1));
+}
+
+TEST_CASE("pre- and post-norm residuals", "[blocks]") {
+  const Tensor x = randn({2, 3, 4}, 1);
+  for (bool pre : {true, false}) {
+    INFO((pre ? "pre" : "post") << "-norm");
+    const auto block = nn::normed_residual(nn::layer_norm(4), tanh_mlp(), pre);
+    check_layer(block, x);
+    const auto names = nn::param_entries(block);
+    CHECK(names.front().name.view() == "ln.weight");  // the norm first, whatever runs first
+  }
+  // x + b(ln(x)) and ln(x + b(x)), as the plain combinators write them.
+  CHECK(value_gap(nn::normed_residual(nn::layer_norm(4), tanh_mlp(), true),
+                  nn::residual(nn::layer_norm(4) | tanh_mlp()), x) == 0.f);
+  CHECK(value_gap(nn::normed_residual(nn::layer_norm(4), tanh_mlp(), false),
+                  nn::residual(tanh_mlp()) | nn::layer_norm(4), x) == 0.f);
+}
+
+TEST_CASE("parallel and sequential residuals", "[blocks]") {
+  const Tensor x = randn({2, 3, 4}, 1);
+  auto a = [] { return nn::layer_norm(4) | tanh_mlp(); };
+  for (bool parallel : {true, false}) {
+    INFO((parallel ? "parallel" : "sequential"));
+    check_layer(nn::parallel_residual(a(), a(), parallel), x);
+  }
+  // x + a(x) + b(x), and h = x + a(x); h + b(h).
+  CHECK(value_gap(nn::parallel_residual(a(), a(), true), nn::residual(a() + a()), x) < 1e-6f);
+  CHECK(value_gap(nn::parallel_residual(a(), a(), false), nn::residual(a()) | nn::residual(a()),
+                  x) == 0.f);
+}
+
+TEST_CASE("an optional layer is the layer or the identity", "[blocks]") {
+  const Tensor x = randn({2, 3, 4}, 1);
+  // In a sequence, as in a model (a lone layer's parameters have no prefix).
+  const auto on = nn::dropout(0.f) | nn::maybe(nn::named<"final">(nn::layer_norm(4)), true);
+  check_layer(on, x);
+  CHECK(nn::param_entries(on).front().name.view() == "final.weight");
+  const auto off = nn::dropout(0.f) | nn::maybe(nn::named<"final">(nn::layer_norm(4)), false);
+  CHECK(nn::param_entries(off).empty());
+  CHECK(max_abs_diff(nn::apply(off, {}, x), x) == 0.f);
+}

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "gradcheck.hpp"
+#include "redco/models/opt.hpp"
 #include "redco/shard/plan.hpp"
 
 using namespace redco;
@@ -131,4 +132,51 @@ TEST_CASE("an optional layer is the layer or the identity", "[blocks]") {
   const auto off = nn::dropout(0.f) | nn::maybe(nn::named<"final">(nn::layer_norm(4)), false);
   CHECK(nn::param_entries(off).empty());
   CHECK(max_abs_diff(nn::apply(off, {}, x), x) == 0.f);
+}
+
+// ---- the families' compile-time plans -------------------------------------------------------
+namespace {
+using shard::Role;
+constexpr auto opt_plan = shard::plan_v<models::Opt>;
+static_assert(opt_plan.role("embed_tokens.weight") == Role::vocab);
+static_assert(opt_plan.split("project_in.weight") == -1);  // replicated: see nn::Projection
+static_assert(opt_plan.split("project_out.weight") == -1);
+static_assert(opt_plan.split("embed_positions.weight") == -1);
+static_assert(opt_plan.split("layers.*.self_attn.q_proj.weight") == 0);
+static_assert(opt_plan.split("layers.*.self_attn.o_proj.weight") == 1);
+static_assert(opt_plan.split("layers.*.mlp.fc1.weight") == 0);
+static_assert(opt_plan.split("layers.*.mlp.fc2.weight") == 1);
+static_assert(opt_plan.split("layers.*.final_layer_norm.weight") == -1);
+static_assert(opt_plan.split("final_layer_norm.weight") == -1);
+// The tied head's table: listed (as the compile-time walk sees no object),
+// absent at run time, where the head reads embed_tokens.
+static_assert(opt_plan.role("lm_head.weight") == Role::vocab);
+static_assert(opt_plan.count(nn::Collective::all_gather) == 0);
+
+}  // namespace
+
+TEST_CASE("the families' run-time plans follow the compile-time ones", "[blocks][plan]") {
+  const auto o = models::opt({.vocab = 16,
+                              .context = 8,
+                              .dim = 8,
+                              .layers = 2,
+                              .heads = 2,
+                              .ffn = 12,
+                              .embed_dim = 4,
+                              .pre_norm = false,
+                              .final_norm = false});
+  const auto plan = shard::resolve(o, 2);
+  std::vector<std::string> names;
+  for (const auto& s : plan) names.push_back(s.name);
+  CHECK(names.front() == "embed_tokens.weight");
+  CHECK(names[1] == "project_in.weight");
+  CHECK(names.back() == "project_out.weight");  // no final norm post-LN
+  CHECK(std::count(names.begin(), names.end(), "final_layer_norm.weight") == 0);
+  for (const auto& s : plan) {
+    INFO(s.name);
+    std::string pattern = s.name;
+    if (pattern.rfind("layers.", 0) == 0)
+      pattern = "layers.*" + pattern.substr(pattern.find('.', 7));
+    CHECK(s.split_dim == opt_plan.split(pattern));
+  }
 }

@@ -108,8 +108,14 @@ TEST_CASE("LLaMA, Mistral and Qwen2 checkpoints give transformers' logits", "[hf
   check_family<models::Llama>("qwen2", {});  // one kv head: nothing to split by heads
 }
 
+TEST_CASE("OPT checkpoints (pre-LN; post-LN with projections) give transformers' logits",
+          "[hf][opt]") {
+  check_family<models::Opt>("opt", {2, 4});
+  check_family<models::Opt>("opt_post_ln_proj", {2, 4});
+}
+
 TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]") {
-  for (const char* name : {"gpt2", "llama_head_dim"}) {
+  for (const char* name : {"gpt2", "llama_head_dim", "opt_post_ln_proj"}) {
     INFO(name);
     const fs::path dir = fixtures() / name;
     const auto whole = models::from_pretrained_any(dir);
@@ -132,7 +138,7 @@ TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]")
 }
 
 TEST_CASE("save_pretrained writes what from_pretrained reads, in HF layout", "[hf]") {
-  for (const char* name : {"gpt2_variants", "llama3_tied", "qwen2"}) {
+  for (const char* name : {"gpt2_variants", "llama3_tied", "qwen2", "opt", "opt_post_ln_proj"}) {
     INFO(name);
     TempDir out;
     const auto p = models::from_pretrained_any(fixtures() / name);

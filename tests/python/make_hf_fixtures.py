@@ -68,6 +68,13 @@ def llama(cls=tf.LlamaForCausalLM, config=tf.LlamaConfig, **kw):
     return cls(config(**cfg))
 
 
+def opt(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=32)
+    cfg.update(kw)
+    return tf.OPTForCausalLM(tf.OPTConfig(**cfg))
+
+
 # name -> (model factory, seed); factories run only for the fixtures written.
 FIXTURES = {
     "gpt2": (lambda: gpt2(n_inner=40), 1),
@@ -84,6 +91,11 @@ FIXTURES = {
                               sliding_window=64, rms_norm_eps=1e-5), 6),
     "qwen2": (lambda: llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
                             rope_theta=1e6), 7),
+    # OPT-125m's shape (pre-LN, final norm) and OPT-350m's (post-LN, no final
+    # norm, 16-wide embeddings projected in and out of the 32-wide blocks).
+    "opt": (lambda: opt(), 8),
+    "opt_post_ln_proj": (lambda: opt(do_layer_norm_before=False, word_embed_proj_dim=16,
+                                     num_hidden_layers=3), 9),
 }
 
 

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "gradcheck.hpp"
+#include "redco/models/gptj.hpp"
 #include "redco/models/opt.hpp"
 #include "redco/shard/plan.hpp"
 
@@ -152,6 +153,15 @@ static_assert(opt_plan.split("final_layer_norm.weight") == -1);
 // absent at run time, where the head reads embed_tokens.
 static_assert(opt_plan.role("lm_head.weight") == Role::vocab);
 static_assert(opt_plan.count(nn::Collective::all_gather) == 0);
+
+constexpr auto gptj_plan = shard::plan_v<models::Gptj>;
+static_assert(gptj_plan.split("h.*.attn.q_proj.weight") == 0);
+static_assert(!gptj_plan.has("h.*.attn.q_proj.bias"));
+static_assert(gptj_plan.split("h.*.attn.o_proj.weight") == 1);
+static_assert(gptj_plan.split("h.*.mlp.fc1.weight") == 0);
+static_assert(gptj_plan.split("h.*.mlp.fc2.weight") == 1);
+static_assert(gptj_plan.role("lm_head.bias") == Role::vocab);  // split with the head's rows
+static_assert(gptj_plan.count(nn::Collective::all_gather) == 0);
 
 }  // namespace
 

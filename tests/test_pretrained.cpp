@@ -114,8 +114,29 @@ TEST_CASE("OPT checkpoints (pre-LN; post-LN with projections) give transformers'
   check_family<models::Opt>("opt_post_ln_proj", {2, 4});
 }
 
+TEST_CASE("GPT-J checkpoints (interleaved partial rotary, biased head) give transformers' logits",
+          "[hf][gptj]") {
+  check_family<models::Gptj>("gptj", {2, 4});
+}
+
+TEST_CASE("GPT-J's rotary pairs are reordered to rotate-half within each head", "[hf][gptj]") {
+  using V = std::vector<int64_t>;
+  CHECK(models::interleaved_to_half_rows(1, 8, 4) == V{0, 2, 1, 3, 4, 5, 6, 7});
+  CHECK(models::interleaved_to_half_rows(2, 4, 4) == V{0, 2, 1, 3, 4, 6, 5, 7});
+  // Loaded in the file's order instead, the same weights give other logits:
+  // the permutation is what makes the fixture pass, not an accident of it.
+  const Golden g = golden("gptj");
+  auto p = models::from_pretrained<models::Gptj>(fixtures() / "gptj");
+  const nn::ParamTree file = io::load_safetensors(fixtures() / "gptj" / "model.safetensors");
+  for (const char* w : {"q_proj", "k_proj"})
+    for (int l = 0; l < 2; ++l)
+      p.params[fmt::format("h.{}.attn.{}.weight", l, w)] =
+          file.at(fmt::format("transformer.h.{}.attn.{}.weight", l, w));
+  CHECK(test::max_abs_diff(logits_of(p, g.ids), g.logits) > 1e-2f);
+}
+
 TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]") {
-  for (const char* name : {"gpt2", "llama_head_dim", "opt_post_ln_proj"}) {
+  for (const char* name : {"gpt2", "llama_head_dim", "gptj", "opt_post_ln_proj"}) {
     INFO(name);
     const fs::path dir = fixtures() / name;
     const auto whole = models::from_pretrained_any(dir);
@@ -138,7 +159,8 @@ TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]")
 }
 
 TEST_CASE("save_pretrained writes what from_pretrained reads, in HF layout", "[hf]") {
-  for (const char* name : {"gpt2_variants", "llama3_tied", "qwen2", "opt", "opt_post_ln_proj"}) {
+  for (const char* name :
+       {"gpt2_variants", "llama3_tied", "qwen2", "opt", "opt_post_ln_proj", "gptj"}) {
     INFO(name);
     TempDir out;
     const auto p = models::from_pretrained_any(fixtures() / name);

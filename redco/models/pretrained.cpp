@@ -10,9 +10,10 @@ AnyPretrained from_pretrained_any(const std::filesystem::path& dir, const hf::Lo
   if (type == "llama" || type == "mistral" || type == "qwen2")
     return from_pretrained<Llama>(dir, opts);
   if (type == "opt") return from_pretrained<Opt>(dir, opts);
+  if (type == "gptj") return from_pretrained<Gptj>(dir, opts);
   throw Error(
       fmt::format("{}/config.json: model_type '{}' is not one redco loads (gpt2, llama, "
-                  "mistral, qwen2, opt)",
+                  "mistral, qwen2, opt, gptj)",
                   dir.string(), type));
 }
 

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "redco/models/gpt2.hpp"
+#include "redco/models/gptj.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
 #include "redco/models/opt.hpp"
@@ -53,6 +54,15 @@ struct HfFamily<Opt> {
   static io::Json to_json(const Config& c, io::Json base) { return opt_hf_config(c, base); }
 };
 
+template <>
+struct HfFamily<Gptj> {
+  using Config = GptjConfig;
+  static Config config(const hf::Config& f) { return gptj_config(f); }
+  static Gptj build(const Config& c) { return gptj(c); }
+  static hf::Layout layout(const Config& c) { return gptj_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gptj_hf_config(c, base); }
+};
+
 template <typename M>
 struct Pretrained {
   using Config = typename HfFamily<M>::Config;
@@ -88,7 +98,8 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 }
 
 // Any supported checkpoint, by config.json's model_type.
-using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<Opt>>;
+using AnyPretrained =
+    std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<Opt>, Pretrained<Gptj>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 

@@ -75,6 +75,13 @@ def opt(**kw):
     return tf.OPTForCausalLM(tf.OPTConfig(**cfg))
 
 
+def gptj(**kw):
+    cfg = dict(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+               n_inner=48)
+    cfg.update(kw)
+    return tf.GPTJForCausalLM(tf.GPTJConfig(**cfg))
+
+
 # name -> (model factory, seed); factories run only for the fixtures written.
 FIXTURES = {
     "gpt2": (lambda: gpt2(n_inner=40), 1),
@@ -96,6 +103,8 @@ FIXTURES = {
     "opt": (lambda: opt(), 8),
     "opt_post_ln_proj": (lambda: opt(do_layer_norm_before=False, word_embed_proj_dim=16,
                                      num_hidden_layers=3), 9),
+    # Partial rotary (4 of 8 dimensions per head) with interleaved pairs.
+    "gptj": (lambda: gptj(), 10),
 }
 
 

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "gradcheck.hpp"
+#include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
 #include "redco/models/opt.hpp"
 #include "redco/shard/plan.hpp"
@@ -163,6 +164,17 @@ static_assert(gptj_plan.split("h.*.mlp.fc2.weight") == 1);
 static_assert(gptj_plan.role("lm_head.bias") == Role::vocab);  // split with the head's rows
 static_assert(gptj_plan.count(nn::Collective::all_gather) == 0);
 
+constexpr auto neox_plan = shard::plan_v<models::GptNeox>;
+static_assert(neox_plan.role("embed_in.weight") == Role::vocab);
+static_assert(neox_plan.role("embed_out.weight") == Role::vocab);
+static_assert(neox_plan.split("layers.*.attention.q_proj.bias") == 0);
+static_assert(neox_plan.split("layers.*.attention.o_proj.weight") == 1);
+static_assert(neox_plan.split("layers.*.attention.o_proj.bias") == -1);
+static_assert(neox_plan.split("layers.*.mlp.fc1.weight") == 0);
+static_assert(neox_plan.split("layers.*.post_attention_layernorm.weight") == -1);
+// Attention and MLP each leave with one all-reduce, plus the embedding's.
+static_assert(neox_plan.count(nn::Collective::all_reduce) == 3);
+static_assert(neox_plan.count(nn::Collective::all_gather) == 0);
 }  // namespace
 
 TEST_CASE("the families' run-time plans follow the compile-time ones", "[blocks][plan]") {

@@ -119,6 +119,12 @@ TEST_CASE("GPT-J checkpoints (interleaved partial rotary, biased head) give tran
   check_family<models::Gptj>("gptj", {2, 4});
 }
 
+TEST_CASE("GPT-NeoX checkpoints (parallel and sequential residual) give transformers' logits",
+          "[hf][gpt_neox]") {
+  check_family<models::GptNeox>("gpt_neox", {2, 4});
+  check_family<models::GptNeox>("gpt_neox_sequential", {2, 4});
+}
+
 TEST_CASE("GPT-J's rotary pairs are reordered to rotate-half within each head", "[hf][gptj]") {
   using V = std::vector<int64_t>;
   CHECK(models::interleaved_to_half_rows(1, 8, 4) == V{0, 2, 1, 3, 4, 5, 6, 7});
@@ -136,7 +142,7 @@ TEST_CASE("GPT-J's rotary pairs are reordered to rotate-half within each head", 
 }
 
 TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]") {
-  for (const char* name : {"gpt2", "llama_head_dim", "gptj", "opt_post_ln_proj"}) {
+  for (const char* name : {"gpt2", "llama_head_dim", "gptj", "gpt_neox", "opt_post_ln_proj"}) {
     INFO(name);
     const fs::path dir = fixtures() / name;
     const auto whole = models::from_pretrained_any(dir);
@@ -159,8 +165,8 @@ TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]")
 }
 
 TEST_CASE("save_pretrained writes what from_pretrained reads, in HF layout", "[hf]") {
-  for (const char* name :
-       {"gpt2_variants", "llama3_tied", "qwen2", "opt", "opt_post_ln_proj", "gptj"}) {
+  for (const char* name : {"gpt2_variants", "llama3_tied", "qwen2", "opt", "opt_post_ln_proj",
+                           "gptj", "gpt_neox", "gpt_neox_sequential"}) {
     INFO(name);
     TempDir out;
     const auto p = models::from_pretrained_any(fixtures() / name);

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "redco/models/gpt2.hpp"
+#include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
@@ -63,6 +64,15 @@ struct HfFamily<Gptj> {
   static io::Json to_json(const Config& c, io::Json base) { return gptj_hf_config(c, base); }
 };
 
+template <>
+struct HfFamily<GptNeox> {
+  using Config = GptNeoxConfig;
+  static Config config(const hf::Config& f) { return gpt_neox_config(f); }
+  static GptNeox build(const Config& c) { return gpt_neox(c); }
+  static hf::Layout layout(const Config& c) { return gpt_neox_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gpt_neox_hf_config(c, base); }
+};
+
 template <typename M>
 struct Pretrained {
   using Config = typename HfFamily<M>::Config;
@@ -98,8 +108,8 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 }
 
 // Any supported checkpoint, by config.json's model_type.
-using AnyPretrained =
-    std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<Opt>, Pretrained<Gptj>>;
+using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<Opt>,
+                                   Pretrained<Gptj>, Pretrained<GptNeox>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 

@@ -82,6 +82,13 @@ def gptj(**kw):
     return tf.GPTJForCausalLM(tf.GPTJConfig(**cfg))
 
 
+def gpt_neox(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=32, rotary_pct=0.5)
+    cfg.update(kw)
+    return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**cfg))
+
+
 # name -> (model factory, seed); factories run only for the fixtures written.
 FIXTURES = {
     "gpt2": (lambda: gpt2(n_inner=40), 1),
@@ -105,6 +112,12 @@ FIXTURES = {
                                      num_hidden_layers=3), 9),
     # Partial rotary (4 of 8 dimensions per head) with interleaved pairs.
     "gptj": (lambda: gptj(), 10),
+    # Parallel residual with half of each head rotated; sequential with a
+    # quarter (2 of 8), gelu_new and no attention biases.
+    "gpt_neox": (lambda: gpt_neox(), 11),
+    "gpt_neox_sequential": (lambda: gpt_neox(use_parallel_residual=False, rotary_pct=0.25,
+                                             hidden_act="gelu_new", attention_bias=False,
+                                             rotary_emb_base=500), 12),
 }
 
 

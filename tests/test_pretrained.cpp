@@ -280,3 +280,40 @@ TEST_CASE("bad checkpoint folders fail with one message naming the culprit", "[h
                       Contains("model.norm.weight") && Contains("I32"));
   }
 }
+
+TEST_CASE("bad OPT, GPT-J and GPT-NeoX folders fail naming the key or tensor", "[hf][errors]") {
+  using models::GptNeox, models::Gptj, models::Opt;
+  TempDir t;
+  const fs::path d = t.path / "m";
+  auto fresh = [&](const char* name) {
+    fs::remove_all(d);
+    copy_fixture(name, d);
+  };
+  fresh("opt");
+  CHECK_THROWS_WITH(models::from_pretrained<Gptj>(d),
+                    Contains("'opt' model") && Contains("models::Gptj"));
+  edit_config(d, "\"enable_bias\": true", "\"enable_bias\": false");
+  CHECK_THROWS_WITH(models::from_pretrained<Opt>(d), Contains("'enable_bias'"));
+  fresh("opt");  // pre-LN weights read as post-LN: the final norm is one tensor too many
+  edit_config(d, "\"do_layer_norm_before\": true", "\"do_layer_norm_before\": false");
+  CHECK_THROWS_WITH(models::from_pretrained<Opt>(d),
+                    Contains("unexpected tensor 'model.decoder.final_layer_norm."));
+  fresh("gptj");
+  edit_config(d, "\"rotary_dim\": 4", "\"rotary_dim\": 5");
+  CHECK_THROWS_WITH(models::from_pretrained<Gptj>(d), Contains("'rotary_dim'") && Contains("even"));
+  edit_config(d, "\"rotary_dim\": 5", "\"rotary_dim\": null");
+  CHECK_THROWS_WITH(models::from_pretrained<Gptj>(d), Contains("'rotary_dim' is missing"));
+  fresh("gpt_neox");
+  edit_config(d, "\"rotary_pct\": 0.5", "\"rotary_pct\": 0.375");  // 3 of 8 dimensions
+  CHECK_THROWS_WITH(models::from_pretrained<GptNeox>(d),
+                    Contains("'rotary_pct'") && Contains("even"));
+  fresh("gpt_neox");
+  edit_config(d, "\"rope_scaling\": null",
+              "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}");
+  CHECK_THROWS_WITH(models::from_pretrained<GptNeox>(d), Contains("'rope_scaling'"));
+  fresh("gpt_neox");  // the same weights run sequentially give other logits: the flag is read
+  edit_config(d, "\"use_parallel_residual\": true", "\"use_parallel_residual\": false");
+  const Golden g = golden("gpt_neox");
+  CHECK(test::max_abs_diff(logits_of(models::from_pretrained<GptNeox>(d), g.ids), g.logits) >
+        1e-2f);
+}

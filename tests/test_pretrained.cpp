@@ -3,12 +3,16 @@
 // loads into its typed redco model and gives the reference logits; under
 // tensor parallelism each rank reads only its slices and the logits equal the
 // 1-shard ones; save_pretrained writes what load reads back bit for bit; bad
-// folders fail with one message naming the culprit.
+// folders fail with one message naming the culprit. The hidden [live] case
+// (meson test 'pretrained_live') has transformers load what redco saves.
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -117,6 +121,7 @@ TEST_CASE("OPT checkpoints (pre-LN; post-LN with projections) give transformers'
 TEST_CASE("GPT-J checkpoints (interleaved partial rotary, biased head) give transformers' logits",
           "[hf][gptj]") {
   check_family<models::Gptj>("gptj", {2, 4});
+  check_family<models::Gptj>("gptj_full_rotary_tied", {2, 4});
 }
 
 TEST_CASE("GPT-NeoX checkpoints (parallel and sequential residual) give transformers' logits",
@@ -166,7 +171,7 @@ TEST_CASE("each rank's slices equal the slices of the whole parameters", "[hf]")
 
 TEST_CASE("save_pretrained writes what from_pretrained reads, in HF layout", "[hf]") {
   for (const char* name : {"gpt2_variants", "llama3_tied", "qwen2", "opt", "opt_post_ln_proj",
-                           "gptj", "gpt_neox", "gpt_neox_sequential"}) {
+                           "gptj", "gptj_full_rotary_tied", "gpt_neox", "gpt_neox_sequential"}) {
     INFO(name);
     TempDir out;
     const auto p = models::from_pretrained_any(fixtures() / name);
@@ -316,4 +321,123 @@ TEST_CASE("bad OPT, GPT-J and GPT-NeoX folders fail naming the key or tensor", "
   const Golden g = golden("gpt_neox");
   CHECK(test::max_abs_diff(logits_of(models::from_pretrained<GptNeox>(d), g.ids), g.logits) >
         1e-2f);
+}
+
+// ---- live round trip with transformers (meson test 'pretrained_live') -----------------------
+namespace {
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";  // close, an escaped quote, reopen
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+// Weights drawn so logits are O(1) (a wrong config then moves them visibly):
+// norms near 1, matrices with a spread of 1.5 / sqrt(fan-in), vectors 0.3.
+template <typename M>
+nn::ParamTree spread_params(const M& model) {
+  nn::ParamTree p;
+  uint64_t stream = 77;
+  for (const nn::ParamEntry& e : nn::param_entries(model)) {
+    const std::string name(e.name.view());
+    const Shape s = e.shape.shape();
+    const bool norm =
+        name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
+    const float std = norm ? 0.2f : s.rank() == 2 ? 1.5f / std::sqrt(float(s[1])) : 0.3f;
+    Tensor t = Tensor::normal(s, 11, stream++, 0.f, std);
+    p.emplace(name, norm && name.ends_with("weight") ? t + 1.f : t);
+  }
+  return p;
+}
+
+// Saves (model, params) with an empty base config.json, and redco's logits beside it.
+template <typename M>
+void save_fresh(const fs::path& dir, const typename models::HfFamily<M>::Config& c,
+                const Tensor& ids) {
+  const M model = models::HfFamily<M>::build(c);
+  const nn::ParamTree params = spread_params(model);
+  models::save_pretrained<M>(dir, c, params);
+  NoGradGuard no_grad;
+  io::save_safetensors(dir / "redco_logits.safetensors",
+                       {{"input_ids", ids}, {"logits", nn::apply(model, params, ids)}}, {});
+}
+
+}  // namespace
+
+// Hidden from the default run: needs the venv's torch and transformers, and
+// exits 77 (skip) when they are missing.
+TEST_CASE("transformers loads what save_pretrained writes, with redco's logits", "[.live]") {
+  const char* env = std::getenv("REDCO_VENV");
+  const fs::path root = fixtures().parent_path().parent_path().parent_path();
+  const fs::path python = (env && *env ? fs::path(env) : root / ".venv") / "bin" / "python";
+  if (!fs::exists(python)) {
+    std::fprintf(stderr, "skipping: no Python venv at %s (tools/setup test)\n", python.c_str());
+    std::exit(77);
+  }
+  TempDir t;
+  std::string args;  // folder, logits file, folder, ...
+  auto add = [&](const fs::path& dir, const fs::path& logits) {
+    args.append(" ").append(quote(dir.string())).append(" ").append(quote(logits.string()));
+  };
+  // Fixtures read and written back (config.json keeps the file's other keys)...
+  for (const char* name : {"opt", "opt_post_ln_proj", "gptj", "gptj_full_rotary_tied", "gpt_neox",
+                           "gpt_neox_sequential"}) {
+    std::visit([&](const auto& m) { models::save_pretrained(t.path / name, m); },
+               models::from_pretrained_any(fixtures() / name));
+    add(t.path / name, fixtures() / name / "golden.safetensors");
+  }
+  // ...and models redco made, with config.json written from scratch.
+  const Tensor ids = golden("opt").ids;
+  save_fresh<models::Opt>(t.path / "fresh_opt",
+                          {.vocab = 96,
+                           .context = 16,
+                           .dim = 16,
+                           .layers = 2,
+                           .heads = 2,
+                           .ffn = 24,
+                           .embed_dim = 8,
+                           .pre_norm = false,
+                           .final_norm = false},
+                          ids);
+  save_fresh<models::Gptj>(t.path / "fresh_gptj",
+                           {.vocab = 96,
+                            .context = 16,
+                            .dim = 16,
+                            .layers = 2,
+                            .heads = 2,
+                            .rotary_dim = 4,
+                            .inner = 24},
+                           ids);
+  save_fresh<models::GptNeox>(t.path / "fresh_neox",
+                              {.vocab = 96,
+                               .dim = 16,
+                               .layers = 2,
+                               .heads = 2,
+                               .hidden = 24,
+                               .rotary_dim = 4,
+                               .parallel_residual = false,
+                               .context = 16},
+                              ids);
+  for (const char* name : {"fresh_opt", "fresh_gptj", "fresh_neox"})
+    add(t.path / name, t.path / name / "redco_logits.safetensors");
+  std::string cmd = quote(python.string());
+  cmd.append(" ").append(quote((root / "tests" / "python" / "hf_logits.py").string())).append(args);
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(pipe);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  INFO(out);
+  if (rc == 77) {
+    std::fprintf(stderr, "%s", out.c_str());
+    std::exit(77);
+  }
+  CHECK(rc == 0);
 }

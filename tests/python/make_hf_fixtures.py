@@ -110,14 +110,16 @@ FIXTURES = {
     "opt": (lambda: opt(), 8),
     "opt_post_ln_proj": (lambda: opt(do_layer_norm_before=False, word_embed_proj_dim=16,
                                      num_hidden_layers=3), 9),
-    # Partial rotary (4 of 8 dimensions per head) with interleaved pairs.
+    # Partial rotary (4 of 8 dimensions per head) with interleaved pairs; then
+    # every dimension rotated (redco's fused rotary kernel) and a tied head.
     "gptj": (lambda: gptj(), 10),
+    "gptj_full_rotary_tied": (lambda: gptj(rotary_dim=8, tie_word_embeddings=True), 13),
     # Parallel residual with half of each head rotated; sequential with a
-    # quarter (2 of 8), gelu_new and no attention biases.
+    # quarter (2 of 8), gelu_new, no attention biases and a tied head.
     "gpt_neox": (lambda: gpt_neox(), 11),
     "gpt_neox_sequential": (lambda: gpt_neox(use_parallel_residual=False, rotary_pct=0.25,
                                              hidden_act="gelu_new", attention_bias=False,
-                                             rotary_emb_base=500), 12),
+                                             rotary_emb_base=500, tie_word_embeddings=True), 12),
 }
 
 

@@ -84,8 +84,7 @@ TEST_CASE("learned positions with an offset read rows offset .. offset + T - 1",
 }
 
 TEST_CASE("an LM head with a logit bias", "[blocks]") {
-  nn::LMHead head = nn::lm_head(4, 5);
-  head.bias = true;
+  const nn::BiasedLMHead head = nn::biased_lm_head(4, 5);
   check_layer(head, randn({2, 3, 4}, 1));
   const Tensor x = randn({2, 3, 4}, 2), w = randn({5, 4}, 3), b = randn({5}, 4);
   const Tensor want = matmul(x, w, false, true) + b;

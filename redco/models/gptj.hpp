@@ -40,8 +40,7 @@ inline auto gptj(const GptjConfig& c) {
   auto both = (std::move(attn) | nn::dropout(c.dropout)) +
               (nn::mlp(d, inner, c.act) | nn::dropout(c.dropout));  // one input, outputs summed
   auto block = nn::residual(nn::named<"ln_1">(nn::layer_norm(d, c.norm_eps)) | std::move(both));
-  nn::LMHead head = nn::lm_head(d, c.vocab);
-  head.bias = true;
+  nn::BiasedLMHead head = nn::biased_lm_head(d, c.vocab);
   if (c.tie_embeddings) head.tied_to = "wte.weight";
   return nn::embedding(c.vocab, d) | nn::dropout(c.dropout) |
          nn::repeat(c.layers, std::move(block)) | nn::named<"ln_f">(nn::layer_norm(d, c.norm_eps)) |

@@ -14,6 +14,9 @@ inline Projection projection(int64_t in, int64_t out) { return {.in = in, .out =
 // `vocab` (the embedding's rows) is needed to run tensor-parallel.
 inline TiedLMHead<> tied_lm_head(int64_t vocab = 0) { return {.vocab = vocab}; }
 inline LMHead lm_head(int64_t dim, int64_t vocab) { return {.dim = dim, .vocab = vocab}; }
+inline BiasedLMHead biased_lm_head(int64_t dim, int64_t vocab) {
+  return {.dim = dim, .vocab = vocab};
+}
 inline LayerNorm<true> layer_norm(int64_t dim, float eps = 1e-5f) {
   return {.dim = dim, .eps = eps};
 }

@@ -91,27 +91,29 @@ struct TiedLMHead {
 // An LM head [vocab, d] of its own, or, when `tied_to` names the token
 // embedding (a checkpoint's tie_word_embeddings), that table: the parameter
 // is then absent at run time (the compile-time plan lists it, with the role
-// the embedding has too). With `bias` (GPT-J's lm_head) a logit bias
-// [vocab] is added; it is split by vocabulary with the table, so each rank
-// adds its slice to its slice of the logits. Biased logits are formed
-// whole even in training (the deferred, chunked loss knows no bias).
-struct LMHead {
+// the embedding has too). With Bias (GPT-J's lm_head) a logit bias [vocab]
+// is added; it is split by vocabulary with the table, so each rank adds its
+// slice to its slice of the logits. Biased logits are formed whole even in
+// training (the deferred, chunked loss knows no bias).
+template <bool Bias>
+struct LMHeadOf {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "lm_head";
   int64_t dim = 0, vocab = 0;
   const char* tied_to = nullptr;
-  bool bias = false;
-  static constexpr void walk(Walker& w, const LMHead* l) {
+  static constexpr void walk(Walker& w, const LMHeadOf* l) {
     w.need_whole();
     w.new_group();
     if (!l || !l->tied_to)
       w.param("weight", Role::vocab, l ? Dims{l->vocab, l->dim} : Dims{}, Init::normal,
               kTransformerInitStd);
-    if (!l || l->bias) w.param("bias", Role::vocab, l ? Dims{l->vocab} : Dims{}, Init::zeros);
+    if constexpr (Bias) w.param("bias", Role::vocab, l ? Dims{l->vocab} : Dims{}, Init::zeros);
     w.add_collective(Collective::vocab_logits);
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
 };
+using LMHead = LMHeadOf<false>;
+using BiasedLMHead = LMHeadOf<true>;
 
 // A bias-free linear map between two feature sizes that stays whole on every
 // shard (OPT's project_in / project_out between word_embed_proj_dim and

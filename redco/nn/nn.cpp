@@ -85,18 +85,25 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx&) const {
   return slice(p["weight"], 0, offset, offset + T);  // [T, d], broadcast over the batch
 }
 
-Tensor LMHead::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+template <bool Bias>
+Tensor LMHeadOf<Bias>::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
   const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
   const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
   const Tensor h = enter_vocab_head(x, table, vocab, ctx, name.view());
-  if (!bias) return vocab_head_logits(h, table, ctx);
-  const Tensor& b = p["bias"];  // [vocab] or this rank's slice, as the table
-  REDCO_CHECK(b.rank() == 1 && b.dim(0) == table.dim(0),
-              "'{}' has shape {} but the LM head's table holds {} rows here; cut both with "
-              "train::shard_params(full, shard::resolve(model, n), rank, n)",
-              p.path().dot("bias").view(), b.shape(), table.dim(0));
-  return matmul(h, table, false, true) + b;  // [B, T, vocab (/ n)]
+  if constexpr (!Bias) {
+    return vocab_head_logits(h, table, ctx);
+  } else {
+    const Tensor& b = p["bias"];  // [vocab] or this rank's slice, as the table
+    REDCO_CHECK(b.rank() == 1 && b.dim(0) == table.dim(0),
+                "'{}' has shape {} but the LM head's table holds {} rows here; cut both with "
+                "train::shard_params(full, shard::resolve(model, n), rank, n)",
+                p.path().dot("bias").view(), b.shape(), table.dim(0));
+    return matmul(h, table, false, true) + b;  // [B, T, vocab (/ n)]
+  }
 }
+
+template struct LMHeadOf<false>;
+template struct LMHeadOf<true>;
 
 template <bool Bias, bool Cross>
 bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {

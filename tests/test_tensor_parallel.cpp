@@ -212,7 +212,8 @@ TEST_CASE("tensor-parallel GPT-J (parallel block, partial rotary, biased head) m
                                    .heads = 4,
                                    .rotary_dim = 2,
                                    .inner = 24,
-                                   .dropout = 0.1f});
+                                   .dropout = 0.1f,
+                                   .embed_dropout = 0.1f});
   const Tensor ids = tokens(2, 6, 16, 13), labels = labels_of(2, 6, 16, 14);
   const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
     out = nn::apply(model, p, ids, ctx);

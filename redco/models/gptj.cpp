@@ -20,6 +20,7 @@ GptjConfig gptj_config(const hf::Config& f) {
   c.inner = f.integer("n_inner", 0);
   c.norm_eps = float(f.number("layer_norm_epsilon", 1e-5));
   c.dropout = float(f.number("resid_pdrop", 0.0));
+  c.embed_dropout = float(f.number("embd_pdrop", 0.0));
   c.act = hf::activation(f, "activation_function", "gelu_new");
   c.tie_embeddings = f.boolean("tie_word_embeddings", false);
   if (c.heads <= 0 || c.dim % c.heads != 0)
@@ -31,8 +32,6 @@ GptjConfig gptj_config(const hf::Config& f) {
   if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > hd)
     f.fail("rotary_dim", fmt::format("= {} must be even, positive and at most the head size {}",
                                      c.rotary_dim, hd));
-  if (f.number("embd_pdrop", c.dropout) != double(c.dropout))
-    f.fail("embd_pdrop", "differs from resid_pdrop; redco's GPT-J uses one dropout rate");
   return c;
 }
 
@@ -50,7 +49,8 @@ io::Json gptj_hf_config(const GptjConfig& c, io::Json j) {
   j["layer_norm_epsilon"] = double(c.norm_eps);
   j["activation_function"] = hf::activation_name(c.act);
   j["tie_word_embeddings"] = c.tie_embeddings;
-  for (const char* k : {"embd_pdrop", "resid_pdrop"}) j[k] = double(c.dropout);
+  j["resid_pdrop"] = double(c.dropout);
+  j["embd_pdrop"] = double(c.embed_dropout);
   if (!j.contains("attn_pdrop")) j["attn_pdrop"] = 0.0;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
   return j;

@@ -28,7 +28,8 @@ struct GptjConfig {             // defaults: GPT-J-6B (transformers' GPTJConfig)
   int64_t rotary_dim = 64;      // rotary_dim: rotated dimensions of each head
   int64_t inner = 0;            // n_inner: the MLP's width, 0 = 4 * dim
   float norm_eps = 1e-5f;       // layer_norm_epsilon
-  float dropout = 0.f;          // embd_pdrop = resid_pdrop
+  float dropout = 0.f;          // resid_pdrop (attention weights are not dropped)
+  float embed_dropout = 0.f;    // embd_pdrop
   nn::Act act = nn::Act::gelu;  // activation_function: gelu_new
   bool tie_embeddings = false;  // tie_word_embeddings (the bias stays the head's own)
 };
@@ -42,7 +43,7 @@ inline auto gptj(const GptjConfig& c) {
   auto block = nn::residual(nn::named<"ln_1">(nn::layer_norm(d, c.norm_eps)) | std::move(both));
   nn::BiasedLMHead head = nn::biased_lm_head(d, c.vocab);
   if (c.tie_embeddings) head.tied_to = "wte.weight";
-  return nn::embedding(c.vocab, d) | nn::dropout(c.dropout) |
+  return nn::embedding(c.vocab, d) | nn::dropout(c.embed_dropout) |
          nn::repeat(c.layers, std::move(block)) | nn::named<"ln_f">(nn::layer_norm(d, c.norm_eps)) |
          head;
 }

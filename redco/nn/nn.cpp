@@ -107,16 +107,16 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
     int64_t* q = pos.data<int64_t>();
     for (int64_t b = 0; b < ids.dim(0); ++b)
       for (int64_t t = 0; t < T; ++t)
-        q[b * T + t] = std::min(ctx.cache->length(b) + t, max_len - 1);
+        q[b * T + t] = std::min(ctx.cache->length(b) + t, max_len - offset - 1) + offset;
     for (int64_t b = 0; b < ids.dim(0); ++b)
-      REDCO_CHECK(ctx.cache->length(b) + ctx.cache->appended(b) <= max_len,
+      REDCO_CHECK(ctx.cache->length(b) + ctx.cache->appended(b) <= max_len - offset,
                   "positions: row {} reaches position {}, past the model's maximum {}", b,
-                  ctx.cache->length(b) + ctx.cache->appended(b), max_len);
+                  ctx.cache->length(b) + ctx.cache->appended(b), max_len - offset);
     return embedding(p["weight"], pos);
   }
-  REDCO_CHECK(T <= max_len, "positions: sequence length {} exceeds the model's maximum {}", T,
-              max_len);
-  return slice(p["weight"], 0, 0, T);  // [T, d], broadcast over the batch
+  REDCO_CHECK(T + offset <= max_len, "positions: sequence length {} exceeds the model's maximum {}",
+              T, max_len - offset);
+  return slice(p["weight"], 0, offset, offset + T);  // [T, d], broadcast over the batch
 }
 
 AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
@@ -145,6 +145,26 @@ AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
   }
   return x;
 }
+
+template <bool Bias>
+Tensor LMHeadOf<Bias>::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+  const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
+  const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
+  const Tensor h = enter_vocab_head(take_logit_rows(x, ctx), table, vocab, ctx, name.view());
+  if constexpr (!Bias) {
+    return vocab_head_logits(h, table, ctx);
+  } else {
+    const Tensor& b = p["bias"];  // [vocab] or this rank's slice, as the table
+    REDCO_CHECK(b.rank() == 1 && b.dim(0) == table.dim(0),
+                "'{}' has shape {} but the LM head's table holds {} rows here; cut both with "
+                "train::shard_params(full, shard::resolve(model, n), rank, n)",
+                p.path().dot("bias").view(), b.shape(), table.dim(0));
+    return matmul(h, table, false, true) + b;  // [B, T, vocab (/ n)]
+  }
+}
+
+template struct LMHeadOf<false>;
+template struct LMHeadOf<true>;
 
 template <bool Bias, bool Cross>
 bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {

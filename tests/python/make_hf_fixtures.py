@@ -8,7 +8,8 @@ spread than transformers' initialiser so logits are O(1): a wrong transpose,
 permutation or scale then moves them far beyond the tests' 1e-4.
 
 Run with the test venv (Debian's python3-torch 1.13 + transformers 4.46.3):
-  .venv/bin/python tests/python/make_hf_fixtures.py
+  .venv/bin/python tests/python/make_hf_fixtures.py            # every fixture
+  .venv/bin/python tests/python/make_hf_fixtures.py opt gptj   # only these
 """
 import json
 import os
@@ -75,23 +76,70 @@ def llama(cls=tf.LlamaForCausalLM, config=tf.LlamaConfig, **kw):
     return cls(config(**cfg))
 
 
-def main():
+def opt(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=32)
+    cfg.update(kw)
+    return tf.OPTForCausalLM(tf.OPTConfig(**cfg))
+
+
+def gptj(**kw):
+    cfg = dict(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+               n_inner=48)
+    cfg.update(kw)
+    return tf.GPTJForCausalLM(tf.GPTJConfig(**cfg))
+
+
+def gpt_neox(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=32, rotary_pct=0.5)
+    cfg.update(kw)
+    return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**cfg))
+
+
+# name -> (model factory, seed); factories run only for the fixtures written.
+FIXTURES = {
+    "gpt2": (lambda: gpt2(n_inner=40), 1),
+    "gpt2_variants": (lambda: gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
+                                   scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
+    "llama": (lambda: llama(), 3),
+    "llama_head_dim": (lambda: llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
+                                     rope_scaling={"rope_type": "linear", "factor": 2.0}), 4),
+    "llama3_tied": (lambda: llama(tie_word_embeddings=True, attention_bias=True,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 16}), 5),
+    "mistral": (lambda: llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
+                              sliding_window=64, rms_norm_eps=1e-5), 6),
+    "qwen2": (lambda: llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
+                            rope_theta=1e6), 7),
+    # OPT-125m's shape (pre-LN, final norm) and OPT-350m's (post-LN, no final
+    # norm, 16-wide embeddings projected in and out of the 32-wide blocks).
+    "opt": (lambda: opt(), 8),
+    "opt_post_ln_proj": (lambda: opt(do_layer_norm_before=False, word_embed_proj_dim=16,
+                                     num_hidden_layers=3), 9),
+    # Partial rotary (4 of 8 dimensions per head) with interleaved pairs; then
+    # every dimension rotated (redco's fused rotary kernel) and a tied head.
+    "gptj": (lambda: gptj(), 10),
+    "gptj_full_rotary_tied": (lambda: gptj(rotary_dim=8, tie_word_embeddings=True), 13),
+    # Parallel residual with half of each head rotated; sequential with a
+    # quarter (2 of 8), gelu_new, no attention biases and a tied head.
+    "gpt_neox": (lambda: gpt_neox(), 11),
+    "gpt_neox_sequential": (lambda: gpt_neox(use_parallel_residual=False, rotary_pct=0.25,
+                                             hidden_act="gelu_new", attention_bias=False,
+                                             rotary_emb_base=500, tie_word_embeddings=True), 12),
+}
+
+
+def main(names):
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        sys.exit(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
     torch.manual_seed(0)
-    write("gpt2", gpt2(n_inner=40), 1)
-    write("gpt2_variants", gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
-                                scale_attn_by_inverse_layer_idx=True, n_layer=3), 2)
-    write("llama", llama(), 3)
-    write("llama_head_dim", llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
-                                  rope_scaling={"rope_type": "linear", "factor": 2.0}), 4)
-    write("llama3_tied", llama(tie_word_embeddings=True, attention_bias=True,
-                               rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                             "original_max_position_embeddings": 16}), 5)
-    write("mistral", llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
-                           sliding_window=64, rms_norm_eps=1e-5), 6)
-    write("qwen2", llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
-                         rope_theta=1e6), 7)
+    for name in names or FIXTURES:
+        factory, seed = FIXTURES[name]
+        write(name, factory(), seed)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -87,3 +87,6 @@ TEST_CASE("tokenizer: BERT-style WordPiece equals the reference", "[tokenizer]")
 TEST_CASE("tokenizer: LLaMA-2-style BPE with byte fallback equals the reference", "[tokenizer]") {
   check_goldens("llama2");
 }
+TEST_CASE("tokenizer: T5-style Unigram with a precompiled charsmap equals the reference", "[tokenizer]") {
+  check_goldens("t5");
+}

@@ -45,6 +45,11 @@ struct Piece {
 template <typename F>
 void map_chars(Piece& p, F&& f);
 
+// The general form: (character, change) pairs as Hugging Face's
+// NormalizedString::transform takes them (0: replaces the next original
+// character, > 0: inserted, < 0: replaces it and removes -change more).
+void apply_changes(Piece& p, const std::vector<std::pair<char32_t, int>>& changes);
+
 // UTF-8 helpers: decode the character at s[i] (advancing i), append one.
 char32_t next_char(std::string_view s, size_t& i);
 void append_utf8(std::string& out, char32_t c);

@@ -117,7 +117,11 @@ def llama2(verses, workdir):
     from transformers import LlamaTokenizer
     from transformers.convert_slow_tokenizer import LlamaConverter
     slow = LlamaTokenizer(vocab_file=sentencepiece_model(verses, "bpe", workdir), legacy=True)
-    return LlamaConverter(slow).converted(), "</s>"
+    tok = LlamaConverter(slow).converted()
+    # As LlamaTokenizerFast sets it: <s> before each sequence.
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    return tok, "</s>"
 
 
 def t5(verses, workdir):
@@ -147,7 +151,8 @@ def edge_cases(special):
         f"{special}{special}", f"x  {special}  y", f"\n{special}\n", "[LORD] the [LORD]",
         "a[LORD]b", "Jehovah Jehovahs xJehovah Jehovah.", "<mask>", "a <mask> b", "a<mask>",
         "<extra_id_0> <extra_id_1>x", "[MASK] mask [MASK]", "UPPER lower MiXeD",
-        "\u0130stanbul \u0131", "\u1e9e", "\u00ad soft\u00adhyphen",
+        "\u0130stanbul \u0131", "\u1e9e", "\u00ad soft\u00adhyphen", "next\u0085line a\u0085 b",
+        "\u1885\u1886 mongolian", "\ufffd replacement \u061d",
     ]
 
 

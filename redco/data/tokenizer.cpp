@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <map>
+#include <unordered_map>
 #include <sstream>
 
 #include "redco/core/error.hpp"
@@ -37,6 +38,8 @@ using tok::make_normalizer;
 using tok::make_post_processor;
 using tok::make_pre_tokenizer;
 
+constexpr size_t kMaxCachedWord = 64, kCacheEntries = 1 << 16;
+
 struct AddedToken {
   int32_t id;
   std::string content;
@@ -64,6 +67,7 @@ struct Tokenizer::Impl {
   void load(const Json& j);
   void split_added(std::vector<Piece>& pieces, bool normalized_stage) const;
   tok::Encoding encode_one(std::string_view text) const;
+  const std::vector<Token>& tokenize_cached(std::string_view word) const;
   data::Encoding finish(std::vector<tok::Encoding> seqs, bool add_special) const;
   size_t added_by_processor(size_t n_seqs) const;
 };
@@ -199,6 +203,28 @@ void Tokenizer::Impl::split_added(std::vector<Piece>& pieces, bool normalized_st
   pieces = std::move(out);
 }
 
+// The model's tokens for a word, from a per-thread cache of short words: the
+// models are pure functions of the word, and text repeats its words.
+const std::vector<Token>& Tokenizer::Impl::tokenize_cached(std::string_view word) const {
+  struct Cache {
+    const Impl* owner = nullptr;
+    std::unordered_map<std::string, std::vector<Token>, tok::StringHash, std::equal_to<>> map;
+    std::vector<Token> scratch;
+  };
+  thread_local Cache cache;
+  if (cache.owner != this) cache.map.clear(), cache.owner = this;
+  if (word.size() > kMaxCachedWord) {
+    cache.scratch.clear();
+    model->tokenize(word, cache.scratch);
+    return cache.scratch;
+  }
+  if (auto it = cache.map.find(word); it != cache.map.end()) return it->second;
+  if (cache.map.size() >= kCacheEntries) cache.map.clear();
+  std::vector<Token> toks;
+  model->tokenize(word, toks);
+  return cache.map.emplace(std::string(word), std::move(toks)).first->second;
+}
+
 tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
   check_utf8(text, "Tokenizer::encode");
   std::vector<Piece> pieces(1);
@@ -218,7 +244,6 @@ tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
   split_added(pieces, true);
   if (pre_tokenizer) pre_tokenizer->split(pieces);
   tok::Encoding enc;
-  std::vector<Token> toks;
   for (const Piece& p : pieces) {
     if (p.added_id >= 0) {
       enc.ids.push_back(p.added_id);
@@ -228,8 +253,7 @@ tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
       enc.values.back() = p.text;
       continue;
     }
-    toks.clear();
-    model->tokenize(p.text, toks);
+    const std::vector<Token>& toks = tokenize_cached(p.text);
     for (const Token& t : toks) {
       enc.ids.push_back(t.id);
       enc.offsets.push_back(p.original(t.begin, t.end));

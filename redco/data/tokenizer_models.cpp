@@ -13,10 +13,6 @@ namespace redco::data::tok {
 
 namespace {
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
 using Vocab = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 // vocab object -> (token -> id) and (id -> token); ids must be dense enough to index.
@@ -64,19 +60,7 @@ class Bpe : public Model {
         return;
       }
     }
-    Cache& cache = thread_cache();
-    if (cache.owner != this) {
-      cache.map.clear();
-      cache.owner = this;
-    }
-    if (auto it = cache.map.find(word); it != cache.map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-    const size_t first = out.size();
     merge_word(word, out);
-    if (cache.map.size() >= kCacheSize) cache.map.clear();
-    cache.map.emplace(std::string(word), std::vector<Token>(out.begin() + long(first), out.end()));
   }
 
   int32_t token_to_id(std::string_view t) const override { return find(vocab_, t); }
@@ -87,16 +71,6 @@ class Bpe : public Model {
   int64_t vocab_size() const override { return int64_t(vocab_.size()); }
 
  private:
-  static constexpr size_t kCacheSize = 1 << 16;
-  struct Cache {
-    const void* owner = nullptr;
-    std::unordered_map<std::string, std::vector<Token>, StringHash, std::equal_to<>> map;
-  };
-  static Cache& thread_cache() {
-    thread_local Cache c;
-    return c;
-  }
-
   void read_merges(const Json& merges) {
     const auto& list = merges.as_array();
     merges_.reserve(list.size());

@@ -19,6 +19,11 @@ namespace redco::data::tok {
 
 using io::Json;
 
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 // A byte range [begin, end) in the caller's original text.
 struct Span {
   uint32_t begin = 0, end = 0;

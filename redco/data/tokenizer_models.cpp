@@ -27,6 +27,36 @@ void read_vocab(const Json& j, Vocab& vocab, std::vector<std::string>& by_id, st
   }
 }
 
+// (left id, right id) -> (rank, merged id): open addressing, linear probing;
+// the merge loop spends most of its time here.
+class MergeTable {
+ public:
+  void build(const std::vector<std::pair<uint64_t, std::pair<int32_t, int32_t>>>& entries) {
+    size_t cap = 16;
+    while (cap < entries.size() * 2) cap *= 2;
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, {});
+    for (const auto& [k, v] : entries) {
+      size_t i = slot(k);
+      while (keys_[i] != kEmpty && keys_[i] != k) i = (i + 1) & (cap - 1);
+      if (keys_[i] == k) continue;  // a repeated merge keeps its first (highest) rank
+      keys_[i] = k, vals_[i] = v;
+    }
+  }
+  const std::pair<int32_t, int32_t>* find(uint64_t k) const {
+    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == k) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
+  size_t slot(uint64_t k) const { return size_t((k * 0x9E3779B97F4A7C15ull) >> 20) & (keys_.size() - 1); }
+  std::vector<uint64_t> keys_;
+  std::vector<std::pair<int32_t, int32_t>> vals_;
+};
+
 int32_t find(const Vocab& v, std::string_view s) {
   auto it = v.find(s);
   return it == v.end() ? -1 : it->second;
@@ -50,6 +80,12 @@ class Bpe : public Model {
     read_merges(j.at("merges"));
     if (byte_fallback_)
       for (int b = 0; b < 256; ++b) byte_ids_[size_t(b)] = find(vocab_, fmt::format("<0x{:02X}>", b));
+    char_ids_.resize(kCharTable);
+    for (char32_t c = 0; c < kCharTable; ++c) {
+      std::string u;
+      append_utf8(u, c);
+      char_ids_[c] = find(vocab_, u);
+    }
   }
 
   void tokenize(std::string_view word, std::vector<Token>& out) const override {
@@ -73,7 +109,8 @@ class Bpe : public Model {
  private:
   void read_merges(const Json& merges) {
     const auto& list = merges.as_array();
-    merges_.reserve(list.size());
+    std::vector<std::pair<uint64_t, std::pair<int32_t, int32_t>>> entries;
+    entries.reserve(list.size());
     for (size_t r = 0; r < list.size(); ++r) {
       std::string a, b;
       if (list[r].is_string()) {  // "a b"
@@ -94,8 +131,9 @@ class Bpe : public Model {
       REDCO_CHECK(ia >= 0 && ib >= 0 && ij >= 0,
                   "tokenizer.json: BPE merge {} (\"{}\" \"{}\") uses a token missing from the vocab", r,
                   a, b);
-      merges_.emplace(key(ia, ib), std::pair<int32_t, int32_t>{int32_t(r), ij});
+      entries.push_back({key(ia, ib), {int32_t(r), ij}});
     }
+    merges_.build(entries);
   }
   static uint64_t key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
 
@@ -123,14 +161,19 @@ class Bpe : public Model {
       if (unk_id >= 0) add(unk_id, unk_len);
       unk_id = -1;
     };
-    std::string s;
+    std::string buf;
     for (size_t i = 0; i < w.size();) {
       const size_t b = i;
-      next_char(w, i);
-      s.assign(b > 0 && !prefix_.empty() ? prefix_ : std::string());
-      s.append(w.substr(b, i - b));
-      if (i == w.size()) s += suffix_;
-      if (const int32_t id = find(vocab_, s); id >= 0) {
+      const char32_t cp = next_char(w, i);
+      std::string_view s = w.substr(b, i - b);
+      if ((b > 0 && !prefix_.empty()) || (i == w.size() && !suffix_.empty())) {
+        buf.assign(b > 0 ? prefix_ : std::string());
+        buf.append(s);
+        if (i == w.size()) buf += suffix_;
+        s = buf;
+      }
+      const int32_t id = s.size() == i - b && cp < kCharTable ? char_ids_[cp] : find(vocab_, s);
+      if (id >= 0) {
         flush_unk();
         add(id, uint32_t(i - b));
         continue;
@@ -166,8 +209,7 @@ class Bpe : public Model {
     auto push = [&](int32_t pos) {
       const Symbol& l = sym[size_t(pos)];
       if (l.next < 0) return;
-      auto it = merges_.find(key(l.id, sym[size_t(l.next)].id));
-      if (it != merges_.end()) q.push({it->second.first, pos, it->second.second});
+      if (const auto* m = merges_.find(key(l.id, sym[size_t(l.next)].id))) q.push({m->first, pos, m->second});
     };
     for (int32_t k = 0; k + 1 < n; ++k) push(k);
     std::vector<bool> dead(size_t(n), false);
@@ -177,8 +219,8 @@ class Bpe : public Model {
       Symbol& l = sym[size_t(c.pos)];
       if (dead[size_t(c.pos)] || l.next < 0) continue;
       Symbol& r = sym[size_t(l.next)];
-      auto it = merges_.find(key(l.id, r.id));
-      if (it == merges_.end() || it->second.second != c.new_id) continue;  // stale
+      const auto* m = merges_.find(key(l.id, r.id));
+      if (!m || m->second != c.new_id) continue;  // stale
       l.id = c.new_id;
       l.len += r.len;
       dead[size_t(l.next)] = true;
@@ -196,7 +238,9 @@ class Bpe : public Model {
 
   Vocab vocab_;
   std::vector<std::string> by_id_;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a, b) -> (rank, new id)
+  MergeTable merges_;
+  static constexpr char32_t kCharTable = 0x800;  // one- and two-byte characters
+  std::vector<int32_t> char_ids_;                // character -> id of its token, or -1
   std::string unk_, prefix_, suffix_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   std::array<int32_t, 256> byte_ids_{};

@@ -37,6 +37,10 @@ void decompose(Piece& p, bool compat) {
   for (size_t i = 0; i < p.text.size();) {
     const Span a = p.align[i];
     const char32_t c = next_char(p.text, i);
+    if (c < 0xC0) {  // nothing below U+00C0 decomposes
+      cs.push_back({c, a});
+      continue;
+    }
     int last = 0;
     const auto n = utf8proc_decompose_char(utf8proc_int32_t(c), buf, 32, utf8proc_option_t(opts), &last);
     REDCO_CHECK(n > 0 && n <= 32, "tokenizer: cannot decompose U+{:04X}", uint32_t(c));
@@ -148,6 +152,8 @@ class BertNormalizer : public Normalizer {
     strip_ = get_bool(j, "strip_accents", lowercase_);  // null: follows lowercase
   }
   void normalize(Piece& p) const override {
+    if (std::all_of(p.text.begin(), p.text.end(), [](char c) { return uint8_t(c) < 0x80; }))
+      return normalize_ascii(p);
     map_chars(p, [&](char32_t c, std::string& out) {
       if (clean_) {
         // Controls go first (form feed too, though it is whitespace); tab,
@@ -174,6 +180,24 @@ class BertNormalizer : public Normalizer {
   }
 
  private:
+  // The same on ASCII text, in place: no accents, no CJK, one byte per character.
+  void normalize_ascii(Piece& p) const {
+    size_t o = 0;
+    for (size_t i = 0; i < p.text.size(); ++i) {
+      char c = p.text[i];
+      if (clean_) {
+        const bool tnr = c == '\t' || c == '\n' || c == '\r';
+        if (!tnr && (uint8_t(c) < 0x20 || c == 0x7F)) continue;
+        if (tnr) c = ' ';
+      }
+      if (lowercase_ && c >= 'A' && c <= 'Z') c = char(c + 32);
+      p.text[o] = c;
+      p.align[o++] = p.align[i];
+    }
+    p.text.resize(o);
+    p.align.resize(o);
+  }
+
   bool clean_, chinese_, lowercase_, strip_;
 };
 

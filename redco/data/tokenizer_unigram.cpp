@@ -80,6 +80,10 @@ class Precompiled : public Normalizer {
     std::memcpy(units.data(), blob.data() + 4, trie_bytes);
     trie_ = DoubleArray(std::move(units));
     pool_ = blob.substr(4 + trie_bytes);
+    for (int c = 0; c < 128; ++c) {
+      const char ch = char(c);
+      ascii_found_[size_t(c)] = lookup(std::string_view(&ch, 1), ascii_[size_t(c)]);
+    }
   }
 
   void normalize(Piece& p) const override {
@@ -100,6 +104,17 @@ class Precompiled : public Normalizer {
     };
     const std::string_view s = p.text;
     for (size_t g = 0; g < s.size();) {
+      // An ASCII character before another (CR LF aside) is a grapheme of its own.
+      const uint8_t c0 = uint8_t(s[g]);
+      if (c0 < 0x80 && (g + 1 == s.size() || (uint8_t(s[g + 1]) < 0x80 && !(c0 == '\r' && s[g + 1] == '\n')))) {
+        if (ascii_found_[c0]) {
+          replace(s.substr(g, 1), ascii_[c0]);
+        } else {
+          changes.push_back({char32_t(c0), 0});
+        }
+        ++g;
+        continue;
+      }
       const size_t end = grapheme_end(s, g);
       const std::string_view grapheme = s.substr(g, end - g);
       std::string_view to;
@@ -150,6 +165,8 @@ class Precompiled : public Normalizer {
 
   DoubleArray trie_;
   std::string pool_;
+  std::array<std::string_view, 128> ascii_{};  // views into pool_
+  std::array<bool, 128> ascii_found_{};
 };
 
 // Pieces in a byte trie: children in one hash map keyed by (node, byte).

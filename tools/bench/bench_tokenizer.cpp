@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   std::printf("KJV: %zu verses, %.2f MB; best of %d; 1 thread: CPU seconds, %d threads: wall seconds (MB/s)\n",
               verses.size(), bytes / 1e6, reps, threads);
   std::printf("| kind | tokens | redco 1 thr | redco %d thr | tokenizers 1 thr | tokenizers %d thr | redco/tokenizers 1 thr | redco 1 thr CPU / %d thr wall |\n",
-              threads, threads, threads, threads);
+              threads, threads, threads);
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const auto& kind : kinds) {
     const auto tok = data::Tokenizer::from_file(root / "tests/data/tokenizers" / kind / "tokenizer.json");

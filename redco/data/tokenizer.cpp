@@ -312,32 +312,34 @@ void pad_batch(std::vector<data::Encoding>& batch, const Padding& p) {
 }  // namespace
 
 data::Encoding Tokenizer::Impl::finish(std::vector<tok::Encoding> seqs, bool add_special) const {
-  if (truncation) {
-    const size_t budget = size_t(std::max<int64_t>(
-        0, truncation->max_length - int64_t(add_special ? added_by_processor(seqs.size()) : 0)));
-    // LongestFirst: take one token at a time from the longer sequence.
+  const int64_t added = truncation && add_special ? int64_t(added_by_processor(seqs.size())) : 0;
+  // Like the reference, a max_length below the special tokens' count
+  // truncates nothing (its unsigned subtraction wraps around).
+  if (truncation && truncation->max_length >= added) {
+    const size_t max = size_t(truncation->max_length - added);
     size_t total = 0;
-    for (const auto& s : seqs) total += s.ids.size();
-    std::vector<size_t> keep;
-    for (const auto& s : seqs) keep.push_back(s.ids.size());
-    while (total > budget) {
-      size_t longest = 0;
-      for (size_t k = 1; k < keep.size(); ++k)
-        if (keep[k] > keep[longest]) longest = k;
-      --keep[longest], --total;
+    for (const auto& e : seqs) total += e.ids.size();
+    if (seqs.size() == 1) {
+      truncate(seqs[0], max, truncation->side);
+    } else if (total > max) {
+      // The reference's LongestFirst for a pair: the shorter keeps what it
+      // can, else both get half.
+      size_t n1 = seqs[0].ids.size(), n2 = seqs[1].ids.size();
+      const bool swap = n1 > n2;
+      if (swap) std::swap(n1, n2);
+      n2 = n1 > max ? n1 : std::max(n1, max - n1);
+      if (n1 + n2 > max) n1 = max / 2, n2 = n1 + max % 2;
+      if (swap) std::swap(n1, n2);
+      truncate(seqs[0], n1, truncation->side);
+      truncate(seqs[1], n2, truncation->side);
     }
-    for (size_t k = 0; k < seqs.size(); ++k) truncate(seqs[k], keep[k], truncation->side);
   }
   if (post_processor) post_processor->process(seqs, add_special, vocab);
   data::Encoding out;
   for (size_t k = 0; k < seqs.size(); ++k) {
     const tok::Encoding& s = seqs[k];
     out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
-    if (post_processor) {
-      out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
-    } else {
-      out.type_ids.insert(out.type_ids.end(), s.ids.size(), int32_t(k));
-    }
+    out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
     for (const Span& o : s.offsets) out.offsets.emplace_back(o.begin, o.end);
     out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.special.begin(), s.special.end());
   }
@@ -401,6 +403,7 @@ Encoding Tokenizer::encode_pair(std::string_view a, std::string_view b, bool add
   std::vector<tok::Encoding> seqs;
   seqs.push_back(impl_->encode_one(a));
   seqs.push_back(impl_->encode_one(b));
+  seqs[1].type_ids.assign(seqs[1].ids.size(), 1);  // the second sequence's tokens, as the reference
   Encoding e = impl_->finish(std::move(seqs), add_special_tokens);
   if (impl_->padding && impl_->padding->length > 0) {
     std::vector<Encoding> one(1, std::move(e));

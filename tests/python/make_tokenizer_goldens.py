@@ -185,7 +185,42 @@ def goldens(tok, texts):
         cases.append({"text": text, "ids": enc.ids, "offsets": [list(o) for o in enc.offsets],
                       "decode": tok.decode(enc.ids, skip_special_tokens=False),
                       "decode_skip": tok.decode(enc.ids, skip_special_tokens=True)})
-    return {"cases": cases}
+    return {"cases": cases, "pairs": pair_goldens(tok), "batches": batch_goldens(tok)}
+
+
+PAIRS = [("In the beginning", "God created the heaven"), ("", "and the earth."),
+         ("Jesus wept.", ""), ("a  b", " c\td "), ("caf\u00e9 \u65e5\u672c", "\U0001F44D ok")]
+BATCH = ["In the beginning God created the heaven and the earth.", "", "Jesus wept.",
+         "And God said, Let there be light: and there was light.", "\u65e5\u672c \U0001F44D  x"]
+
+
+def pair_goldens(tok):
+    """encode(a, b) without and with truncation (max_length 7)."""
+    out = []
+    for max_length in (None, 7):
+        t = Tokenizer.from_str(tok.to_str())
+        if max_length:
+            t.enable_truncation(max_length=max_length)
+        for a, b in PAIRS:
+            e = t.encode(a, b)
+            out.append({"a": a, "b": b, "max_length": max_length or 0, "ids": e.ids,
+                        "type_ids": e.type_ids, "offsets": [list(o) for o in e.offsets]})
+    return out
+
+
+def batch_goldens(tok):
+    """encode_batch with truncation and padding, both sides."""
+    out = []
+    for side, max_length, multiple in (("right", 9, None), ("left", 6, 4), ("right", 1, None)):
+        t = Tokenizer.from_str(tok.to_str())
+        t.enable_truncation(max_length=max_length, direction=side)
+        t.enable_padding(direction=side, pad_id=3, pad_type_id=1, pad_to_multiple_of=multiple)
+        encs = t.encode_batch(BATCH)
+        out.append({"side": side, "max_length": max_length, "multiple_of": multiple or 0,
+                    "ids": [e.ids for e in encs], "type_ids": [e.type_ids for e in encs],
+                    "attention_mask": [e.attention_mask for e in encs],
+                    "offsets": [[list(o) for o in e.offsets] for e in encs]})
+    return out
 
 
 def legacy_merges(path):

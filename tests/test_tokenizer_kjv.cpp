@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "redco/data/bpe.hpp"
 #include "redco/data/text.hpp"
 #include "tokenizer_goldens.hpp"
 
@@ -37,10 +38,10 @@ struct Reader {
   }
 };
 
-// Compares one kind; returns the number of verses that differ.
-size_t compare(const std::string& kind, const std::vector<std::string>& verses, const fs::path& python,
-               const fs::path& work) {
-  const fs::path json = tokenizer_test::fixture(kind) / "tokenizer.json";
+// Compares one tokenizer.json; returns the number of verses that differ. With
+// `bpe`, the package must also give that trainer's own encode() ids.
+size_t compare(const std::string& kind, const fs::path& json, const std::vector<std::string>& verses,
+               const fs::path& python, const fs::path& work, const data::Bpe* bpe = nullptr) {
   const fs::path in = work / "kjv.txt", out = work / (kind + ".bin");
   {
     std::ofstream f(in, std::ios::binary);
@@ -65,7 +66,7 @@ size_t compare(const std::string& kind, const std::vector<std::string>& verses, 
     for (auto& id : ids) id = r.i32();
     for (auto& o : offsets) o.first = uint32_t(r.i32()), o.second = uint32_t(r.i32());
     const std::string d = r.str(), ds = r.str();
-    const bool ok = encs[v].ids == ids && tokenizer_test::char_offsets(verses[v], encs[v].offsets) == offsets &&
+    const bool ok = encs[v].ids == ids && (!bpe || bpe->encode(verses[v]) == ids) && tokenizer_test::char_offsets(verses[v], encs[v].offsets) == offsets &&
                     tok.decode(ids) == d && tok.decode(ids, true) == ds;
     if (!ok && bad++ < 3) std::cerr << kind << ": verse " << v << " differs: " << verses[v] << "\n";
   }
@@ -96,7 +97,13 @@ int main() {
     fs::create_directories(work);
     size_t bad = 0;
     for (const char* kind : {"gpt2", "llama3", "roberta", "bert", "llama2", "t5"})
-      if (fs::exists(tokenizer_test::fixture(kind) / "tokenizer.json")) bad += compare(kind, verses, python, work);
+      bad += compare(kind, tokenizer_test::fixture(kind) / "tokenizer.json", verses, python, work);
+    // redco's own BPE trainer, written as a tokenizer.json.
+    std::string corpus;
+    for (size_t i = 0; i < verses.size() && corpus.size() < 400000; ++i) corpus += verses[i] + "\n";
+    const data::Bpe bpe = data::Bpe::train(corpus, 700);
+    bpe.save_tokenizer_json(work / "redco_bpe.json");
+    bad += compare("redco Bpe", work / "redco_bpe.json", verses, python, work, &bpe);
     fs::remove_all(work);
     return bad == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -9,8 +9,8 @@
 #include "tokenizer_goldens.hpp"
 
 using namespace redco;
-using tokenizer_test::fixture;
 using Catch::Matchers::Contains;
+using tokenizer_test::fixture;
 
 namespace {
 
@@ -25,10 +25,15 @@ std::vector<Case> goldens(const std::string& kind) {
   const io::Json j = io::Json::parse(tokenizer_test::read_gz(fixture(kind) / "goldens.json.gz"));
   std::vector<Case> cases;
   for (const io::Json& c : j.at("cases").as_array()) {
-    Case k{c.at("text").as_string(), {}, {}, c.at("decode").as_string(), c.at("decode_skip").as_string()};
+    Case k{c.at("text").as_string(),
+           {},
+           {},
+           c.at("decode").as_string(),
+           c.at("decode_skip").as_string()};
     for (const io::Json& id : c.at("ids").as_array()) k.ids.push_back(int32_t(id.as_int()));
     for (const io::Json& o : c.at("offsets").as_array())
-      k.offsets.emplace_back(uint32_t(o.at(size_t(0)).as_int()), uint32_t(o.at(size_t(1)).as_int()));
+      k.offsets.emplace_back(uint32_t(o.at(size_t(0)).as_int()),
+                             uint32_t(o.at(size_t(1)).as_int()));
     cases.push_back(std::move(k));
   }
   return cases;
@@ -36,7 +41,8 @@ std::vector<Case> goldens(const std::string& kind) {
 
 std::string show(const std::string& s) {
   std::string out;
-  for (unsigned char c : s) out += (c >= 0x20 && c < 0x7F) ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+  for (unsigned char c : s)
+    out += (c >= 0x20 && c < 0x7F) ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
   return out.size() > 200 ? out.substr(0, 200) + "..." : out;
 }
 
@@ -65,10 +71,11 @@ void check_goldens(const std::string& kind) {
     const bool dec_ok = d == c.decode && ds == c.decode_skip;
     bad_ids += !ids_ok, bad_offsets += ids_ok && !offsets_ok, bad_decode += !dec_ok;
     if ((!ids_ok || !offsets_ok || !dec_ok) && shown++ < 5) {
-      UNSCOPED_INFO(kind << " text \"" << show(c.text) << "\"\n  ids  " << str(e.ids) << "\n  want " << str(c.ids)
-                         << "\n  offsets " << str(offsets) << "\n  want    " << str(c.offsets) << "\n  decode \""
-                         << show(d) << "\" / \"" << show(ds) << "\"\n  want   \"" << show(c.decode) << "\" / \""
-                         << show(c.decode_skip) << "\"");
+      UNSCOPED_INFO(kind << " text \"" << show(c.text) << "\"\n  ids  " << str(e.ids) << "\n  want "
+                         << str(c.ids) << "\n  offsets " << str(offsets) << "\n  want    "
+                         << str(c.offsets) << "\n  decode \"" << show(d) << "\" / \"" << show(ds)
+                         << "\"\n  want   \"" << show(c.decode) << "\" / \"" << show(c.decode_skip)
+                         << "\"");
     }
   }
   INFO(kind << ": " << cases.size() << " cases");
@@ -79,16 +86,24 @@ void check_goldens(const std::string& kind) {
 
 }  // namespace
 
-TEST_CASE("tokenizer: GPT-2-style byte-level BPE equals the reference", "[tokenizer]") { check_goldens("gpt2"); }
-TEST_CASE("tokenizer: LLaMA-3-style BPE (split regex, ignore_merges) equals the reference", "[tokenizer]") {
+TEST_CASE("tokenizer: GPT-2-style byte-level BPE equals the reference", "[tokenizer]") {
+  check_goldens("gpt2");
+}
+TEST_CASE("tokenizer: LLaMA-3-style BPE (split regex, ignore_merges) equals the reference",
+          "[tokenizer]") {
   check_goldens("llama3");
 }
-TEST_CASE("tokenizer: RoBERTa-style BPE equals the reference", "[tokenizer]") { check_goldens("roberta"); }
-TEST_CASE("tokenizer: BERT-style WordPiece equals the reference", "[tokenizer]") { check_goldens("bert"); }
+TEST_CASE("tokenizer: RoBERTa-style BPE equals the reference", "[tokenizer]") {
+  check_goldens("roberta");
+}
+TEST_CASE("tokenizer: BERT-style WordPiece equals the reference", "[tokenizer]") {
+  check_goldens("bert");
+}
 TEST_CASE("tokenizer: LLaMA-2-style BPE with byte fallback equals the reference", "[tokenizer]") {
   check_goldens("llama2");
 }
-TEST_CASE("tokenizer: T5-style Unigram with a precompiled charsmap equals the reference", "[tokenizer]") {
+TEST_CASE("tokenizer: T5-style Unigram with a precompiled charsmap equals the reference",
+          "[tokenizer]") {
   check_goldens("t5");
 }
 
@@ -101,7 +116,8 @@ std::vector<int32_t> ints(const io::Json& a) {
 }
 std::vector<std::pair<uint32_t, uint32_t>> pairs(const io::Json& a) {
   std::vector<std::pair<uint32_t, uint32_t>> v;
-  for (const io::Json& o : a.as_array()) v.emplace_back(uint32_t(o.at(size_t(0)).as_int()), uint32_t(o.at(size_t(1)).as_int()));
+  for (const io::Json& o : a.as_array())
+    v.emplace_back(uint32_t(o.at(size_t(0)).as_int()), uint32_t(o.at(size_t(1)).as_int()));
   return v;
 }
 
@@ -128,25 +144,31 @@ TEST_CASE("tokenizer: pairs, with and without truncation, equal the reference", 
   }
 }
 
-TEST_CASE("tokenizer: encode_batch with truncation and padding equals the reference", "[tokenizer]") {
-  const std::vector<std::string> texts = {"In the beginning God created the heaven and the earth.", "", "Jesus wept.",
+TEST_CASE("tokenizer: encode_batch with truncation and padding equals the reference",
+          "[tokenizer]") {
+  const std::vector<std::string> texts = {"In the beginning God created the heaven and the earth.",
+                                          "", "Jesus wept.",
                                           "And God said, Let there be light: and there was light.",
                                           "\xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x91\x8d  x"};
   for (const char* kind : kKinds) {
     auto tok = data::Tokenizer::from_file(fixture(kind));
     const io::Json j = io::Json::parse(tokenizer_test::read_gz(fixture(kind) / "goldens.json.gz"));
     for (const io::Json& b : j.at("batches").as_array()) {
-      const data::Side side = b.at("side").as_string() == "left" ? data::Side::left : data::Side::right;
+      const data::Side side =
+          b.at("side").as_string() == "left" ? data::Side::left : data::Side::right;
       tok.set_truncation(data::Truncation{b.at("max_length").as_int(), side});
       tok.set_padding(data::Padding{0, b.at("multiple_of").as_int(), side, 3, 1});
       const auto encs = tok.encode_batch(texts, true, 2);
       for (size_t i = 0; i < texts.size(); ++i) {
-        INFO(kind << " text " << i << " side " << b.at("side").as_string() << " max " << b.at("max_length").as_int());
+        INFO(kind << " text " << i << " side " << b.at("side").as_string() << " max "
+                  << b.at("max_length").as_int());
         CHECK(encs[i].ids == ints(b.at("ids").at(i)));
         CHECK(encs[i].type_ids == ints(b.at("type_ids").at(i)));
         const auto mask = ints(b.at("attention_mask").at(i));
-        CHECK(std::vector<int32_t>(encs[i].attention_mask.begin(), encs[i].attention_mask.end()) == mask);
-        CHECK(tokenizer_test::char_offsets(texts[i], encs[i].offsets) == pairs(b.at("offsets").at(i)));
+        CHECK(std::vector<int32_t>(encs[i].attention_mask.begin(), encs[i].attention_mask.end()) ==
+              mask);
+        CHECK(tokenizer_test::char_offsets(texts[i], encs[i].offsets) ==
+              pairs(b.at("offsets").at(i)));
       }
     }
   }
@@ -163,7 +185,8 @@ TEST_CASE("tokenizer: encode_batch on threads equals encode", "[tokenizer]") {
   CHECK(bad == 0);
 }
 
-TEST_CASE("tokenizer: the stream decoder emits whole characters that add up to decode()", "[tokenizer]") {
+TEST_CASE("tokenizer: the stream decoder emits whole characters that add up to decode()",
+          "[tokenizer]") {
   for (const char* kind : kKinds) {
     const auto tok = data::Tokenizer::from_file(fixture(kind));
     size_t bad = 0, partial = 0;
@@ -195,9 +218,11 @@ TEST_CASE("tokenizer: the stream decoder emits whole characters that add up to d
 TEST_CASE("tokenizer: user errors name the problem", "[tokenizer]") {
   const auto tok = data::Tokenizer::from_file(fixture("gpt2"));
   CHECK_THROWS_WITH(tok.encode("ok \xff bad"), Contains("invalid UTF-8 at byte 3"));
-  CHECK_THROWS_WITH(tok.decode(std::vector<int32_t>{5, 999999}), Contains("id 999999 is not in the vocabulary"));
+  CHECK_THROWS_WITH(tok.decode(std::vector<int32_t>{5, 999999}),
+                    Contains("id 999999 is not in the vocabulary"));
   CHECK_THROWS_WITH(data::Tokenizer::from_file("/nonexistent/dir"), Contains("no tokenizer at"));
-  const std::string base = R"({"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":PRE,
+  const std::string base =
+      R"({"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":PRE,
     "post_processor":null,"decoder":null,"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}})";
   auto with = [&](const std::string& pre) {
     std::string s = base;
@@ -207,10 +232,13 @@ TEST_CASE("tokenizer: user errors name the problem", "[tokenizer]") {
   CHECK(data::Tokenizer::from_json(with("null")).encode("abab").ids == std::vector<int32_t>{2, 2});
   CHECK_THROWS_WITH(data::Tokenizer::from_json(with(R"({"type":"UnicodeScripts"})")),
                     Contains("pre_tokenizer type \"UnicodeScripts\" is not supported"));
-  CHECK_THROWS_WITH(data::Tokenizer::from_json(with(R"({"type":"ByteLevel","add_prefix_space":true,"frobnicate":1})")),
+  CHECK_THROWS_WITH(data::Tokenizer::from_json(
+                        with(R"({"type":"ByteLevel","add_prefix_space":true,"frobnicate":1})")),
                     Contains("option \"frobnicate\""));
-  CHECK_THROWS_WITH(data::Tokenizer::from_json(with(R"({"type":"Split","pattern":{"Regex":"(("},"behavior":"Isolated","invert":false})")),
-                    Contains("does not compile"));
+  CHECK_THROWS_WITH(
+      data::Tokenizer::from_json(with(
+          R"({"type":"Split","pattern":{"Regex":"(("},"behavior":"Isolated","invert":false})")),
+      Contains("does not compile"));
   std::string dropout = with("null");
   dropout.replace(dropout.find(R"("type":"BPE")"), 12, R"("type":"BPE","dropout":0.1)");
   CHECK_THROWS_WITH(data::Tokenizer::from_json(dropout), Contains("dropout"));

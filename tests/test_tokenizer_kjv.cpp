@@ -40,16 +40,18 @@ struct Reader {
 
 // Compares one tokenizer.json; returns the number of verses that differ. With
 // `bpe`, the package must also give that trainer's own encode() ids.
-size_t compare(const std::string& kind, const fs::path& json, const std::vector<std::string>& verses,
-               const fs::path& python, const fs::path& work, const data::Bpe* bpe = nullptr) {
+size_t compare(const std::string& kind, const fs::path& json,
+               const std::vector<std::string>& verses, const fs::path& python, const fs::path& work,
+               const data::Bpe* bpe = nullptr) {
   const fs::path in = work / "kjv.txt", out = work / (kind + ".bin");
   {
     std::ofstream f(in, std::ios::binary);
     for (size_t i = 0; i < verses.size(); ++i) f << (i ? "\n" : "") << verses[i];
   }
-  const std::string cmd = "'" + python.string() + "' '" +
-                          (tokenizer_test::repo_root() / "tests/python/tokenizer_reference.py").string() + "' '" +
-                          json.string() + "' '" + in.string() + "' '" + out.string() + "'";
+  const std::string cmd =
+      "'" + python.string() + "' '" +
+      (tokenizer_test::repo_root() / "tests/python/tokenizer_reference.py").string() + "' '" +
+      json.string() + "' '" + in.string() + "' '" + out.string() + "'";
   if (std::system(cmd.c_str()) != 0) throw Error("failed: " + cmd);
   Reader r;
   {
@@ -66,7 +68,8 @@ size_t compare(const std::string& kind, const fs::path& json, const std::vector<
     for (auto& id : ids) id = r.i32();
     for (auto& o : offsets) o.first = uint32_t(r.i32()), o.second = uint32_t(r.i32());
     const std::string d = r.str(), ds = r.str();
-    const bool ok = encs[v].ids == ids && (!bpe || bpe->encode(verses[v]) == ids) && tokenizer_test::char_offsets(verses[v], encs[v].offsets) == offsets &&
+    const bool ok = encs[v].ids == ids && (!bpe || bpe->encode(verses[v]) == ids) &&
+                    tokenizer_test::char_offsets(verses[v], encs[v].offsets) == offsets &&
                     tok.decode(ids) == d && tok.decode(ids, true) == ds;
     if (!ok && bad++ < 3) std::cerr << kind << ": verse " << v << " differs: " << verses[v] << "\n";
   }
@@ -82,7 +85,8 @@ int main() {
     const fs::path venv = env && *env ? fs::path(env) : tokenizer_test::repo_root() / ".venv";
     const fs::path python = venv / "bin" / "python";
     if (!fs::exists(python) ||
-        std::system(("'" + python.string() + "' -c 'import tokenizers' 2>/dev/null").c_str()) != 0) {
+        std::system(("'" + python.string() + "' -c 'import tokenizers' 2>/dev/null").c_str()) !=
+            0) {
       std::cout << "SKIP: no Python with `tokenizers` at " << venv << " (run tools/setup test)\n";
       return kSkip;
     }
@@ -93,7 +97,8 @@ int main() {
       std::cout << "SKIP: " << e.what() << "\n";
       return kSkip;
     }
-    const fs::path work = fs::temp_directory_path() / ("redco_tokenizer_kjv_" + std::to_string(getpid()));
+    const fs::path work =
+        fs::temp_directory_path() / ("redco_tokenizer_kjv_" + std::to_string(getpid()));
     fs::create_directories(work);
     size_t bad = 0;
     for (const char* kind : {"gpt2", "llama3", "roberta", "bert", "llama2", "t5"})

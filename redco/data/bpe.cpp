@@ -529,10 +529,12 @@ std::string Bpe::to_tokenizer_json() const {
   Json vocab = Json::object(), merges = Json::array();
   for (size_t i = 0; i < tokens_.size(); ++i) vocab[spell(tokens_[i])] = int64_t(i);
   for (const Merge& m : merges_)
-    merges.push_back(Json(Json::Array{spell(tokens_[size_t(m.left)]), spell(tokens_[size_t(m.right)])}));
+    merges.push_back(
+        Json(Json::Array{spell(tokens_[size_t(m.left)]), spell(tokens_[size_t(m.right)])}));
   Json model = Json::object();
   model["type"] = "BPE";
-  for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) model[k] = nullptr;
+  for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"})
+    model[k] = nullptr;
   model["fuse_unk"] = false;
   model["byte_fallback"] = false;
   model["ignore_merges"] = false;

@@ -52,10 +52,10 @@ bool Regex::next(std::string_view text, size_t& pos, size_t& begin, size_t& end)
   pcre2_match_data* md = thread_match_data();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   // Inputs are validated UTF-8 once, when they enter the tokenizer.
-  const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), pos,
-                                              PCRE2_NO_UTF_CHECK, md, nullptr)
-                            : pcre2_match(impl_->code, subject, text.size(), pos,
-                                          PCRE2_NO_UTF_CHECK, md, nullptr);
+  const int rc =
+      impl_->jit
+          ? pcre2_jit_match(impl_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr)
+          : pcre2_match(impl_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   REDCO_CHECK(rc >= 0, "tokenizer regex '{}': PCRE2 match error {}", pattern_, rc);
   const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

@@ -9,8 +9,8 @@
 
 #include <fstream>
 #include <map>
-#include <unordered_map>
 #include <sstream>
+#include <unordered_map>
 
 #include "redco/core/error.hpp"
 #include "redco/data/tokenizer_parts.hpp"
@@ -24,6 +24,11 @@ using tok::get_bool;
 using tok::get_string;
 using tok::IdToToken;
 using tok::Json;
+using tok::make_decoder;
+using tok::make_model;
+using tok::make_normalizer;
+using tok::make_post_processor;
+using tok::make_pre_tokenizer;
 using tok::Model;
 using tok::next_char;
 using tok::Normalizer;
@@ -32,11 +37,6 @@ using tok::PostProcessor;
 using tok::PreTokenizer;
 using tok::Span;
 using tok::Token;
-using tok::make_decoder;
-using tok::make_model;
-using tok::make_normalizer;
-using tok::make_post_processor;
-using tok::make_pre_tokenizer;
 
 constexpr size_t kMaxCachedWord = 64, kCacheEntries = 1 << 16;
 
@@ -105,19 +105,22 @@ void find_added(std::string_view s, const std::vector<const AddedToken*>& tokens
 
 void Tokenizer::Impl::load(const Json& j) {
   for (const auto& [k, v] : j.as_object()) {
-    static const std::string_view known[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
-                                             "pre_tokenizer", "model", "post_processor", "decoder"};
+    static const std::string_view known[] = {"version",      "truncation",     "padding",
+                                             "added_tokens", "normalizer",     "pre_tokenizer",
+                                             "model",        "post_processor", "decoder"};
     REDCO_CHECK(std::find(std::begin(known), std::end(known), k) != std::end(known),
                 "tokenizer.json: unknown top-level key \"{}\"", k);
   }
   normalizer = make_normalizer(j.contains("normalizer") ? j.at("normalizer") : Json());
   pre_tokenizer = make_pre_tokenizer(j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : Json());
   model = make_model(j.at("model"));
-  post_processor = make_post_processor(j.contains("post_processor") ? j.at("post_processor") : Json());
+  post_processor =
+      make_post_processor(j.contains("post_processor") ? j.at("post_processor") : Json());
   decoder = make_decoder(j.contains("decoder") ? j.at("decoder") : Json());
   if (j.contains("added_tokens")) {
     for (const Json& t : j.at("added_tokens").as_array()) {
-      check_keys(t, "added token", {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"});
+      check_keys(t, "added token",
+                 {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"});
       added.push_back({int32_t(t.at("id").as_int()), t.at("content").as_string(),
                        get_bool(t, "single_word", false), get_bool(t, "lstrip", false),
                        get_bool(t, "rstrip", false), get_bool(t, "normalized", true),
@@ -150,15 +153,19 @@ void Tokenizer::Impl::load(const Json& j) {
   if (j.contains("truncation") && !j.at("truncation").is_null()) {
     const Json& t = j.at("truncation");
     check_keys(t, "truncation", {"max_length", "strategy", "stride", "direction"});
-    REDCO_CHECK(get_string(t, "strategy", "LongestFirst") == "LongestFirst" &&
-                    (!t.contains("stride") || t.at("stride").as_int() == 0),
-                "tokenizer.json: truncation strategy/stride other than LongestFirst/0 is not supported");
-    truncation = Truncation{t.at("max_length").as_int(),
-                            get_string(t, "direction", "Right") == "Left" ? Side::left : Side::right};
+    REDCO_CHECK(
+        get_string(t, "strategy", "LongestFirst") == "LongestFirst" &&
+            (!t.contains("stride") || t.at("stride").as_int() == 0),
+        "tokenizer.json: truncation strategy/stride other than LongestFirst/0 is not supported");
+    truncation =
+        Truncation{t.at("max_length").as_int(),
+                   get_string(t, "direction", "Right") == "Left" ? Side::left : Side::right};
   }
   if (j.contains("padding") && !j.at("padding").is_null()) {
     const Json& p = j.at("padding");
-    check_keys(p, "padding", {"strategy", "direction", "pad_to_multiple_of", "pad_id", "pad_type_id", "pad_token"});
+    check_keys(
+        p, "padding",
+        {"strategy", "direction", "pad_to_multiple_of", "pad_id", "pad_type_id", "pad_token"});
     Padding pad;
     const Json& st = p.at("strategy");
     if (st.is_object() && st.contains("Fixed")) pad.length = st.at("Fixed").as_int();
@@ -182,23 +189,25 @@ void Tokenizer::Impl::split_added(std::vector<Piece>& pieces, bool normalized_st
     }
     const std::string_view s = p.text;
     size_t start_offset = 0;
-    find_added(s, tokens, normalized_stage ? &norm_contents : nullptr,
-               [&](const AddedToken* t, size_t start, size_t stop) {
-                 size_t pos = 0, b = 0, e = 0;
-                 if (t->single_word) {
-                   const bool left = start == 0 || !word_end.next(s.substr(0, start), pos = 0, b, e);
-                   const bool right = stop == s.size() || !word_start.next(s.substr(stop), pos = 0, b, e);
-                   if (!left || !right) return;
-                 }
-                 if (t->lstrip && ws_end.next(s.substr(0, start), pos = 0, b, e))
-                   start = std::max(b, start_offset);
-                 if (t->rstrip && ws_start.next(s.substr(stop), pos = 0, b, e)) stop += e;
-                 if (start_offset < start) out.push_back(p.slice(start_offset, start));
-                 out.push_back(p.slice(start, stop));
-                 out.back().added_id = t->id;
-                 start_offset = stop;
-               });
-    if (start_offset < s.size()) out.push_back(start_offset == 0 ? std::move(p) : p.slice(start_offset, s.size()));
+    find_added(
+        s, tokens, normalized_stage ? &norm_contents : nullptr,
+        [&](const AddedToken* t, size_t start, size_t stop) {
+          size_t pos = 0, b = 0, e = 0;
+          if (t->single_word) {
+            const bool left = start == 0 || !word_end.next(s.substr(0, start), pos = 0, b, e);
+            const bool right = stop == s.size() || !word_start.next(s.substr(stop), pos = 0, b, e);
+            if (!left || !right) return;
+          }
+          if (t->lstrip && ws_end.next(s.substr(0, start), pos = 0, b, e))
+            start = std::max(b, start_offset);
+          if (t->rstrip && ws_start.next(s.substr(stop), pos = 0, b, e)) stop += e;
+          if (start_offset < start) out.push_back(p.slice(start_offset, start));
+          out.push_back(p.slice(start, stop));
+          out.back().added_id = t->id;
+          start_offset = stop;
+        });
+    if (start_offset < s.size())
+      out.push_back(start_offset == 0 ? std::move(p) : p.slice(start_offset, s.size()));
   }
   pieces = std::move(out);
 }
@@ -296,7 +305,8 @@ void pad_batch(std::vector<data::Encoding>& batch, const Padding& p) {
   size_t n = size_t(std::max<int64_t>(p.length, 0));
   if (p.length <= 0)
     for (const auto& e : batch) n = std::max(n, e.size());
-  if (p.multiple_of > 0) n = (n + size_t(p.multiple_of) - 1) / size_t(p.multiple_of) * size_t(p.multiple_of);
+  if (p.multiple_of > 0)
+    n = (n + size_t(p.multiple_of) - 1) / size_t(p.multiple_of) * size_t(p.multiple_of);
   for (auto& e : batch) {
     if (e.size() >= n) continue;
     const size_t k = n - e.size();
@@ -341,7 +351,8 @@ data::Encoding Tokenizer::Impl::finish(std::vector<tok::Encoding> seqs, bool add
     out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
     out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
     for (const Span& o : s.offsets) out.offsets.emplace_back(o.begin, o.end);
-    out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.special.begin(), s.special.end());
+    out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.special.begin(),
+                                   s.special.end());
   }
   out.attention_mask.assign(out.ids.size(), 1);
   return out;
@@ -368,8 +379,10 @@ Tokenizer Tokenizer::from_json(std::string_view json, std::string_view source) {
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   const fs::path file = fs::is_directory(path) ? path / "tokenizer.json" : path;
-  REDCO_CHECK(fs::exists(file), "no tokenizer at {}: expected a tokenizer.json (the file Hugging Face's "
-              "tokenizers saves) or a folder holding one", file.string());
+  REDCO_CHECK(fs::exists(file),
+              "no tokenizer at {}: expected a tokenizer.json (the file Hugging Face's "
+              "tokenizers saves) or a folder holding one",
+              file.string());
   Tokenizer t = from_json(read_file(file), file.string());
   // Named special tokens: special_tokens_map.json, then tokenizer_config.json.
   for (const char* name : {"special_tokens_map.json", "tokenizer_config.json"}) {
@@ -379,7 +392,9 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
     if (!cfg.is_object()) continue;
     for (const auto& [k, v] : cfg.as_object()) {
       if (!k.ends_with("_token")) continue;
-      const Json* content = v.is_string() ? &v : v.is_object() && v.contains("content") ? &v.at("content") : nullptr;
+      const Json* content = v.is_string()                            ? &v
+                            : v.is_object() && v.contains("content") ? &v.at("content")
+                                                                     : nullptr;
       if (content && content->is_string() && !t.impl_->named_specials.count(k))
         t.impl_->named_specials[k] = t.token_to_id(content->as_string());
     }
@@ -399,7 +414,8 @@ Encoding Tokenizer::encode(std::string_view text, bool add_special_tokens) const
   return e;
 }
 
-Encoding Tokenizer::encode_pair(std::string_view a, std::string_view b, bool add_special_tokens) const {
+Encoding Tokenizer::encode_pair(std::string_view a, std::string_view b,
+                                bool add_special_tokens) const {
   std::vector<tok::Encoding> seqs;
   seqs.push_back(impl_->encode_one(a));
   seqs.push_back(impl_->encode_one(b));
@@ -427,14 +443,15 @@ std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string_view> 
     body({0, texts.size()});
   } else {
     tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
-    arena.execute([&] { tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size(), 64), body); });
+    arena.execute(
+        [&] { tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size(), 64), body); });
   }
   if (impl_->padding) pad_batch(out, *impl_->padding);
   return out;
 }
 
-std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string> texts, bool add_special_tokens,
-                                              int threads) const {
+std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string> texts,
+                                              bool add_special_tokens, int threads) const {
   std::vector<std::string_view> views(texts.begin(), texts.end());
   return encode_batch(std::span<const std::string_view>(views), add_special_tokens, threads);
 }
@@ -462,14 +479,16 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens) const {
   std::vector<int32_t> narrow(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    REDCO_CHECK(ids[i] >= 0 && ids[i] < INT32_MAX, "Tokenizer::decode: id {} is out of range", ids[i]);
+    REDCO_CHECK(ids[i] >= 0 && ids[i] < INT32_MAX, "Tokenizer::decode: id {} is out of range",
+                ids[i]);
     narrow[i] = int32_t(ids[i]);
   }
   return decode(std::span<const int32_t>(narrow), skip_special_tokens);
 }
 
 void Tokenizer::set_truncation(std::optional<Truncation> t) {
-  REDCO_CHECK(!t || t->max_length > 0, "Tokenizer::set_truncation: max_length must be positive, not {}",
+  REDCO_CHECK(!t || t->max_length > 0,
+              "Tokenizer::set_truncation: max_length must be positive, not {}",
               t ? t->max_length : 0);
   impl_->truncation = t;
 }
@@ -508,7 +527,8 @@ std::string Tokenizer::Stream::step(int32_t id) {
   // that looks at its neighbours (spaces, byte runs) sees context.
   prefix_start_ = read_;
   read_ = ids_.size();
-  prefix_ = tok_->decode(std::span<const int32_t>(ids_.data() + prefix_start_, ids_.size() - prefix_start_), skip_);
+  prefix_ = tok_->decode(
+      std::span<const int32_t>(ids_.data() + prefix_start_, ids_.size() - prefix_start_), skip_);
   return fresh;
 }
 

@@ -34,8 +34,8 @@ struct Encoding {
   std::vector<int32_t> ids;
   std::vector<int32_t> type_ids;
   std::vector<std::pair<uint32_t, uint32_t>> offsets;  // byte [begin, end) in the input
-  std::vector<uint8_t> special_tokens_mask;           // 1: added by the post-processor / a special token
-  std::vector<uint8_t> attention_mask;                // 0 on padding
+  std::vector<uint8_t> special_tokens_mask;  // 1: added by the post-processor / a special token
+  std::vector<uint8_t> attention_mask;       // 0 on padding
   size_t size() const { return ids.size(); }
 };
 
@@ -68,10 +68,11 @@ class Tokenizer {
   // Throws redco::Error for text that is not valid UTF-8 (the reference
   // accepts only Unicode strings).
   Encoding encode(std::string_view text, bool add_special_tokens = true) const;
-  Encoding encode_pair(std::string_view a, std::string_view b, bool add_special_tokens = true) const;
+  Encoding encode_pair(std::string_view a, std::string_view b,
+                       bool add_special_tokens = true) const;
   // Encodes on `threads` threads (0: all), then pads as set.
-  std::vector<Encoding> encode_batch(std::span<const std::string> texts, bool add_special_tokens = true,
-                                     int threads = 0) const;
+  std::vector<Encoding> encode_batch(std::span<const std::string> texts,
+                                     bool add_special_tokens = true, int threads = 0) const;
   std::vector<Encoding> encode_batch(std::span<const std::string_view> texts,
                                      bool add_special_tokens = true, int threads = 0) const;
 
@@ -82,7 +83,7 @@ class Tokenizer {
   void set_truncation(std::optional<Truncation> t);
   void set_padding(std::optional<Padding> p);
 
-  int64_t vocab_size() const;  // model vocabulary plus added tokens
+  int64_t vocab_size() const;                         // model vocabulary plus added tokens
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
   std::string id_to_token(int32_t id) const;          // throws for an unknown id
   // A named special token from tokenizer_config.json / special_tokens_map.json

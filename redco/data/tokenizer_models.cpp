@@ -16,11 +16,12 @@ namespace {
 using Vocab = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 // vocab object -> (token -> id) and (id -> token); ids must be dense enough to index.
-void read_vocab(const Json& j, Vocab& vocab, std::vector<std::string>& by_id, std::string_view what) {
+void read_vocab(const Json& j, Vocab& vocab, std::vector<std::string>& by_id,
+                std::string_view what) {
   for (const auto& [tok, id] : j.as_object()) {
     const int64_t i = id.as_int();
-    REDCO_CHECK(i >= 0 && i < (int64_t(1) << 24), "tokenizer.json: {} id {} of token \"{}\" is out of range",
-                what, i, tok);
+    REDCO_CHECK(i >= 0 && i < (int64_t(1) << 24),
+                "tokenizer.json: {} id {} of token \"{}\" is out of range", what, i, tok);
     vocab.emplace(tok, int32_t(i));
     if (size_t(i) >= by_id.size()) by_id.resize(size_t(i) + 1);
     by_id[size_t(i)] = tok;
@@ -52,7 +53,9 @@ class MergeTable {
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t(0);
-  size_t slot(uint64_t k) const { return size_t((k * 0x9E3779B97F4A7C15ull) >> 20) & (keys_.size() - 1); }
+  size_t slot(uint64_t k) const {
+    return size_t((k * 0x9E3779B97F4A7C15ull) >> 20) & (keys_.size() - 1);
+  }
   std::vector<uint64_t> keys_;
   std::vector<std::pair<int32_t, int32_t>> vals_;
 };
@@ -65,9 +68,9 @@ int32_t find(const Vocab& v, std::string_view s) {
 class Bpe : public Model {
  public:
   explicit Bpe(const Json& j) {
-    check_keys(j, "model BPE", {"dropout", "unk_token", "continuing_subword_prefix",
-                                "end_of_word_suffix", "fuse_unk", "byte_fallback",
-                                "ignore_merges", "vocab", "merges"});
+    check_keys(j, "model BPE",
+               {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"});
     if (j.contains("dropout") && !j.at("dropout").is_null() && j.at("dropout").as_double() != 0.0)
       unsupported("model BPE", "option dropout (redco encodes deterministically)");
     read_vocab(j.at("vocab"), vocab_, by_id_, "BPE vocab");
@@ -79,7 +82,8 @@ class Bpe : public Model {
     ignore_merges_ = get_bool(j, "ignore_merges", false);
     read_merges(j.at("merges"));
     if (byte_fallback_)
-      for (int b = 0; b < 256; ++b) byte_ids_[size_t(b)] = find(vocab_, fmt::format("<0x{:02X}>", b));
+      for (int b = 0; b < 256; ++b)
+        byte_ids_[size_t(b)] = find(vocab_, fmt::format("<0x{:02X}>", b));
     char_ids_.resize(kCharTable);
     for (char32_t c = 0; c < kCharTable; ++c) {
       std::string u;
@@ -101,8 +105,9 @@ class Bpe : public Model {
 
   int32_t token_to_id(std::string_view t) const override { return find(vocab_, t); }
   const std::string* id_to_token(int32_t id) const override {
-    return id >= 0 && size_t(id) < by_id_.size() && !by_id_[size_t(id)].empty() ? &by_id_[size_t(id)]
-                                                                                 : nullptr;
+    return id >= 0 && size_t(id) < by_id_.size() && !by_id_[size_t(id)].empty()
+               ? &by_id_[size_t(id)]
+               : nullptr;
   }
   int64_t vocab_size() const override { return int64_t(vocab_.size()); }
 
@@ -117,7 +122,8 @@ class Bpe : public Model {
         const std::string& s = list[r].as_string();
         const size_t sp = s.find(' ');
         REDCO_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos,
-                    "tokenizer.json: BPE merge {} (\"{}\") is not two tokens separated by a space", r, s);
+                    "tokenizer.json: BPE merge {} (\"{}\") is not two tokens separated by a space",
+                    r, s);
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
       } else {  // ["a", "b"]
@@ -128,9 +134,10 @@ class Bpe : public Model {
       const int32_t ia = find(vocab_, a), ib = find(vocab_, b);
       const std::string joined = a + b.substr(std::min(prefix_.size(), b.size()));
       const int32_t ij = find(vocab_, joined);
-      REDCO_CHECK(ia >= 0 && ib >= 0 && ij >= 0,
-                  "tokenizer.json: BPE merge {} (\"{}\" \"{}\") uses a token missing from the vocab", r,
-                  a, b);
+      REDCO_CHECK(
+          ia >= 0 && ib >= 0 && ij >= 0,
+          "tokenizer.json: BPE merge {} (\"{}\" \"{}\") uses a token missing from the vocab", r, a,
+          b);
       entries.push_back({key(ia, ib), {int32_t(r), ij}});
     }
     merges_.build(entries);
@@ -178,7 +185,8 @@ class Bpe : public Model {
         add(id, uint32_t(i - b));
         continue;
       }
-      if (byte_fallback_ && std::all_of(s.begin(), s.end(), [&](char c) { return byte_ids_[uint8_t(c)] >= 0; })) {
+      if (byte_fallback_ &&
+          std::all_of(s.begin(), s.end(), [&](char c) { return byte_ids_[uint8_t(c)] >= 0; })) {
         flush_unk();
         for (char c : s) add(byte_ids_[uint8_t(c)], 1);
         continue;
@@ -200,7 +208,8 @@ class Bpe : public Model {
 
   void merge_all(std::vector<Symbol>& sym) const {
     const int32_t n = int32_t(sym.size());
-    for (int32_t k = 0; k < n; ++k) sym[size_t(k)].prev = k - 1, sym[size_t(k)].next = k + 1 < n ? k + 1 : -1;
+    for (int32_t k = 0; k < n; ++k)
+      sym[size_t(k)].prev = k - 1, sym[size_t(k)].next = k + 1 < n ? k + 1 : -1;
     struct Cand {
       int32_t rank, pos, new_id;
       bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
@@ -209,7 +218,8 @@ class Bpe : public Model {
     auto push = [&](int32_t pos) {
       const Symbol& l = sym[size_t(pos)];
       if (l.next < 0) return;
-      if (const auto* m = merges_.find(key(l.id, sym[size_t(l.next)].id))) q.push({m->first, pos, m->second});
+      if (const auto* m = merges_.find(key(l.id, sym[size_t(l.next)].id)))
+        q.push({m->first, pos, m->second});
     };
     for (int32_t k = 0; k + 1 < n; ++k) push(k);
     std::vector<bool> dead(size_t(n), false);
@@ -249,8 +259,8 @@ class Bpe : public Model {
 class WordPiece : public Model {
  public:
   explicit WordPiece(const Json& j) {
-    check_keys(j, "model WordPiece", {"unk_token", "continuing_subword_prefix",
-                                      "max_input_chars_per_word", "vocab"});
+    check_keys(j, "model WordPiece",
+               {"unk_token", "continuing_subword_prefix", "max_input_chars_per_word", "vocab"});
     read_vocab(j.at("vocab"), vocab_, by_id_, "WordPiece vocab");
     unk_ = get_string(j, "unk_token", "[UNK]");
     prefix_ = get_string(j, "continuing_subword_prefix", "##");

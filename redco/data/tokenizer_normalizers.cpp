@@ -42,7 +42,8 @@ void decompose(Piece& p, bool compat) {
       continue;
     }
     int last = 0;
-    const auto n = utf8proc_decompose_char(utf8proc_int32_t(c), buf, 32, utf8proc_option_t(opts), &last);
+    const auto n =
+        utf8proc_decompose_char(utf8proc_int32_t(c), buf, 32, utf8proc_option_t(opts), &last);
     REDCO_CHECK(n > 0 && n <= 32, "tokenizer: cannot decompose U+{:04X}", uint32_t(c));
     for (int k = 0; k < n; ++k) cs.push_back({char32_t(buf[k]), a});
   }

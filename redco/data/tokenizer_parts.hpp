@@ -60,7 +60,7 @@ char32_t next_char(std::string_view s, size_t& i);
 void append_utf8(std::string& out, char32_t c);
 // Throws redco::Error naming the byte offset when `s` is not valid UTF-8.
 void check_utf8(std::string_view s, std::string_view what);
-bool is_whitespace(char32_t c);   // Rust's char::is_whitespace (White_Space)
+bool is_whitespace(char32_t c);  // Rust's char::is_whitespace (White_Space)
 // The reference classifies punctuation, "other" characters and nonspacing
 // marks with Unicode 8.0 tables (Rust's unicode_categories crate), so these
 // three leave out characters assigned later (their age comes from ICU).
@@ -68,7 +68,7 @@ bool in_unicode_8(char32_t c);
 bool is_punctuation(char32_t c);      // P* categories
 bool is_control(char32_t c);          // Cc, Cf, Co (the reference's "other"; unassigned excluded)
 bool is_nonspacing_mark(char32_t c);  // Mn
-bool is_chinese_char(char32_t c);  // the CJK blocks BERT isolates
+bool is_chinese_char(char32_t c);     // the CJK blocks BERT isolates
 
 class Normalizer {
  public:
@@ -103,7 +103,8 @@ struct Encoding {
   std::vector<int32_t> ids;
   std::vector<int32_t> type_ids;
   std::vector<Span> offsets;
-  std::vector<uint8_t> special;  // 1 for tokens the post-processor or added vocabulary marks special
+  std::vector<uint8_t>
+      special;  // 1 for tokens the post-processor or added vocabulary marks special
   // The text an added token matched (with the spaces lstrip/rstrip took),
   // which ByteLevel's offset trimming looks at; empty for the other tokens.
   std::vector<std::string> values;
@@ -141,7 +142,8 @@ Regex make_pattern(const Json& pattern, std::string_view stage);
 Regex make_regex(std::string_view oniguruma_pattern);
 
 // Reading options: a key the stage does not know throws, naming it.
-void check_keys(const Json& j, std::string_view stage, std::initializer_list<std::string_view> known);
+void check_keys(const Json& j, std::string_view stage,
+                std::initializer_list<std::string_view> known);
 bool get_bool(const Json& j, std::string_view key, bool fallback);
 std::string get_string(const Json& j, std::string_view key, std::string_view fallback);
 [[noreturn]] void unsupported(std::string_view stage, std::string_view what);

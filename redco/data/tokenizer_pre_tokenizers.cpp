@@ -14,8 +14,8 @@
 namespace redco::data::tok {
 
 Regex make_regex(std::string_view pat) {
-  static const std::string_view kSpace = "\\s\\x{85}", kWord =
-      "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
+  static const std::string_view kSpace = "\\s\\x{85}",
+                                kWord = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < pat.size(); ++i) {
@@ -268,9 +268,11 @@ class Metaspace : public PreTokenizer {
     check_keys(j, "pre_tokenizer Metaspace",
                {"replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"});
     replacement_ = get_string(j, "replacement", "\xE2\x96\x81");
-    scheme_ = get_string(j, "prepend_scheme", get_bool(j, "add_prefix_space", true) ? "always" : "never");
+    scheme_ =
+        get_string(j, "prepend_scheme", get_bool(j, "add_prefix_space", true) ? "always" : "never");
     REDCO_CHECK(scheme_ == "always" || scheme_ == "never" || scheme_ == "first",
-                "tokenizer.json: Metaspace prepend_scheme \"{}\" is not always/never/first", scheme_);
+                "tokenizer.json: Metaspace prepend_scheme \"{}\" is not always/never/first",
+                scheme_);
     split_ = get_bool(j, "split", true);
   }
   void split(std::vector<Piece>& pieces) const override {

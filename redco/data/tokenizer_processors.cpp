@@ -49,7 +49,8 @@ void trim_offsets(Encoding& e, bool add_prefix_space, const IdToToken& vocab) {
 }
 
 // before + e + after, the added ones special with empty offsets.
-void wrap(Encoding& e, std::span<const int32_t> before, std::span<const int32_t> after, int32_t type) {
+void wrap(Encoding& e, std::span<const int32_t> before, std::span<const int32_t> after,
+          int32_t type) {
   Encoding w;
   auto special = [&](int32_t id) {
     w.ids.push_back(id), w.type_ids.push_back(type), w.offsets.push_back({});
@@ -93,7 +94,8 @@ class ClsSep : public PostProcessor {
  public:
   ClsSep(const Json& j, bool roberta) : roberta_(roberta) {
     if (roberta) {
-      check_keys(j, "post_processor RobertaProcessing", {"sep", "cls", "trim_offsets", "add_prefix_space"});
+      check_keys(j, "post_processor RobertaProcessing",
+                 {"sep", "cls", "trim_offsets", "add_prefix_space"});
       trim_ = get_bool(j, "trim_offsets", true);
       prefix_ = get_bool(j, "add_prefix_space", true);
     } else {
@@ -102,7 +104,8 @@ class ClsSep : public PostProcessor {
     sep_ = token_pair(j.at("sep"), "sep").second;
     cls_ = token_pair(j.at("cls"), "cls").second;
   }
-  void process(std::vector<Encoding>& seqs, bool add_special, const IdToToken& vocab) const override {
+  void process(std::vector<Encoding>& seqs, bool add_special,
+               const IdToToken& vocab) const override {
     if (trim_)
       for (Encoding& e : seqs) trim_offsets(e, prefix_, vocab);
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -115,7 +118,8 @@ class ClsSep : public PostProcessor {
       if (i == 0) {
         wrap(seqs[i], cls, sep, type);
       } else {
-        wrap(seqs[i], roberta_ ? std::span<const int32_t>(sep) : std::span<const int32_t>(), sep, type);
+        wrap(seqs[i], roberta_ ? std::span<const int32_t>(sep) : std::span<const int32_t>(), sep,
+             type);
       }
     }
   }
@@ -172,8 +176,10 @@ class Template : public PostProcessor {
       } else {
         it.special = p.at("SpecialToken").at("id").as_string();
         it.type = int32_t(p.at("SpecialToken").at("type_id").as_int());
-        REDCO_CHECK(specials_.count(it.special), "tokenizer.json: TemplateProcessing uses special "
-                    "token \"{}\" missing from its special_tokens", it.special);
+        REDCO_CHECK(specials_.count(it.special),
+                    "tokenizer.json: TemplateProcessing uses special "
+                    "token \"{}\" missing from its special_tokens",
+                    it.special);
       }
       items.push_back(std::move(it));
     }
@@ -190,7 +196,8 @@ class ProcessorSequence : public PostProcessor {
     for (const Json& p : j.at("processors").as_array())
       if (auto s = make_post_processor(p)) parts_.push_back(std::move(s));
   }
-  void process(std::vector<Encoding>& seqs, bool add_special, const IdToToken& vocab) const override {
+  void process(std::vector<Encoding>& seqs, bool add_special,
+               const IdToToken& vocab) const override {
     for (const auto& p : parts_) p->process(seqs, add_special, vocab);
   }
 
@@ -242,8 +249,11 @@ std::string ByteLevelDecoder::lossy_utf8(std::string_view b) {
   out.reserve(b.size());
   for (size_t i = 0; i < b.size();) {
     const uint8_t c = uint8_t(b[i]);
-    size_t n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
-                          : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    size_t n = c < 0x80                   ? 1
+               : (c >= 0xC2 && c <= 0xDF) ? 2
+               : (c >= 0xE0 && c <= 0xEF) ? 3
+               : (c >= 0xF0 && c <= 0xF4) ? 4
+                                          : 0;
     size_t k = 1;
     for (; n > 1 && k < n && i + k < b.size(); ++k) {
       const uint8_t d = uint8_t(b[i + k]);
@@ -268,7 +278,8 @@ std::string ByteLevelDecoder::lossy_utf8(std::string_view b) {
 class MetaspaceDecoder : public Decoder {
  public:
   explicit MetaspaceDecoder(const Json& j) {
-    check_keys(j, "decoder Metaspace", {"replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"});
+    check_keys(j, "decoder Metaspace",
+               {"replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"});
     rep_ = get_string(j, "replacement", "\xE2\x96\x81");
     const bool prefix = get_bool(j, "add_prefix_space", true);
     strip_first_ = get_string(j, "prepend_scheme", prefix ? "always" : "never") != "never";
@@ -351,7 +362,8 @@ class StripDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
       size_t b = 0, e = t.size();
-      for (size_t k = 0; k < start_ && t.compare(b, content_.size(), content_) == 0; ++k) b += content_.size();
+      for (size_t k = 0; k < start_ && t.compare(b, content_.size(), content_) == 0; ++k)
+        b += content_.size();
       for (size_t k = 0; k < stop_ && e >= b + content_.size() &&
                          t.compare(e - content_.size(), content_.size(), content_) == 0;
            ++k)
@@ -368,7 +380,8 @@ class StripDecoder : public Decoder {
 class ReplaceDecoder : public Decoder {
  public:
   explicit ReplaceDecoder(const Json& j)
-      : re_(make_pattern(j.at("pattern"), "decoder Replace")), content_(j.at("content").as_string()) {
+      : re_(make_pattern(j.at("pattern"), "decoder Replace")),
+        content_(j.at("content").as_string()) {
     check_keys(j, "decoder Replace", {"pattern", "content"});
   }
   void decode_chain(std::vector<std::string>& tokens) const override {
@@ -413,9 +426,9 @@ class WordPieceDecoder : public Decoder {
   // The reference's clean-up of tokenization spaces.
   static std::string cleanup(std::string s) {
     static const std::pair<std::string_view, std::string_view> rules[] = {
-        {" .", "."},     {" ?", "?"},     {" !", "!"},         {" ,", ","},         {" ' ", "'"},
-        {" n't", "n't"}, {" 'm", "'m"},   {" do not", " don't"}, {" 's", "'s"},     {" 've", "'ve"},
-        {" 're", "'re"}};
+        {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+        {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+        {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
     for (const auto& [from, to] : rules) {
       std::string out;
       size_t last = 0;

@@ -69,16 +69,30 @@ void check_utf8(std::string_view s, std::string_view what) {
     }
     utf8proc_int32_t cp = 0;
     const auto n = utf8proc_iterate(p + i, utf8proc_ssize_t(s.size() - i), &cp);
-    REDCO_CHECK(n > 0, "{}: invalid UTF-8 at byte {} (the tokenizer works on Unicode text; "
-                "decode or clean the input first)", what, i);
+    REDCO_CHECK(n > 0,
+                "{}: invalid UTF-8 at byte {} (the tokenizer works on Unicode text; "
+                "decode or clean the input first)",
+                what, i);
     i += size_t(n);
   }
 }
 
 bool is_whitespace(char32_t c) {
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;
@@ -141,9 +155,10 @@ std::string get_string(const Json& j, std::string_view key, std::string_view fal
 }
 
 void unsupported(std::string_view stage, std::string_view what) {
-  fail("tokenizer.json: {} {} is not supported by redco's tokenizer; the file needs a feature "
-       "redco does not implement, so it cannot give the reference's ids",
-       stage, what);
+  fail(
+      "tokenizer.json: {} {} is not supported by redco's tokenizer; the file needs a feature "
+      "redco does not implement, so it cannot give the reference's ids",
+      stage, what);
 }
 
 }  // namespace redco::data::tok

@@ -74,8 +74,8 @@ class Precompiled : public Normalizer {
     uint32_t trie_bytes = 0;
     std::memcpy(&trie_bytes, blob.data(), 4);
     REDCO_CHECK(trie_bytes % 4 == 0 && 4 + size_t(trie_bytes) <= blob.size(),
-                "tokenizer.json: precompiled_charsmap's trie size {} does not fit its {} bytes", trie_bytes,
-                blob.size());
+                "tokenizer.json: precompiled_charsmap's trie size {} does not fit its {} bytes",
+                trie_bytes, blob.size());
     std::vector<uint32_t> units(trie_bytes / 4);
     std::memcpy(units.data(), blob.data() + 4, trie_bytes);
     trie_ = DoubleArray(std::move(units));
@@ -106,7 +106,8 @@ class Precompiled : public Normalizer {
     for (size_t g = 0; g < s.size();) {
       // An ASCII character before another (CR LF aside) is a grapheme of its own.
       const uint8_t c0 = uint8_t(s[g]);
-      if (c0 < 0x80 && (g + 1 == s.size() || (uint8_t(s[g + 1]) < 0x80 && !(c0 == '\r' && s[g + 1] == '\n')))) {
+      if (c0 < 0x80 &&
+          (g + 1 == s.size() || (uint8_t(s[g + 1]) < 0x80 && !(c0 == '\r' && s[g + 1] == '\n')))) {
         if (ascii_found_[c0]) {
           replace(s.substr(g, 1), ascii_[c0]);
         } else {
@@ -148,7 +149,8 @@ class Precompiled : public Normalizer {
     while (i < s.size()) {
       size_t k = i;
       const char32_t c = next_char(s, k);
-      if (utf8proc_grapheme_break_stateful(utf8proc_int32_t(prev), utf8proc_int32_t(c), &state)) break;
+      if (utf8proc_grapheme_break_stateful(utf8proc_int32_t(prev), utf8proc_int32_t(c), &state))
+        break;
       prev = c;
       i = k;
     }
@@ -159,7 +161,8 @@ class Precompiled : public Normalizer {
     const int64_t at = trie_.first_prefix(chunk);
     if (at < 0 || size_t(at) >= pool_.size()) return false;
     const size_t end = pool_.find('\0', size_t(at));
-    to = std::string_view(pool_).substr(size_t(at), (end == std::string::npos ? pool_.size() : end) - size_t(at));
+    to = std::string_view(pool_).substr(
+        size_t(at), (end == std::string::npos ? pool_.size() : end) - size_t(at));
     return true;
   }
 
@@ -204,7 +207,8 @@ class Unigram : public Model {
   explicit Unigram(const Json& j) {
     check_keys(j, "model Unigram", {"unk_id", "vocab", "byte_fallback"});
     for (const Json& e : j.at("vocab").as_array()) {
-      REDCO_CHECK(e.is_array() && e.size() == 2, "tokenizer.json: Unigram vocab entry is not [piece, score]");
+      REDCO_CHECK(e.is_array() && e.size() == 2,
+                  "tokenizer.json: Unigram vocab entry is not [piece, score]");
       const int32_t id = int32_t(pieces_.size());
       pieces_.push_back(e.at(size_t(0)).as_string());
       scores_.push_back(e.at(size_t(1)).as_double());
@@ -212,8 +216,10 @@ class Unigram : public Model {
       trie_.insert(pieces_.back(), id);
       min_score_ = std::min(min_score_, scores_.back());
     }
-    if (j.contains("unk_id") && !j.at("unk_id").is_null()) unk_id_ = int32_t(j.at("unk_id").as_int());
-    REDCO_CHECK(unk_id_ < int32_t(pieces_.size()), "tokenizer.json: Unigram unk_id {} is outside the vocab", unk_id_);
+    if (j.contains("unk_id") && !j.at("unk_id").is_null())
+      unk_id_ = int32_t(j.at("unk_id").as_int());
+    REDCO_CHECK(unk_id_ < int32_t(pieces_.size()),
+                "tokenizer.json: Unigram unk_id {} is outside the vocab", unk_id_);
     byte_fallback_ = get_bool(j, "byte_fallback", false);
   }
 
@@ -229,7 +235,8 @@ class Unigram : public Model {
         continue;
       }
       if (byte_fallback_ && byte_tokens(piece, b, e, out)) continue;
-      REDCO_CHECK(unk_id_ >= 0, "tokenizer.json: Unigram needs an unk_id for \"{}\"", std::string(piece));
+      REDCO_CHECK(unk_id_ >= 0, "tokenizer.json: Unigram needs an unk_id for \"{}\"",
+                  std::string(piece));
       out.push_back({unk_id_, b, e});
     }
   }
@@ -278,7 +285,8 @@ class Unigram : public Model {
         single = single || at + len == next;
       });
       if (!single) {
-        REDCO_CHECK(unk_id_ >= 0, "tokenizer.json: Unigram has no unk_id for a character outside its vocab");
+        REDCO_CHECK(unk_id_ >= 0,
+                    "tokenizer.json: Unigram has no unk_id for a character outside its vocab");
         Node& n = best[next];
         if (n.start < 0 || here + unk_score > n.score) n = {here + unk_score, int64_t(at), unk_id_};
       }
@@ -339,6 +347,8 @@ void apply_changes(Piece& p, const std::vector<std::pair<char32_t, int>>& change
 }
 
 std::unique_ptr<Model> make_unigram(const Json& j) { return std::make_unique<Unigram>(j); }
-std::unique_ptr<Normalizer> make_precompiled(const Json& j) { return std::make_unique<Precompiled>(j); }
+std::unique_ptr<Normalizer> make_precompiled(const Json& j) {
+  return std::make_unique<Precompiled>(j);
+}
 
 }  // namespace redco::data::tok

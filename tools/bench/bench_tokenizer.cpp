@@ -51,19 +51,24 @@ double best_seconds(int reps, bool cpu, F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
     f();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, cpu ? thread_cpu_seconds() - c0 : wall);
   }
   return best;
 }
 
 // kind -> {single-thread s, batch s} from bench_tokenizer.py's "kind single batch" lines.
-std::map<std::string, std::pair<double, double>> run_python(const std::string& python, const fs::path& root,
-                                                            const fs::path& text, int threads, int reps,
+std::map<std::string, std::pair<double, double>> run_python(const std::string& python,
+                                                            const fs::path& root,
+                                                            const fs::path& text, int threads,
+                                                            int reps,
                                                             const std::vector<std::string>& kinds) {
-  std::string cmd = "'" + python + "' '" + (root / "tools/bench/bench_tokenizer.py").string() + "' '" +
-                    text.string() + "' " + std::to_string(threads) + " " + std::to_string(reps);
-  for (const auto& k : kinds) cmd += " '" + (root / "tests/data/tokenizers" / k / "tokenizer.json").string() + "'";
+  std::string cmd = "'" + python + "' '" + (root / "tools/bench/bench_tokenizer.py").string() +
+                    "' '" + text.string() + "' " + std::to_string(threads) + " " +
+                    std::to_string(reps);
+  for (const auto& k : kinds)
+    cmd += " '" + (root / "tests/data/tokenizers" / k / "tokenizer.json").string() + "'";
   std::map<std::string, std::pair<double, double>> out;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;
@@ -107,19 +112,26 @@ int main(int argc, char** argv) {
   }
   const auto py = python.empty() ? decltype(run_python("", root, text, 1, 1, kinds)){}
                                  : run_python(python, root, text, threads, reps, kinds);
-  std::printf("KJV: %zu verses, %.2f MB; best of %d; 1 thread: CPU seconds, %d threads: wall seconds (MB/s)\n",
-              verses.size(), bytes / 1e6, reps, threads);
-  std::printf("| kind | tokens | redco 1 thr | redco %d thr | tokenizers 1 thr | tokenizers %d thr | redco/tokenizers 1 thr | redco 1 thr CPU / %d thr wall |\n",
-              threads, threads, threads);
+  std::printf(
+      "KJV: %zu verses, %.2f MB; best of %d; 1 thread: CPU seconds, %d threads: wall seconds "
+      "(MB/s)\n",
+      verses.size(), bytes / 1e6, reps, threads);
+  std::printf(
+      "| kind | tokens | redco 1 thr | redco %d thr | tokenizers 1 thr | tokenizers %d thr | "
+      "redco/tokenizers 1 thr | redco 1 thr CPU / %d thr wall |\n",
+      threads, threads, threads);
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const auto& kind : kinds) {
-    const auto tok = data::Tokenizer::from_file(root / "tests/data/tokenizers" / kind / "tokenizer.json");
+    const auto tok =
+        data::Tokenizer::from_file(root / "tests/data/tokenizers" / kind / "tokenizer.json");
     size_t tokens = 0;
     const double one = best_seconds(reps, true, [&] {
       tokens = 0;
       for (const auto& v : verses) tokens += tok.encode(v).size();
     });
-    const double many = best_seconds(reps, false, [&] { tok.encode_batch(std::span<const std::string>(verses), true, threads); });
+    const double many = best_seconds(reps, false, [&] {
+      tok.encode_batch(std::span<const std::string>(verses), true, threads);
+    });
     auto mbs = [&](double s) { return bytes / 1e6 / s; };
     std::string ref1 = "-", refn = "-", ratio = "-";
     if (auto it = py.find(kind); it != py.end()) {
@@ -127,8 +139,9 @@ int main(int argc, char** argv) {
       refn = fmt::format("{:.3f} ({:.1f})", it->second.second, mbs(it->second.second));
       ratio = fmt::format("{:.2f}x", it->second.first / one);
     }
-    std::printf("| %s | %zu | %.3f (%.1f) | %.3f (%.1f) | %s | %s | %s | %.2fx |\n", kind.c_str(), tokens, one, mbs(one),
-                many, mbs(many), ref1.c_str(), refn.c_str(), ratio.c_str(), one / many);
+    std::printf("| %s | %zu | %.3f (%.1f) | %.3f (%.1f) | %s | %s | %s | %.2fx |\n", kind.c_str(),
+                tokens, one, mbs(one), many, mbs(many), ref1.c_str(), refn.c_str(), ratio.c_str(),
+                one / many);
     std::fflush(stdout);
   }
   fs::remove(text);

@@ -121,7 +121,7 @@ std::vector<std::pair<uint32_t, uint32_t>> pairs(const io::Json& a) {
   return v;
 }
 
-const char* kKinds[] = {"gpt2", "llama3", "roberta", "bert", "llama2", "t5"};
+const char* kKinds[] = {"gpt2", "llama3", "roberta", "bert", "llama2", "t5", "misc"};
 
 }  // namespace
 
@@ -246,4 +246,10 @@ TEST_CASE("tokenizer: user errors name the problem", "[tokenizer]") {
   bad_merge.replace(bad_merge.find(R"("a b")"), 5, R"("a c")");
   CHECK_THROWS_WITH(data::Tokenizer::from_json(bad_merge), Contains("merge 0"));
   CHECK_THROWS_WITH(data::Tokenizer::from_json("{"), Contains("tokenizer.json"));
+}
+TEST_CASE(
+    "tokenizer: the remaining components (Unicode forms, Whitespace, Digits, ...) equal the "
+    "reference",
+    "[tokenizer]") {
+  check_goldens("misc");
 }

@@ -101,7 +101,7 @@ int main() {
         fs::temp_directory_path() / ("redco_tokenizer_kjv_" + std::to_string(getpid()));
     fs::create_directories(work);
     size_t bad = 0;
-    for (const char* kind : {"gpt2", "llama3", "roberta", "bert", "llama2", "t5"})
+    for (const char* kind : {"gpt2", "llama3", "roberta", "bert", "llama2", "t5", "misc"})
       bad += compare(kind, tokenizer_test::fixture(kind) / "tokenizer.json", verses, python, work);
     // redco's own BPE trainer, written as a tokenizer.json.
     std::string corpus;

@@ -2,6 +2,8 @@
 // BertNormalizer, Replace, Prepend, Strip, Precompiled, Sequence. Each keeps
 // the per-byte alignment to the original text the way Hugging Face's
 // NormalizedString does, because offsets are part of what must match.
+#include <unicode/uchar.h>
+#include <unicode/unorm2.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -13,6 +15,9 @@
 namespace redco::data::tok {
 
 namespace {
+
+// The Unicode version of the reference's normalization tables.
+constexpr int kFormsVersion = 9;
 
 // Rust's char::to_lowercase: the simple mapping, plus the one unconditional
 // multi-character lowercase mapping (U+0130 -> "i\u0307").
@@ -37,7 +42,7 @@ void decompose(Piece& p, bool compat) {
   for (size_t i = 0; i < p.text.size();) {
     const Span a = p.align[i];
     const char32_t c = next_char(p.text, i);
-    if (c < 0xC0) {  // nothing below U+00C0 decomposes
+    if (c < 0xC0 || !unicode_age_at_most(c, kFormsVersion)) {  // nothing below U+00C0 decomposes
       cs.push_back({c, a});
       continue;
     }
@@ -48,7 +53,11 @@ void decompose(Piece& p, bool compat) {
     for (int k = 0; k < n; ++k) cs.push_back({char32_t(buf[k]), a});
   }
   // Canonical ordering: stable sort of each run of non-starters by class.
-  auto ccc = [](char32_t c) { return utf8proc_get_property(utf8proc_int32_t(c))->combining_class; };
+  auto ccc = [](char32_t c) {
+    return unicode_age_at_most(c, kFormsVersion)
+               ? utf8proc_get_property(utf8proc_int32_t(c))->combining_class
+               : 0;
+  };
   for (size_t i = 0; i < cs.size();) {
     size_t j = i;
     while (j < cs.size() && ccc(cs[j].first) != 0) ++j;
@@ -74,13 +83,24 @@ void compose(Piece& p, bool compat) {
   const int opts = UTF8PROC_STABLE | UTF8PROC_COMPOSE | (compat ? UTF8PROC_COMPAT : 0);
   std::string text;
   std::vector<Span> align;
-  auto starter = [](char32_t c) {
-    return utf8proc_get_property(utf8proc_int32_t(c))->combining_class == 0;
+  // A run ends before a character nothing before it can combine with: a
+  // starter whose quick-check value is not "maybe" (Hangul vowels and
+  // trailing consonants, some Indic vowel signs are starters that compose).
+  const UProperty qc = compat ? UCHAR_NFKC_QUICK_CHECK : UCHAR_NFC_QUICK_CHECK;
+  // Characters newer than the reference's tables stay as they are.
+  auto newer = [](char32_t c) { return !unicode_age_at_most(c, kFormsVersion); };
+  auto starter = [&](char32_t c) {
+    return newer(c) || (utf8proc_get_property(utf8proc_int32_t(c))->combining_class == 0 &&
+                        u_getIntPropertyValue(UChar32(c), qc) != UNORM_MAYBE);
   };
   for (size_t i = 0; i < p.text.size();) {
     const size_t b = i;
     std::vector<Span> in{p.align[i]};
-    next_char(p.text, i);
+    if (newer(next_char(p.text, i))) {
+      text.append(p.text, b, i - b);
+      align.insert(align.end(), p.align.begin() + long(b), p.align.begin() + long(i));
+      continue;
+    }
     while (i < p.text.size()) {
       size_t k = i;
       if (starter(next_char(p.text, k))) break;
@@ -132,11 +152,12 @@ class Lowercase : public Normalizer {
 
 class StripAccents : public Normalizer {
  public:
-  // The reference drops every combining mark (Mn, Mc, Me).
+  // The reference drops every combining mark (Mn, Mc, Me) of Unicode 9.0.
   void normalize(Piece& p) const override {
     map_chars(p, [](char32_t c, std::string& out) {
       const auto k = utf8proc_category(utf8proc_int32_t(c));
-      if (k != UTF8PROC_CATEGORY_MN && k != UTF8PROC_CATEGORY_MC && k != UTF8PROC_CATEGORY_ME)
+      if ((k != UTF8PROC_CATEGORY_MN && k != UTF8PROC_CATEGORY_MC && k != UTF8PROC_CATEGORY_ME) ||
+          !unicode_age_at_most(c, kFormsVersion))
         append_utf8(out, c);
     });
   }

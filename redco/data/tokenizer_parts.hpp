@@ -62,9 +62,10 @@ void append_utf8(std::string& out, char32_t c);
 void check_utf8(std::string_view s, std::string_view what);
 bool is_whitespace(char32_t c);  // Rust's char::is_whitespace (White_Space)
 // The reference classifies punctuation, "other" characters and nonspacing
-// marks with Unicode 8.0 tables (Rust's unicode_categories crate), so these
-// three leave out characters assigned later (their age comes from ICU).
-bool in_unicode_8(char32_t c);
+// marks with Unicode 8.0 tables (Rust's unicode_categories crate), and
+// normalizes and strips accents with Unicode 9.0 tables, so these leave out
+// characters assigned later (their age comes from ICU).
+bool unicode_age_at_most(char32_t c, int major);
 bool is_punctuation(char32_t c);      // P* categories
 bool is_control(char32_t c);          // Cc, Cf, Co (the reference's "other"; unassigned excluded)
 bool is_nonspacing_mark(char32_t c);  // Mn

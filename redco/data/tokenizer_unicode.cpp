@@ -103,28 +103,28 @@ namespace {
 utf8proc_category_t category(char32_t c) { return utf8proc_category(utf8proc_int32_t(c)); }
 }  // namespace
 
-bool in_unicode_8(char32_t c) {
+bool unicode_age_at_most(char32_t c, int major) {
   if (c < 0x80) return true;
   UVersionInfo v;
-  u_charAge(UChar32(c), v);
-  return v[0] < 8 || (v[0] == 8 && v[1] == 0);
+  u_charAge(UChar32(c), v);  // 0.0 for unassigned characters
+  return v[0] <= major;
 }
 
 bool is_punctuation(char32_t c) {
   const auto k = category(c);
-  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO && in_unicode_8(c);
+  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO && unicode_age_at_most(c, 8);
 }
 
 bool is_control(char32_t c) {
   const auto k = category(c);
   return (k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CO) &&
-         in_unicode_8(c);
+         unicode_age_at_most(c, 8);
 }
 
 bool is_nonspacing_mark(char32_t c) {
   // U+1885 and U+1886 were letters (Lo) until Unicode 9.0 made them marks.
   if (c == 0x1885 || c == 0x1886) return false;
-  return category(c) == UTF8PROC_CATEGORY_MN && in_unicode_8(c);
+  return category(c) == UTF8PROC_CATEGORY_MN && unicode_age_at_most(c, 8);
 }
 
 bool is_chinese_char(char32_t c) {

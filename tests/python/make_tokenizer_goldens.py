@@ -100,6 +100,29 @@ def bert(verses):
     return tok, "[MASK]"
 
 
+def misc(verses):
+    """A file made of the remaining components: Unicode forms, StripAccents,
+    Replace (regex), Lowercase, Strip; Whitespace, Punctuation, Digits,
+    Metaspace (prepend_scheme first, no split); BPE with a continuing-subword
+    prefix and an unknown token; a [CLS] $A [SEP] template; WordPiece decoding."""
+    tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.Sequence([
+        normalizers.NFD(), normalizers.StripAccents(), normalizers.NFKC(),
+        normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase(), normalizers.Strip()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation(behavior="contiguous"),
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Metaspace(prepend_scheme="first", split=False)])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    special = ["[UNK]", "[CLS]", "[SEP]"]
+    tok.train_from_iterator(verses, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special,
+                                                        continuing_subword_prefix="##"))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    return tok, "[SEP]"
+
+
 def sentencepiece_model(verses, model_type, workdir):
     import sentencepiece as spm
     text = os.path.join(workdir, "kjv.txt")
@@ -241,7 +264,8 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         kinds = {"gpt2": lambda: gpt2(verses), "llama3": lambda: llama3(verses),
                  "roberta": lambda: roberta(verses), "bert": lambda: bert(verses),
-                 "llama2": lambda: llama2(verses, work), "t5": lambda: t5(verses, work)}
+                 "llama2": lambda: llama2(verses, work), "t5": lambda: t5(verses, work),
+                 "misc": lambda: misc(verses)}
         only = sys.argv[2:] or list(kinds)
         for kind in only:
             tok, special = kinds[kind]()

@@ -7,6 +7,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -47,6 +48,11 @@ struct AddedToken {
 };
 
 struct Tokenizer::Impl {
+  const uint64_t serial = next_serial();
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   std::unique_ptr<Model> model;
@@ -216,12 +222,12 @@ void Tokenizer::Impl::split_added(std::vector<Piece>& pieces, bool normalized_st
 // models are pure functions of the word, and text repeats its words.
 const std::vector<Token>& Tokenizer::Impl::tokenize_cached(std::string_view word) const {
   struct Cache {
-    const Impl* owner = nullptr;
+    uint64_t owner = 0;  // the Impl's serial: an address could be reused by a later tokenizer
     std::unordered_map<std::string, std::vector<Token>, tok::StringHash, std::equal_to<>> map;
     std::vector<Token> scratch;
   };
   thread_local Cache cache;
-  if (cache.owner != this) cache.map.clear(), cache.owner = this;
+  if (cache.owner != serial) cache.map.clear(), cache.owner = serial;
   if (word.size() > kMaxCachedWord) {
     cache.scratch.clear();
     model->tokenize(word, cache.scratch);

@@ -146,8 +146,8 @@ void Tokenizer::Impl::load(const Json& j) {
   is_special.assign(vocab.size(), 0);
   for (const AddedToken& t : added) {
     is_special[size_t(t.id)] = t.special;
-    // Special tokens are never normalized, whatever the flag says (as the reference).
-    if (t.normalized && !t.special) {
+    // Tokens flagged `normalized` (special or not) match the normalized text.
+    if (t.normalized) {
       norm_tokens.push_back(&t);
       Piece p{t.content, std::vector<Span>(t.content.size()), {}, -1};
       if (normalizer) normalizer->normalize(p);

@@ -120,6 +120,9 @@ def misc(verses):
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    # Added tokens matched in the normalized (here lowercased) text.
+    tok.add_tokens([AddedToken("Holy Ghost", normalized=True)])
+    tok.add_special_tokens([AddedToken("[AMEN]", normalized=True, special=True)])
     return tok, "[SEP]"
 
 
@@ -176,6 +179,7 @@ def edge_cases(special):
         "<extra_id_0> <extra_id_1>x", "[MASK] mask [MASK]", "UPPER lower MiXeD",
         "\u0130stanbul \u0131", "\u1e9e", "\u00ad soft\u00adhyphen", "next\u0085line a\u0085 b",
         "\u1885\u1886 mongolian", "\ufffd replacement \u061d",
+        "the HOLY GHOST, holy ghost; [Amen] x[AMEN]y Holy  Ghost",
     ]
 
 

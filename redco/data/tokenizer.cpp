@@ -107,6 +107,30 @@ void find_added(std::string_view s, const std::vector<const AddedToken*>& tokens
   }
 }
 
+Truncation read_truncation(const Json& t) {
+  check_keys(t, "truncation", {"max_length", "strategy", "stride", "direction"});
+  REDCO_CHECK(
+      get_string(t, "strategy", "LongestFirst") == "LongestFirst" &&
+          (!t.contains("stride") || t.at("stride").as_int() == 0),
+      "tokenizer.json: truncation strategy/stride other than LongestFirst/0 is not supported");
+  return Truncation{t.at("max_length").as_int(),
+                    get_string(t, "direction", "Right") == "Left" ? Side::left : Side::right};
+}
+
+Padding read_padding(const Json& p) {
+  check_keys(p, "padding",
+             {"strategy", "direction", "pad_to_multiple_of", "pad_id", "pad_type_id", "pad_token"});
+  Padding pad;
+  const Json& st = p.at("strategy");
+  if (st.is_object() && st.contains("Fixed")) pad.length = st.at("Fixed").as_int();
+  pad.side = get_string(p, "direction", "Right") == "Left" ? Side::left : Side::right;
+  if (p.contains("pad_to_multiple_of") && !p.at("pad_to_multiple_of").is_null())
+    pad.multiple_of = p.at("pad_to_multiple_of").as_int();
+  pad.pad_id = int32_t(p.contains("pad_id") ? p.at("pad_id").as_int() : 0);
+  pad.pad_type_id = int32_t(p.contains("pad_type_id") ? p.at("pad_type_id").as_int() : 0);
+  return pad;
+}
+
 }  // namespace
 
 void Tokenizer::Impl::load(const Json& j) {
@@ -156,32 +180,9 @@ void Tokenizer::Impl::load(const Json& j) {
       raw_tokens.push_back(&t);
     }
   }
-  if (j.contains("truncation") && !j.at("truncation").is_null()) {
-    const Json& t = j.at("truncation");
-    check_keys(t, "truncation", {"max_length", "strategy", "stride", "direction"});
-    REDCO_CHECK(
-        get_string(t, "strategy", "LongestFirst") == "LongestFirst" &&
-            (!t.contains("stride") || t.at("stride").as_int() == 0),
-        "tokenizer.json: truncation strategy/stride other than LongestFirst/0 is not supported");
-    truncation =
-        Truncation{t.at("max_length").as_int(),
-                   get_string(t, "direction", "Right") == "Left" ? Side::left : Side::right};
-  }
-  if (j.contains("padding") && !j.at("padding").is_null()) {
-    const Json& p = j.at("padding");
-    check_keys(
-        p, "padding",
-        {"strategy", "direction", "pad_to_multiple_of", "pad_id", "pad_type_id", "pad_token"});
-    Padding pad;
-    const Json& st = p.at("strategy");
-    if (st.is_object() && st.contains("Fixed")) pad.length = st.at("Fixed").as_int();
-    pad.side = get_string(p, "direction", "Right") == "Left" ? Side::left : Side::right;
-    if (p.contains("pad_to_multiple_of") && !p.at("pad_to_multiple_of").is_null())
-      pad.multiple_of = p.at("pad_to_multiple_of").as_int();
-    pad.pad_id = int32_t(p.contains("pad_id") ? p.at("pad_id").as_int() : 0);
-    pad.pad_type_id = int32_t(p.contains("pad_type_id") ? p.at("pad_type_id").as_int() : 0);
-    padding = pad;
-  }
+  if (j.contains("truncation") && !j.at("truncation").is_null())
+    truncation = read_truncation(j.at("truncation"));
+  if (j.contains("padding") && !j.at("padding").is_null()) padding = read_padding(j.at("padding"));
 }
 
 // The reference's AddedVocabulary::find_matches on every piece still to tokenize.

@@ -16,6 +16,17 @@
 //
 // Every component and option a file uses is implemented exactly or rejected
 // with an Error naming it: redco never silently tokenizes differently.
+// Implemented: normalizers NFC/NFD/NFKC/NFKD, Lowercase, StripAccents,
+// BertNormalizer, Replace, Prepend, Strip, Precompiled, Sequence;
+// pre-tokenizers ByteLevel, Split, Metaspace, Whitespace, WhitespaceSplit,
+// BertPreTokenizer, Digits, Punctuation, Sequence; models BPE, Unigram,
+// WordPiece; post-processors TemplateProcessing, ByteLevel,
+// RobertaProcessing, BertProcessing, Sequence; decoders ByteLevel, Metaspace,
+// ByteFallback, Fuse, Strip, Replace, WordPiece, Sequence. Rejected: e.g.
+// WordLevel, UnicodeScripts, CharDelimiterSplit, BPE dropout, the BPE/CTC
+// decoders, truncation strategies other than LongestFirst or with a stride.
+// Where the reference uses older Unicode tables (categories: 8.0,
+// normalization and accents: 9.0), redco restricts its own by character age.
 // Offsets are byte offsets into the input (the Python package reports
 // character offsets; a token that covers part of a character there covers
 // the whole character here only where the reference does too).

@@ -44,8 +44,9 @@ inline auto opt(const OptConfig& c) {
   head.tied_to = "embed_tokens.weight";
   auto tokens = nn::named<"embed_tokens">(nn::embedding(c.vocab, e)) |
                 nn::maybe(nn::named<"project_in">(nn::projection(e, d)), e != d);
-  auto positions = nn::named<"embed_positions">(
-      nn::positions(c.context + OptConfig::kPositionOffset, d, OptConfig::kPositionOffset));
+  nn::Positions pos = nn::positions(c.context + OptConfig::kPositionOffset, d, OptConfig::kPositionOffset);
+  pos.count_tokens = true;  // a padded row's positions start at its first token
+  auto positions = nn::named<"embed_positions">(std::move(pos));
   return (std::move(tokens) + std::move(positions)) |
          nn::named<"layers">(nn::repeat(c.layers, std::move(block))) |
          nn::maybe(nn::named<"final_layer_norm">(ln()), c.final_norm) |

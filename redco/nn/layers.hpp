@@ -57,17 +57,24 @@ struct Embedding {  // ids [B, T] -> [B, T, d]; the vocabulary is split across s
 
 // ids [B, T] -> learned positions [T, d] (broadcast over B): rows offset ..
 // offset + T - 1 of the table [max_len, d] (OPT and BART keep two rows
-// before position 0, a fairseq convention: offset 2).
+// before position 0, a fairseq convention: offset 2). With count_tokens, a
+// padded batch (Ctx::mask) numbers each row's tokens from its first real one,
+// as OPT does; otherwise positions are the input's indices, padding included
+// (GPT-2's forward without position ids).
 struct Positions {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "wpe";
   int64_t max_len = 0, dim = 0;
   int64_t offset = 0;
+  bool count_tokens = false;
   static constexpr void walk(Walker& w, const Positions* l) {
     w.param("weight", Role::replicated, l ? Dims{l->max_len, l->dim} : Dims{}, Init::normal,
             kTransformerInitStd);
   }
   Tensor forward(const Params& p, const Tensor& ids, Ctx&) const;
+
+ private:
+  Tensor counted(const Params& p, const Tensor& ids, const Tensor& mask) const;
 };
 
 // Generation asks for one position's logits per row (Ctx::logit_rows):

@@ -116,7 +116,27 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
   }
   REDCO_CHECK(T + offset <= max_len, "positions: sequence length {} exceeds the model's maximum {}",
               T, max_len - offset);
+  if (count_tokens && ctx.mask.defined()) return counted(p, ids, ctx.mask);
   return slice(p["weight"], 0, offset, offset + T);  // [T, d], broadcast over the batch
+}
+
+// Row b's token t sits at (real tokens up to t) - 1; padding at -1 (the
+// table's row offset - 1, as transformers' OPT does). [B, T, d].
+Tensor Positions::counted(const Params& p, const Tensor& ids, const Tensor& mask) const {
+  REDCO_CHECK(mask.shape() == ids.shape(), "positions: the mask {} does not match the ids {}",
+              mask.shape(), ids.shape());
+  const Tensor m = mask.to(Device::cpu()).to(DType::f32);
+  Tensor pos = Tensor::empty(ids.shape(), DType::i64);
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t seen = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool real = m.data<float>()[b * T + t] != 0.f;
+      seen += real;
+      pos.data<int64_t>()[b * T + t] = std::max<int64_t>(0, offset + (real ? seen - 1 : -1));
+    }
+  }
+  return embedding(p["weight"], pos);
 }
 
 AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,

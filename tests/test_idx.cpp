@@ -16,6 +16,7 @@
 
 #include "redco/core/error.hpp"
 #include "redco/data/idx.hpp"
+#include "skip.hpp"
 
 namespace fs = std::filesystem;
 using redco::data::IdxArray;
@@ -260,9 +261,8 @@ TEST_CASE("load_fashion_mnist validates a small synthetic copy", "[data]") {
 
 TEST_CASE("load_fashion_mnist reads the installed dataset", "[data][fashion]") {
   if (!fs::exists(redco::data::kFashionMnistDir)) {
-    WARN("skipped: " << redco::data::kFashionMnistDir
-                     << " missing (sudo apt-get install dataset-fashion-mnist)");
-    return;
+    redco::test::skip(std::string(redco::data::kFashionMnistDir) +
+                      " missing (sudo apt-get install dataset-fashion-mnist)");
   }
   const auto train = redco::data::load_fashion_mnist();
   REQUIRE(train.count == 60000);

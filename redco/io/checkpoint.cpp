@@ -446,15 +446,30 @@ void abandon_checkpoint(const fs::path& tmp) noexcept {
 
 void save_checkpoint(const fs::path& dir, const ParamTree& params, const ParamTree& opt_state,
                      const std::string& state_json) {
-  const fs::path tmp = begin_checkpoint(dir, state_json);
+  fs::path tmp;
   try {
+    tmp = begin_checkpoint(dir, state_json);
     save_safetensors(tmp / kParams, params);
     save_safetensors(tmp / kOptState, opt_state);
     finish_checkpoint(tmp, dir, state_json);
+  } catch (const Error& e) {
+    if (!tmp.empty()) abandon_checkpoint(tmp);
+    fail_checkpoint_write(dir, e.what());
   } catch (...) {
-    abandon_checkpoint(tmp);
+    if (!tmp.empty()) abandon_checkpoint(tmp);
     throw;
   }
+}
+
+void fail_checkpoint_write(const fs::path& dir, const std::string& why) {
+  // Everything is written beside `dir` and published by one rename, so a
+  // failure before the rename leaves `dir` and its siblings as they were.
+  const fs::path where = folder_of(dir);
+  fail(
+      "cannot save checkpoint '{}': {}. Nothing was replaced: the checkpoints in '{}' (an "
+      "earlier '{}' included) are as before and still load. Free disk space or make that folder "
+      "writable, then save again (a Trainer resumes from the newest complete checkpoint)",
+      where.string(), why, parent_of(where).string(), where.filename().string());
 }
 
 std::string read_checkpoint_state(const fs::path& dir) { return open_checkpoint(dir); }

@@ -337,6 +337,27 @@ TEST_CASE("Json: values, escaping and exact number round trips", "[io]") {
   }
 }
 
+TEST_CASE("Json: numbers at the edges parse exactly (found by fuzzing)", "[io]") {
+  // rapidjson's full-precision conversion had undefined behaviour on these
+  // (tests/fuzz/fuzz_state_json.cpp); numbers are now converted by from_chars.
+  auto num = [](const char* text) { return io::Json::parse(text).as_double(); };
+  CHECK(num("0e92") == 0.0);
+  CHECK(num("0.000e-400") == 0.0);
+  CHECK(num("1.5e-400") == 0.0);
+  CHECK(std::signbit(num("-1e-400")));
+  CHECK(num("4.9406564584124654e-324") == std::numeric_limits<double>::denorm_min());
+  CHECK(num("1.7976931348623157e308") == std::numeric_limits<double>::max());
+  CHECK(num("0.1") == 0.1);
+  CHECK(std::isnan(num("NaN")));
+  CHECK(num("-Infinity") == -std::numeric_limits<double>::infinity());
+  CHECK(io::Json::parse("-9223372036854775808").as_int() == INT64_MIN);
+  CHECK(io::Json::parse("18446744073709551615").as_uint() == UINT64_MAX);
+  CHECK(io::Json::parse("18446744073709551616").is_number());  // beyond 64 bits: a double
+  CHECK(num("18446744073709551616") == 18446744073709551616.0);
+  CHECK_THAT(error_of([] { io::Json::parse("[1e400]", "state.json"); }),
+             Contains("state.json") && Contains("too big"));
+}
+
 TEST_CASE("Json: parse and access errors", "[io]") {
   CHECK_THAT(error_of([] { io::Json::parse("{\"a\": 1,}", "state.json"); }),
              Contains("state.json") && Contains("byte"));

@@ -212,7 +212,7 @@ Header parse_header(std::string_view text, uint64_t buffer_size, const fs::path&
   if (text.empty() || text[0] != '{') bad(path, "the header does not start with '{{'");
   rapidjson::Document doc;
   constexpr unsigned kFlags = rapidjson::kParseValidateEncodingFlag |
-                              rapidjson::kParseIterativeFlag | rapidjson::kParseFullPrecisionFlag;
+                              rapidjson::kParseIterativeFlag;
   doc.Parse<kFlags>(text.data(), text.size());
   if (doc.HasParseError())
     bad(path, "the header is not valid JSON: {} (at header byte {})",

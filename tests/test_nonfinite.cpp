@@ -243,7 +243,7 @@ TEST_CASE("skip_step skips exactly the bad update, counts and logs it", "[nonfin
 
 TEST_CASE("data parallel: one rank's NaN stops or skips on every rank alike", "[nonfinite]") {
   const auto data = make_data(64);
-  for (const Spec mesh : {Spec{.world = 2, .mp = 1}, Spec{.world = 2, .mp = 2}}) {
+  for (const Spec& mesh : {Spec{.world = 2, .mp = 1}, Spec{.world = 2, .mp = 2}}) {
     INFO("world " << mesh.world << ", n_model_shards " << mesh.mp);
     // The clean run on this mesh, for the parameters after step 2.
     const Run clean = run(data, {Poison::loss, 0}, {.world = mesh.world, .mp = mesh.mp})[0];

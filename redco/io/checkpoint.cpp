@@ -156,6 +156,18 @@ Json json_number(std::string_view t, std::string_view source) {
   return d;
 }
 
+// Whether a decoded string is valid UTF-8. The parser checks the raw bytes,
+// but a \u escape of a lone UTF-16 surrogate (\udc00) decodes to bytes that
+// are not a character; such a document could not be written back (found by
+// tests/fuzz/fuzz_state_json.cpp).
+bool valid_utf8(const char* s, size_t n) {
+  rapidjson::MemoryStream in(s, n);
+  rapidjson::GenericStringBuffer<rapidjson::UTF8<>> copy;  // Validate copies what it reads
+  while (in.Tell() < n)
+    if (!rapidjson::UTF8<>::Validate(in, copy)) return false;
+  return true;
+}
+
 // Builds a Json from rapidjson's SAX events (numbers as text, see json_number).
 struct JsonBuilder {
   std::string_view source;
@@ -195,9 +207,22 @@ struct JsonBuilder {
   bool RawNumber(const char* s, rapidjson::SizeType n, bool) {
     return add(json_number({s, n}, source));
   }
-  bool String(const char* s, rapidjson::SizeType n, bool) { return add(std::string(s, n)); }
+  void check_text(const char* s, rapidjson::SizeType n) const {
+    if (!valid_utf8(s, n))
+      fail(
+          "{}: the JSON string '{}' holds a \\u escape that is no character (a lone UTF-16 "
+          "surrogate)",
+          source, std::string_view(s, n));
+  }
+  bool String(const char* s, rapidjson::SizeType n, bool) {
+    check_text(s, n);
+    return add(std::string(s, n));
+  }
   bool StartObject() { return start(Json::object()); }
-  bool Key(const char* s, rapidjson::SizeType n, bool) { return keys.back().assign(s, n), true; }
+  bool Key(const char* s, rapidjson::SizeType n, bool) {
+    check_text(s, n);
+    return keys.back().assign(s, n), true;
+  }
   bool EndObject(rapidjson::SizeType) { return end(); }
   bool StartArray() { return start(Json::array()); }
   bool EndArray(rapidjson::SizeType) { return end(); }

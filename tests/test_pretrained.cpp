@@ -20,7 +20,10 @@
 #include "redco/dist/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/core/philox.hpp"
+#include "redco/optim/optimizer.hpp"
 #include "redco/train/parallel.hpp"
+#include "redco/train/trainer.hpp"
 
 using namespace redco;
 namespace fs = std::filesystem;
@@ -475,4 +478,50 @@ TEST_CASE("transformers loads what save_pretrained writes, with redco's logits",
     std::exit(77);
   }
   CHECK(rc == 0);
+}
+
+namespace {
+struct LmExample {
+  std::vector<int64_t> ids;  // 9 tokens: inputs are the first 8, targets the last 8
+};
+struct LmBatch {
+  Tensor inputs, targets;
+};
+LmBatch lm_collate(std::span<const LmExample> ex) {
+  const auto n = int64_t(ex.size());
+  LmBatch b{Tensor::empty({n, 8}, DType::i64), Tensor::empty({n, 8}, DType::i64)};
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < 8; ++t) {
+      b.inputs.data<int64_t>()[i * 8 + t] = ex[size_t(i)].ids[size_t(t)];
+      b.targets.data<int64_t>()[i * 8 + t] = ex[size_t(i)].ids[size_t(t + 1)];
+    }
+  return b;
+}
+}  // namespace
+
+TEST_CASE("a checkpoint fine-tuned 20 steps exports and re-imports exactly", "[hf]") {
+  const auto p = models::from_pretrained<models::Llama>(fixtures() / "llama3_tied");
+  std::vector<LmExample> train;
+  for (uint64_t i = 0; i < 64; ++i) {  // a learnable pattern: t -> t + 3 (mod 96)
+    LmExample e;
+    e.ids.push_back(int64_t(philox_bits(5, 0, i) % 96));
+    for (int t = 1; t < 9; ++t) e.ids.push_back((e.ids.back() + 3) % 96);
+    train.push_back(e);
+  }
+  auto loss = [](auto& model, const LmBatch& b, train::Rng) {
+    return cross_entropy(model(b.inputs), b.targets);
+  };
+  train::Deployer deployer({.seed = 3, .quiet = true});
+  train::Trainer trainer(deployer, p.model, lm_collate, loss, optim::adamw(1e-2f), p.params);
+  trainer.fit(train, {.global_batch_size = 16, .n_epochs = 5, .max_steps = 20});
+  const nn::ParamTree tuned = trainer.whole_params();
+  CHECK(test::max_abs_diff(tuned.at("norm.weight"), p.params.at("norm.weight")) > 1e-3f);
+  TempDir out;
+  models::save_pretrained<models::Llama>(out.path, p.config, tuned, {}, p.hf_config);
+  const auto back = models::from_pretrained<models::Llama>(out.path);
+  REQUIRE(back.params.size() == tuned.size());
+  for (const auto& [k, t] : tuned) {
+    INFO(k);
+    CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
+  }
 }

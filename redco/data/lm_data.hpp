@@ -24,7 +24,8 @@ namespace redco::data {
 // `file` when `save` (through a temporary file renamed into place, so another
 // process never reads half of it), and loaded back through data::Tokenizer.
 // Learning is deterministic: processes that each learn one get the same, and
-// only one of them needs to save it.
+// only one of them needs to save it. (A text too short to yield `vocab_size`
+// tokens gives fewer, and is learned again on every call.)
 Tokenizer load_or_train_bpe(const std::filesystem::path& file, std::string_view text,
                             int64_t vocab_size, bool save = true);
 

@@ -6,9 +6,8 @@ namespace redco::models {
 
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir, const hf::LoadOptions& opts) {
   const hf::Config config(dir);
-  return with_family(config.model_type(), config.source(), [&]<typename M>() {
-    return AnyPretrained(from_pretrained<M>(dir, opts));
-  });
+  return with_family(config.model_type(), config.source(),
+                     [&]<typename M>() { return AnyPretrained(from_pretrained<M>(dir, opts)); });
 }
 
 std::vector<shard::ParamSplit> checkpoint_plan(const std::filesystem::path& dir, int n_shards) {

@@ -121,13 +121,15 @@ AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
 template <typename F>
 auto with_family(const std::string& type, const std::string& source, F&& f) {
   if (type == "gpt2") return f.template operator()<Gpt2>();
-  if (type == "llama" || type == "mistral" || type == "qwen2") return f.template operator()<Llama>();
+  if (type == "llama" || type == "mistral" || type == "qwen2")
+    return f.template operator()<Llama>();
   if (type == "opt") return f.template operator()<Opt>();
   if (type == "gptj") return f.template operator()<Gptj>();
   if (type == "gpt_neox") return f.template operator()<GptNeox>();
-  throw Error(fmt::format("{}: model_type '{}' is not one redco loads (gpt2, llama, mistral, "
-                          "qwen2, opt, gptj, gpt_neox)",
-                          source, type));
+  throw Error(
+      fmt::format("{}: model_type '{}' is not one redco loads (gpt2, llama, mistral, "
+                  "qwen2, opt, gptj, gpt_neox)",
+                  source, type));
 }
 
 // The shard plan of a checkpoint folder's model over n model shards, from its

@@ -155,25 +155,43 @@ TEST_CASE("tensor-parallel LLaMA (GQA, rotary, gated MLP, untied head) matches o
   CHECK(check_against_one_rank(model, 4, loss, true) == 1 + 2 * 3 + 1);
 }
 
-TEST_CASE("tensor-parallel T5 (encoder-decoder, cross-attention) matches one rank",
-          "[tensor_parallel]") {
-  const auto model = models::t5({.vocab = 16,
-                                 .context = 8,
-                                 .dim = 16,
-                                 .heads = 4,
-                                 .hidden = 32,
-                                 .encoder_layers = 1,
-                                 .decoder_layers = 2,
-                                 .dropout = 0.1f});
+TEST_CASE(
+    "tensor-parallel T5 (relative bias split by heads, cross-attention, padded source) matches "
+    "one rank",
+    "[tensor_parallel]") {
+  models::T5Config c{.vocab = 16,
+                     .dim = 16,
+                     .heads = 4,
+                     .hidden = 32,
+                     .encoder_layers = 1,
+                     .decoder_layers = 2,
+                     .head_dim = 6,
+                     .buckets = 8,
+                     .max_distance = 12,
+                     .dropout = 0.1f};
   const Tensor source = tokens(2, 7, 16, 5), target = tokens(2, 5, 16, 6);
   const Tensor labels = labels_of(2, 5, 16, 7);
+  Tensor mask = Tensor::ones({2, 7});
+  mask.data<float>()[5] = mask.data<float>()[6] = 0.f;  // row 0 right-padded
+  {
+    const auto model = models::t5(c);
+    const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+      ctx.source = source;
+      ctx.source_mask = mask;
+      out = nn::apply(model, p, target, ctx);
+      return cross_entropy(out, labels);
+    };
+    // Embedding 1, bias tables 2, encoder layer 4 + 2, decoder layers (4 + 4 + 2) each; tied head.
+    for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 1 + 2 + 6 + 20);
+  }
+  c.gated = true, c.act = nn::Act::gelu, c.tie_embeddings = false;  // flan-T5
+  const auto model = models::t5(c);
   const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
     ctx.source = source;
     out = nn::apply(model, p, target, ctx);
     return cross_entropy(out, labels);
   };
-  // Embeddings 2, encoder layer 4 + 2, decoder layers (4 + 4 + 2) each, head 1.
-  for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 2 + 6 + 20 + 1);
+  CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 2 + 7 + 22 + 1);
 }
 
 TEST_CASE("a tensor-parallel MLP classifier (column then row, dropout between) matches one rank",

@@ -9,9 +9,10 @@ AnyPretrained from_pretrained_any(const std::filesystem::path& dir, const hf::Lo
   if (type == "gpt2") return from_pretrained<Gpt2>(dir, opts);
   if (type == "llama" || type == "mistral" || type == "qwen2")
     return from_pretrained<Llama>(dir, opts);
+  if (type == "t5") return from_pretrained<T5>(dir, opts);
   throw Error(
       fmt::format("{}/config.json: model_type '{}' is not one redco loads (gpt2, llama, "
-                  "mistral, qwen2)",
+                  "mistral, qwen2, t5)",
                   dir.string(), type));
 }
 

@@ -16,6 +16,7 @@
 #include "redco/models/gpt2.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
+#include "redco/models/t5.hpp"
 #include "redco/shard/plan.hpp"
 
 namespace redco::models {
@@ -41,6 +42,15 @@ struct HfFamily<Llama> {
   static Llama build(const Config& c) { return llama(c); }
   static hf::Layout layout(const Config& c) { return llama_layout(c); }
   static io::Json to_json(const Config& c, io::Json base) { return llama_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<T5> {
+  using Config = T5Config;
+  static Config config(const hf::Config& f) { return t5_config(f); }
+  static T5 build(const Config& c) { return t5(c); }
+  static hf::Layout layout(const Config& c) { return t5_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return t5_hf_config(c, base); }
 };
 
 template <typename M>
@@ -78,7 +88,7 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 }
 
 // Any supported checkpoint, by config.json's model_type.
-using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>>;
+using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<T5>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 

@@ -192,8 +192,18 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
     q = apply_rope(q, 0, rope);
     k = apply_rope(k, 0, rope);
   }
-  const AttentionExtras extras =
+  AttentionExtras extras =
       key_ranges(Cross ? ctx.memory_mask : ctx.mask, k.dim(0), k.dim(2), p.path().view());
+  if (score_bias) {
+    REDCO_CHECK(ctx.score_bias.defined(),
+                "{}: this attention adds a score bias, but none was computed before it (put an "
+                "nn::RelativePositionBias before the layers)",
+                p.path().view());
+    REDCO_CHECK(ctx.score_bias.shape() == (Shape{q.dim(1), q.dim(2), k.dim(2)}),
+                "{}: the score bias is {} but the scores are [{} heads, {} queries, {} keys]",
+                p.path().view(), ctx.score_bias.shape(), q.dim(1), q.dim(2), k.dim(2));
+    extras.bias = ctx.score_bias;
+  }
   const Tensor o = attention_merged_heads(q, k, v, causal, logit_scale(ctx), extras);  // [B,T,h*hd]
   const Tensor bias = Bias && o_bias ? p["o_proj.bias"] : Tensor();
   if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);

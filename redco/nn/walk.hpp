@@ -227,6 +227,10 @@ struct Ctx {
   Tensor mask{};
   Tensor source_mask{};
   Tensor memory_mask{};  // set by encoder_decoder from source_mask
+  // An additive bias on self-attention scores, [heads here, Tq, Tk] (T5's
+  // relative position bias): set by nn::RelativePositionBias before a stack
+  // of layers, read by every Attention with score_bias on.
+  Tensor score_bias{};
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
   // train::shard_params), and each layer tells from the shapes of the shards

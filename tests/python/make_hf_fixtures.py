@@ -7,9 +7,14 @@ input ids and the reference logits (fp32). Weights are redrawn with a larger
 spread than transformers' initialiser so logits are O(1): a wrong transpose,
 permutation or scale then moves them far beyond the tests' 1e-4.
 
+Encoder-decoders (T5) record the encoder's last hidden state beside the
+decoder's logits, for a full and a padded source batch.
+
 Run with the test venv (Debian's python3-torch 1.13 + transformers 4.46.3):
-  .venv/bin/python tests/python/make_hf_fixtures.py
+  .venv/bin/python tests/python/make_hf_fixtures.py            # every fixture
+  .venv/bin/python tests/python/make_hf_fixtures.py t5 flan_t5 # only those named
 """
+import argparse
 import json
 import os
 import shutil
@@ -19,7 +24,8 @@ import torch
 import transformers as tf
 from safetensors.torch import save_file
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
+OUT = os.environ.get("REDCO_HF_FIXTURES") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
 VOCAB = 96
 
 
@@ -62,6 +68,32 @@ def write(name, model, seed):
           f"logits std {logits.std():.3f}")
 
 
+def write_seq2seq(name, model, seed, target_len=9):
+    """An encoder-decoder: source ids with and without padding, decoder ids."""
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(d, safe_serialization=True)
+    ids = inputs(seed + 1)
+    dec = inputs(seed + 2, seq=target_len)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # right padding
+    mask[1, :4] = 0   # left padding
+    with torch.no_grad():
+        full = model(input_ids=ids, decoder_input_ids=dec)
+        padded = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+    f32 = lambda t: t.float().contiguous()
+    save_file({"input_ids": ids.contiguous(), "decoder_input_ids": dec.contiguous(),
+               "attention_mask": mask.contiguous(), "logits": f32(full.logits),
+               "encoder_hidden": f32(full.encoder_last_hidden_state),
+               "padded_logits": f32(padded.logits),
+               "padded_encoder_hidden": f32(padded.encoder_last_hidden_state)},
+              os.path.join(d, "golden.safetensors"))
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, "
+          f"logits std {full.logits.std():.3f}")
+
+
 def gpt2(**kw):
     cfg = dict(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4)
     cfg.update(kw)
@@ -75,22 +107,54 @@ def llama(cls=tf.LlamaForCausalLM, config=tf.LlamaConfig, **kw):
     return cls(config(**cfg))
 
 
+def t5(**kw):
+    cfg = dict(vocab_size=VOCAB, d_model=32, d_kv=12, num_heads=4, d_ff=40, num_layers=2,
+               num_decoder_layers=3, relative_attention_num_buckets=8,
+               relative_attention_max_distance=20, decoder_start_token_id=0, pad_token_id=0,
+               eos_token_id=1)
+    cfg.update(kw)
+    return tf.T5ForConditionalGeneration(tf.T5Config(**cfg))
+
+
+# name -> how to write it; main() writes the ones asked for (all by default).
+FIXTURES = {
+    "gpt2": lambda: write("gpt2", gpt2(n_inner=40), 1),
+    "gpt2_variants": lambda: write("gpt2_variants", gpt2(
+        activation_function="gelu", layer_norm_epsilon=1e-3,
+        scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
+    "llama": lambda: write("llama", llama(), 3),
+    "llama_head_dim": lambda: write("llama_head_dim", llama(
+        head_dim=12, num_key_value_heads=4, rope_theta=500.0,
+        rope_scaling={"rope_type": "linear", "factor": 2.0}), 4),
+    "llama3_tied": lambda: write("llama3_tied", llama(
+        tie_word_embeddings=True, attention_bias=True,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), 5),
+    "mistral": lambda: write("mistral", llama(tf.MistralForCausalLM, tf.MistralConfig,
+                                              head_dim=8, sliding_window=64,
+                                              rms_norm_eps=1e-5), 6),
+    "qwen2": lambda: write("qwen2", llama(tf.Qwen2ForCausalLM, tf.Qwen2Config,
+                                          num_key_value_heads=1, rope_theta=1e6), 7),
+    # t5 v1.0: ReLU, tied head (scaled by d_model**-0.5), 4 heads of 12 (48 != d_model 32).
+    "t5": lambda: write_seq2seq("t5", t5(), 8),
+    # flan-t5 / t5 v1.1: gated-gelu, untied lm_head, more buckets than distances.
+    "flan_t5": lambda: write_seq2seq("flan_t5", t5(
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, d_kv=8, d_ff=24,
+        relative_attention_num_buckets=16, relative_attention_max_distance=32,
+        layer_norm_epsilon=1e-3), 9),
+}
+
+
 def main():
-    torch.manual_seed(0)
-    write("gpt2", gpt2(n_inner=40), 1)
-    write("gpt2_variants", gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
-                                scale_attn_by_inverse_layer_idx=True, n_layer=3), 2)
-    write("llama", llama(), 3)
-    write("llama_head_dim", llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
-                                  rope_scaling={"rope_type": "linear", "factor": 2.0}), 4)
-    write("llama3_tied", llama(tie_word_embeddings=True, attention_bias=True,
-                               rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                             "original_max_position_embeddings": 16}), 5)
-    write("mistral", llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
-                           sliding_window=64, rms_norm_eps=1e-5), 6)
-    write("qwen2", llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
-                         rope_theta=1e6), 7)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help=f"fixtures to write (default: all): {list(FIXTURES)}")
+    names = parser.parse_args().names or list(FIXTURES)
+    for n in names:
+        if n not in FIXTURES:
+            parser.error(f"unknown fixture '{n}'")
+    for n in names:
+        torch.manual_seed(0)
+        FIXTURES[n]()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+// Forward passes of the encoder-family layers (encoder_layers.hpp).
+#include "redco/nn/encoder_layers.hpp"
+
+#include <algorithm>
+
+namespace redco::nn {
+
+Tensor relative_position_buckets(int64_t tq, int64_t tk, int64_t buckets, int64_t max_distance,
+                                 bool bidirectional) {
+  REDCO_CHECK(buckets >= (bidirectional ? 4 : 2) && max_distance > 0,
+              "relative position bias: {} buckets and max distance {} leave no exact bucket "
+              "(need at least {} buckets and a positive distance)",
+              buckets, max_distance, bidirectional ? 4 : 2);
+  const int64_t side = bidirectional ? buckets / 2 : buckets;  // buckets per direction
+  const int64_t exact = side / 2;                              // distances below: own bucket
+  // The logarithmic buckets in f32 with the span's log in f64, as
+  // transformers computes them, so distances on a bucket edge land there too.
+  const float log_span = float(std::log(double(max_distance) / double(exact)));
+  Tensor out = Tensor::empty({tq, tk}, DType::i64);  // [Tq, Tk]
+  int64_t* o = out.data<int64_t>();
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j) {
+      int64_t rel = j - i, base = 0;  // key position - query position
+      if (bidirectional) {
+        base = rel > 0 ? side : 0;
+        rel = rel < 0 ? -rel : rel;
+      } else {
+        rel = rel < 0 ? -rel : 0;  // keys after the query: distance 0
+      }
+      int64_t b = rel;
+      if (rel >= exact) {
+        const float scaled = std::log(float(rel) / float(exact)) / log_span * float(side - exact);
+        b = std::min(exact + int64_t(scaled), side - 1);
+      }
+      o[i * tk + j] = base + b;
+    }
+  return out;
+}
+
+Tensor RelativePositionBias::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+  REDCO_CHECK(x.rank() >= 2, "{}: expected input [batch, seq, ...], got {}", p.path().view(),
+              x.shape());
+  const Tensor& table = p["weight"];  // [buckets, heads] or this rank's heads of it
+  const Name name = p.path().dot("weight");
+  shard_dim(table, Shape{buckets, heads}, {1}, ctx, name.view());
+  const int64_t t = x.dim(1);
+  const Tensor ids =
+      relative_position_buckets(t, t, buckets, max_distance, bidirectional).to(table.device());
+  ctx.score_bias = permute(embedding(table, ids), {2, 0, 1});  // [heads here, Tq, Tk]
+  return x;
+}
+
+Tensor DenseActDense::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+  const std::string at(p.path().view());
+  const Tensor& wi = p[gated ? "wi_0.weight" : "wi.weight"];
+  const Tensor& wo = p["wo.weight"];
+  const int i = shard_dim(wi, Shape{hidden, dim}, {0}, ctx, at + (gated ? ".wi_0" : ".wi"));
+  const int o = shard_dim(wo, Shape{dim, hidden}, {1}, ctx, at + ".wo.weight");
+  const int g = gated ? shard_dim(p["wi_1.weight"], Shape{hidden, dim}, {0}, ctx, at + ".wi_1") : i;
+  REDCO_CHECK(i == g && (i == 0) == (o == 1),
+              "{}: wi/wo are split inconsistently (one split, another whole); cut them with "
+              "train::shard_params(full, shard::resolve(model, n), rank, n)",
+              at);
+  // Split: wi (and wi_1) column-parallel on one entered input, wo row-parallel.
+  const bool split = i == 0;
+  const Tensor in = split ? enter_parallel(x, ctx) : whole_features(x, ctx);
+  Tensor h = activate(act, linear(in, wi));  // [B, T, hidden (/ n)]
+  if (gated) h = h * linear(in, p["wi_1.weight"]);
+  return split ? leave_parallel(linear(h, wo), Tensor(), ctx) : linear(h, wo);
+}
+
+}  // namespace redco::nn

@@ -1,6 +1,6 @@
-// Hugging Face encoder-decoder checkpoints (T5, flan-T5): the fixtures of
+// Hugging Face encoder-decoder checkpoints (T5, flan-T5, BART): the fixtures of
 // tests/fixtures/hf (tiny random models saved by the real transformers,
-// tests/python/make_hf_fixtures.py) load into models::T5 and give the
+// tests/python/make_hf_fixtures.py) load into their typed models and give the
 // reference encoder states and decoder logits, for full and padded source
 // batches; under tensor parallelism each rank reads only its slices (the
 // relative-bias table split by heads) and the outputs equal the 1-shard ones;
@@ -159,6 +159,25 @@ TEST_CASE("T5 and flan-T5 checkpoints give transformers' encoder states and logi
   check_seq2seq<models::T5>("flan_t5", {2});  // gated-gelu, untied lm_head
 }
 
+// BART: the logit bias splits with the vocabulary, the positions stay whole.
+constexpr auto kBartPlan = shard::plan_v<models::Bart>;
+static_assert(kBartPlan.split("decoder.final_logits_bias") == 0);
+static_assert(kBartPlan.split("encoder.embed_positions.weight") == -1);
+static_assert(kBartPlan.split("decoder.layers.*.encoder_attn.o_proj.weight") == 1);
+static_assert(kBartPlan.split("decoder.layers.*.final_layer_norm.weight") == -1);
+
+TEST_CASE("BART checkpoints give transformers' encoder states and logits", "[hf][bart]") {
+  // Post-LN, scaled embeddings, positions from row 2, a nonzero final_logits_bias.
+  check_seq2seq<models::Bart>("bart", {2, 4});
+  const auto p = models::from_pretrained<models::Bart>(fixtures() / "bart");
+  CHECK(p.config.scale_embedding);
+  CHECK(p.config.act == nn::Act::gelu_erf);
+  CHECK(p.config.decoder_ffn == 48);
+  CHECK(max_abs(p.params.at("decoder.final_logits_bias")) > 0.1f);
+  CHECK(std::holds_alternative<models::Pretrained<models::Bart>>(
+      models::from_pretrained_any(fixtures() / "bart")));
+}
+
 TEST_CASE("T5 config.json maps to the model's settings", "[hf][t5]") {
   const auto t5 = models::from_pretrained<models::T5>(fixtures() / "t5");
   CHECK(t5.config.head_dim == 12);
@@ -176,28 +195,42 @@ TEST_CASE("T5 config.json maps to the model's settings", "[hf][t5]") {
       models::from_pretrained_any(fixtures() / "flan_t5")));
 }
 
-TEST_CASE("each rank reads its slices of a T5 checkpoint, the bias table by heads", "[hf][t5]") {
-  const fs::path dir = fixtures() / "flan_t5";
-  const auto whole = models::from_pretrained<models::T5>(dir);
+namespace {
+
+template <typename M>
+void check_slices(const fs::path& dir) {
+  const auto whole = models::from_pretrained<M>(dir);
   const auto plan = shard::resolve(whole.model, 2);
   for (int r = 0; r < 2; ++r) {
-    const auto part = models::from_pretrained<models::T5>(dir, {.n_shards = 2, .rank = r});
+    const auto part = models::from_pretrained<M>(dir, {.n_shards = 2, .rank = r});
     const nn::ParamTree want = train::shard_params(whole.params, plan, r, 2);
     REQUIRE(part.params.size() == want.size());
     for (const auto& [k, t] : want) {
       INFO(k);
       CHECK(test::max_abs_diff(part.params.at(k), t) == 0.f);
     }
-    CHECK(part.params.at("decoder.relative_attention_bias.weight").shape() == Shape{16, 2});
   }
 }
 
-TEST_CASE("save_pretrained writes a T5 checkpoint in transformers' layout", "[hf][t5]") {
-  for (const char* name : {"t5", "flan_t5"}) {
+}  // namespace
+
+TEST_CASE("each rank reads its slices: T5's bias table by heads, BART's logit bias by vocabulary",
+          "[hf][t5][bart]") {
+  check_slices<models::T5>(fixtures() / "flan_t5");
+  check_slices<models::Bart>(fixtures() / "bart");
+  const auto t5 = models::from_pretrained<models::T5>(fixtures() / "flan_t5", {.n_shards = 2});
+  CHECK(t5.params.at("decoder.relative_attention_bias.weight").shape() == Shape{16, 2});
+  const auto bart = models::from_pretrained<models::Bart>(fixtures() / "bart", {.n_shards = 2});
+  CHECK(bart.params.at("decoder.final_logits_bias").shape() == Shape{48, 1});
+}
+
+TEST_CASE("save_pretrained writes T5 and BART checkpoints in transformers' layout",
+          "[hf][t5][bart]") {
+  for (const char* name : {"t5", "flan_t5", "bart"}) {
     INFO(name);
     TempDir out;
-    const auto p = models::from_pretrained<models::T5>(fixtures() / name);
-    models::save_pretrained(out.path, p);
+    const auto any = models::from_pretrained_any(fixtures() / name);
+    std::visit([&](const auto& p) { models::save_pretrained(out.path, p); }, any);
     const nn::ParamTree ref = io::load_safetensors(fixtures() / name / "model.safetensors");
     const nn::ParamTree mine = io::load_safetensors(out.path / "model.safetensors");
     REQUIRE(mine.size() == ref.size());
@@ -206,12 +239,23 @@ TEST_CASE("save_pretrained writes a T5 checkpoint in transformers' layout", "[hf
       REQUIRE(mine.count(k));
       CHECK(test::max_abs_diff(mine.at(k), t) == 0.f);
     }
-    const auto back = models::from_pretrained<models::T5>(out.path);
-    CHECK(back.config.gated == p.config.gated);
-    CHECK(back.config.act == p.config.act);
-    CHECK(back.config.tie_embeddings == p.config.tie_embeddings);
-    for (const auto& [k, t] : p.params) CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
+    std::visit(
+        [&](const auto& p) {
+          using M = std::decay_t<decltype(p.model)>;
+          const auto back = models::from_pretrained<M>(out.path);
+          CHECK(back.hf_config.at("model_type") == p.hf_config.at("model_type"));
+          for (const auto& [k, t] : p.params)
+            CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
+        },
+        any);
   }
+  const auto flan = models::from_pretrained<models::T5>(fixtures() / "flan_t5");
+  TempDir out;
+  models::save_pretrained(out.path, flan);
+  const auto back = models::from_pretrained<models::T5>(out.path);
+  CHECK(back.config.gated);
+  CHECK(back.config.act == nn::Act::gelu);
+  CHECK(!back.config.tie_embeddings);
 }
 
 TEST_CASE("t5_shift_right starts the decoder at decoder_start and pads ignored labels", "[t5]") {

@@ -12,6 +12,7 @@
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/threads_comm.hpp"
+#include "redco/models/bart.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/llama.hpp"
 #include "redco/models/t5.hpp"
@@ -192,6 +193,33 @@ TEST_CASE(
     return cross_entropy(out, labels);
   };
   CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 2 + 7 + 22 + 1);
+}
+
+TEST_CASE(
+    "tensor-parallel BART (post-LN, shared embedding, logit bias split by vocabulary) matches "
+    "one rank",
+    "[tensor_parallel]") {
+  const auto model = models::bart({.vocab = 16,
+                                   .dim = 16,
+                                   .encoder_layers = 1,
+                                   .decoder_layers = 1,
+                                   .encoder_heads = 4,
+                                   .decoder_heads = 2,
+                                   .encoder_ffn = 24,
+                                   .decoder_ffn = 32,
+                                   .context = 8,
+                                   .dropout = 0.1f,
+                                   .scale_embedding = true});
+  const Tensor source = tokens(2, 7, 16, 5), target = tokens(2, 5, 16, 6);
+  const Tensor labels = labels_of(2, 5, 16, 7);
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    ctx.source = source;
+    out = nn::apply(model, p, target, ctx);
+    return cross_entropy(out, labels);
+  };
+  // Embedding 1; encoder layer: q/k/v/o 4 + 3 biases, fc1 + its bias, fc2 = 10; decoder
+  // layer: 7 + 7 + 3 = 17; logit bias 1.
+  CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 10 + 17 + 1);
 }
 
 TEST_CASE("a tensor-parallel MLP classifier (column then row, dropout between) matches one rank",

@@ -10,9 +10,10 @@ AnyPretrained from_pretrained_any(const std::filesystem::path& dir, const hf::Lo
   if (type == "llama" || type == "mistral" || type == "qwen2")
     return from_pretrained<Llama>(dir, opts);
   if (type == "t5") return from_pretrained<T5>(dir, opts);
+  if (type == "bart") return from_pretrained<Bart>(dir, opts);
   throw Error(
       fmt::format("{}/config.json: model_type '{}' is not one redco loads (gpt2, llama, "
-                  "mistral, qwen2, t5)",
+                  "mistral, qwen2, t5, bart)",
                   dir.string(), type));
 }
 

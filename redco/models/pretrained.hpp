@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <variant>
 
+#include "redco/models/bart.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
@@ -53,6 +54,15 @@ struct HfFamily<T5> {
   static io::Json to_json(const Config& c, io::Json base) { return t5_hf_config(c, base); }
 };
 
+template <>
+struct HfFamily<Bart> {
+  using Config = BartConfig;
+  static Config config(const hf::Config& f) { return bart_config(f); }
+  static Bart build(const Config& c) { return bart(c); }
+  static hf::Layout layout(const Config& c) { return bart_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return bart_hf_config(c, base); }
+};
+
 template <typename M>
 struct Pretrained {
   using Config = typename HfFamily<M>::Config;
@@ -88,7 +98,8 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 }
 
 // Any supported checkpoint, by config.json's model_type.
-using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<T5>>;
+using AnyPretrained =
+    std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<T5>, Pretrained<Bart>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 

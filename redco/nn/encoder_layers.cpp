@@ -69,4 +69,28 @@ Tensor DenseActDense::forward(const Params& p, const Tensor& x, Ctx& ctx) const 
   return split ? leave_parallel(linear(h, wo), Tensor(), ctx) : linear(h, wo);
 }
 
+Tensor OffsetPositions::forward(const Params& p, const Tensor& ids, Ctx&) const {
+  REDCO_CHECK(ids.rank() >= 1, "{}: expected ids [batch, seq], got {}", p.path().view(),
+              ids.shape());
+  const int64_t T = ids.dim(-1);
+  REDCO_CHECK(T <= max_len, "{}: sequence length {} exceeds the model's maximum {}",
+              p.path().view(), T, max_len);
+  return slice(p["weight"], 0, offset, offset + T);  // [T, d]
+}
+
+Tensor LogitBias::forward(const Params& p, const Tensor& logits, Ctx& ctx) const {
+  const Tensor& b = p["final_logits_bias"];  // [vocab, 1] or this rank's rows
+  const Name name = p.path().dot("final_logits_bias");
+  const int split = shard_dim(b, Shape{vocab, 1}, {0}, ctx, name.view());
+  REDCO_CHECK((split == 0) == ctx.split_features,
+              "{}: the bias is {} but the logits are {}; the head and the bias must be split "
+              "alike (cut both with train::shard_params and one plan)",
+              name.view(), split == 0 ? "split by vocabulary" : "whole",
+              ctx.split_features ? "split" : "whole");
+  // Logits deferred for the loss (a head with a whole table, in training) are
+  // formed first: the bias is added to every one of them.
+  const Tensor x = logits.placement() ? whole(logits) : logits;
+  return x + reshape(b, {b.dim(0)});
+}
+
 }  // namespace redco::nn

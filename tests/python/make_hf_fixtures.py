@@ -68,11 +68,16 @@ def write(name, model, seed):
           f"logits std {logits.std():.3f}")
 
 
-def write_seq2seq(name, model, seed, target_len=9):
-    """An encoder-decoder: source ids with and without padding, decoder ids."""
+def write_seq2seq(name, model, seed, target_len=9, buffers=()):
+    """An encoder-decoder: source ids with and without padding, decoder ids.
+    `buffers`: state-dict buffers to randomise too (BART's final_logits_bias)."""
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     randomise(model, seed)
+    g = torch.Generator().manual_seed(seed + 3)
+    for b in buffers:
+        buf = model.get_buffer(b)
+        buf.copy_(0.5 * torch.randn(buf.shape, generator=g))
     model.eval()
     model.save_pretrained(d, safe_serialization=True)
     ids = inputs(seed + 1)
@@ -116,6 +121,14 @@ def t5(**kw):
     return tf.T5ForConditionalGeneration(tf.T5Config(**cfg))
 
 
+def bart(**kw):
+    cfg = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+               encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+               decoder_ffn_dim=48, max_position_embeddings=24)
+    cfg.update(kw)
+    return tf.BartForConditionalGeneration(tf.BartConfig(**cfg))
+
+
 # name -> how to write it; main() writes the ones asked for (all by default).
 FIXTURES = {
     "gpt2": lambda: write("gpt2", gpt2(n_inner=40), 1),
@@ -142,6 +155,9 @@ FIXTURES = {
         feed_forward_proj="gated-gelu", tie_word_embeddings=False, d_kv=8, d_ff=24,
         relative_attention_num_buckets=16, relative_attention_max_distance=32,
         layer_norm_epsilon=1e-3), 9),
+    # post-LN, scaled embeddings, positions from row 2, a nonzero final_logits_bias.
+    "bart": lambda: write_seq2seq("bart", bart(scale_embedding=True), 10,
+                                  buffers=["final_logits_bias"]),
 }
 
 

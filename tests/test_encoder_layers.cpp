@@ -151,3 +151,54 @@ TEST_CASE("offset positions and a logit bias: rows and gradients", "[encoder_lay
   NoGradGuard off;
   CHECK(test::max_abs_diff(logits(in), linear(in[0], in[1]) + reshape(in[2], {6})) < 1e-6f);
 }
+
+TEST_CASE("token types, RoBERTa positions and the first token: values and gradients",
+          "[encoder_layers][grad]") {
+  const Tensor ids =
+      Tensor::from<int64_t>(std::vector<int64_t>{1, 1, 5, 7, 5, 7, 9, 1}, Shape{2, 4});
+  // RoBERTa (pad 1): pads keep position 1, the others count from 2.
+  const auto pos = nn::padded_positions(8, 3, 1);
+  const TensorList table = {randn({8, 3}, 1)};
+  auto positions = [&](const TensorList& x) {
+    return nn::apply(pos, nn::ParamTree{{"weight", x[0]}}, ids);
+  };
+  {
+    NoGradGuard off;
+    const Tensor want = embedding(
+        table[0], Tensor::from<int64_t>(std::vector<int64_t>{1, 1, 2, 3, 2, 3, 4, 1}, Shape{2, 4}));
+    CHECK(test::max_abs_diff(positions(table), want) == 0.f);
+  }
+  check_gradients(positions, table, {0});
+  CHECK_THROWS_WITH(
+      nn::apply(nn::padded_positions(5, 3, 1), nn::ParamTree{{"weight", table[0]}}, ids),
+      Catch::Contains("beyond the model's 5 position rows"));
+  // Token types: rows picked by ctx.token_types, row 0 without them.
+  const auto tt = nn::token_type_embedding(2, 3);
+  const Tensor types =
+      Tensor::from<int64_t>(std::vector<int64_t>{0, 1, 1, 0, 1, 1, 0, 0}, Shape{2, 4});
+  const TensorList tt_table = {randn({2, 3}, 2)};
+  auto typed = [&](const TensorList& x) {
+    nn::Ctx ctx;
+    ctx.token_types = types;
+    return nn::apply(tt, nn::ParamTree{{"weight", x[0]}}, ids, ctx);
+  };
+  check_gradients(typed, tt_table, {0});
+  {
+    NoGradGuard off;
+    CHECK(test::max_abs_diff(typed(tt_table), embedding(tt_table[0], types)) == 0.f);
+    const Tensor none = nn::apply(tt, nn::ParamTree{{"weight", tt_table[0]}}, ids);
+    CHECK(test::max_abs_diff(none, slice(tt_table[0], 0, 0, 1)) == 0.f);
+    nn::Ctx bad;
+    bad.token_types = Tensor::full(Shape{2, 4}, 2.f).to(DType::i64);
+    CHECK_THROWS_WITH(nn::apply(tt, nn::ParamTree{{"weight", tt_table[0]}}, ids, bad),
+                      Catch::Contains("token type 2 is outside [0, 2)"));
+  }
+  // The first token feeding a pooler: gradients reach every position's row 0 only.
+  const auto pooler = nn::first_token() | nn::linear(3, 3) | nn::tanh();
+  const TensorList in = {randn({2, 4, 3}, 3), randn({3, 3}, 4), randn({3}, 5)};
+  check_gradients(
+      [&](const TensorList& x) {
+        return nn::apply(pooler, nn::ParamTree{{"fc.weight", x[1]}, {"fc.bias", x[2]}}, x[0]);
+      },
+      in, {0, 1, 2});
+}

@@ -1,4 +1,5 @@
-// Hugging Face encoder-decoder checkpoints (T5, flan-T5, BART): the fixtures of
+// Hugging Face encoder-decoder and encoder checkpoints (T5, flan-T5, BART,
+// BERT, RoBERTa): the fixtures of
 // tests/fixtures/hf (tiny random models saved by the real transformers,
 // tests/python/make_hf_fixtures.py) load into their typed models and give the
 // reference encoder states and decoder logits, for full and padded source
@@ -159,6 +160,87 @@ TEST_CASE("T5 and flan-T5 checkpoints give transformers' encoder states and logi
   check_seq2seq<models::T5>("flan_t5", {2});  // gated-gelu, untied lm_head
 }
 
+namespace {
+
+// What make_hf_fixtures.py's write_encoder records.
+struct EncoderGolden {
+  Tensor ids, types, padded_ids, mask, logits, hidden, padded_logits, padded_hidden;
+};
+EncoderGolden encoder_golden(const std::string& name) {
+  const nn::ParamTree g = io::load_safetensors(fixtures() / name / "golden.safetensors");
+  return {g.at("input_ids"), g.at("token_type_ids"), g.at("padded_ids"),    g.at("attention_mask"),
+          g.at("logits"),    g.at("hidden"),         g.at("padded_logits"), g.at("padded_hidden")};
+}
+
+// Logits [B, labels] and the encoder's last hidden state [B, T, d]; `encoder`
+// is the model's encoder alone over the same parameters.
+template <typename M, typename E>
+Outputs classify(const M& model, const E& encoder, const nn::ParamTree& params, const Tensor& ids,
+                 const Tensor& types, const Tensor& mask, dist::Comm* mp = nullptr) {
+  NoGradGuard no_grad;
+  nn::Ctx ctx;
+  ctx.mp = mp;
+  ctx.token_types = types;
+  ctx.mask = mask;
+  Outputs o;
+  o.encoder_hidden = nn::apply(encoder, params, ids, ctx);
+  o.logits = nn::apply(model, params, ids, ctx);
+  return o;
+}
+
+template <typename M, typename Encoder>
+void check_encoder(const std::string& name, Encoder make_encoder, std::vector<int> shard_counts) {
+  INFO("fixture " << name);
+  const EncoderGolden g = encoder_golden(name);
+  const auto p = models::from_pretrained<M>(fixtures() / name);
+  const auto enc = make_encoder(p.config);
+  const Outputs full = classify(p.model, enc, p.params, g.ids, g.types, Tensor());
+  const Outputs padded = classify(p.model, enc, p.params, g.padded_ids, Tensor(), g.mask);
+  fmt::print(
+      "{}: max |diff| vs transformers: logits {:.2e}, hidden {:.2e}; padded: {:.2e}, {:.2e}\n",
+      name, test::max_abs_diff(full.logits, g.logits),
+      test::max_abs_diff(full.encoder_hidden, g.hidden),
+      test::max_abs_diff(padded.logits, g.padded_logits),
+      max_diff_unpadded(padded.encoder_hidden, g.padded_hidden, g.mask));
+  CHECK(test::max_abs_diff(full.logits, g.logits) <= 1e-4f);
+  CHECK(test::max_abs_diff(full.encoder_hidden, g.hidden) <= 1e-4f);
+  // Every position, padding included: transformers' padded queries see the
+  // same keys as the others, and RoBERTa numbers the pads' positions.
+  CHECK(test::max_abs_diff(padded.logits, g.padded_logits) <= 1e-4f);
+  CHECK(test::max_abs_diff(padded.encoder_hidden, g.padded_hidden) <= 1e-4f);
+  for (int n : shard_counts) {
+    INFO(n << " model shards");
+    std::vector<Outputs> out(static_cast<size_t>(n));
+    dist::ThreadsWorld(n).run([&](dist::Comm& comm) {
+      const auto part =
+          models::from_pretrained<M>(fixtures() / name, {.n_shards = n, .rank = comm.rank()});
+      out[size_t(comm.rank())] = classify(part.model, make_encoder(part.config), part.params,
+                                          g.padded_ids, Tensor(), g.mask, &comm);
+    });
+    for (const Outputs& tp : out) {
+      CHECK(test::max_abs_diff(tp.logits, padded.logits) <= 1e-5f * max_abs(padded.logits));
+      CHECK(test::max_abs_diff(tp.encoder_hidden, padded.encoder_hidden) <=
+            1e-5f * max_abs(padded.encoder_hidden));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("BERT and RoBERTa classifiers give transformers' logits and hidden states",
+          "[hf][bert]") {
+  check_encoder<models::Bert>(
+      "bert", [](const models::BertConfig& c) { return models::bert_encoder(c); }, {2, 4});
+  check_encoder<models::Roberta>(
+      "roberta", [](const models::BertConfig& c) { return models::roberta_encoder(c); }, {2});
+  const auto roberta = models::from_pretrained<models::Roberta>(fixtures() / "roberta");
+  CHECK(roberta.config.pad == 1);
+  CHECK(roberta.config.labels == 2);
+  CHECK(roberta.config.types == 1);
+  CHECK_THROWS_WITH(models::from_pretrained<models::Bert>(fixtures() / "roberta"),
+                    Contains("'roberta' model") && Contains("models::Bert"));
+}
+
 // BART: the logit bias splits with the vocabulary, the positions stay whole.
 constexpr auto kBartPlan = shard::plan_v<models::Bart>;
 static_assert(kBartPlan.split("decoder.final_logits_bias") == 0);
@@ -218,15 +300,16 @@ TEST_CASE("each rank reads its slices: T5's bias table by heads, BART's logit bi
           "[hf][t5][bart]") {
   check_slices<models::T5>(fixtures() / "flan_t5");
   check_slices<models::Bart>(fixtures() / "bart");
+  check_slices<models::Bert>(fixtures() / "bert");
   const auto t5 = models::from_pretrained<models::T5>(fixtures() / "flan_t5", {.n_shards = 2});
   CHECK(t5.params.at("decoder.relative_attention_bias.weight").shape() == Shape{16, 2});
   const auto bart = models::from_pretrained<models::Bart>(fixtures() / "bart", {.n_shards = 2});
   CHECK(bart.params.at("decoder.final_logits_bias").shape() == Shape{48, 1});
 }
 
-TEST_CASE("save_pretrained writes T5 and BART checkpoints in transformers' layout",
+TEST_CASE("save_pretrained writes T5, BART, BERT and RoBERTa checkpoints in transformers' layout",
           "[hf][t5][bart]") {
-  for (const char* name : {"t5", "flan_t5", "bart"}) {
+  for (const char* name : {"t5", "flan_t5", "bart", "bert", "roberta"}) {
     INFO(name);
     TempDir out;
     const auto any = models::from_pretrained_any(fixtures() / name);

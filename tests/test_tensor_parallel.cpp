@@ -13,6 +13,7 @@
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/models/bart.hpp"
+#include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/llama.hpp"
 #include "redco/models/t5.hpp"
@@ -220,6 +221,37 @@ TEST_CASE(
   // Embedding 1; encoder layer: q/k/v/o 4 + 3 biases, fc1 + its bias, fc2 = 10; decoder
   // layer: 7 + 7 + 3 = 17; logit bias 1.
   CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 10 + 17 + 1);
+}
+
+TEST_CASE(
+    "tensor-parallel BERT and RoBERTa classifiers (pooler column, classifier row) match one rank",
+    "[tensor_parallel]") {
+  const models::BertConfig c{.vocab = 16,
+                             .dim = 16,
+                             .layers = 2,
+                             .heads = 4,
+                             .hidden = 24,
+                             .context = 12,
+                             .labels = 4,
+                             .dropout = 0.1f,
+                             .pad = 1};
+  const Tensor ids = tokens(3, 6, 16, 5), types = tokens(3, 6, 2, 6);
+  const Tensor labels = tokens(1, 3, 4, 7).view({3});
+  Tensor mask = Tensor::ones({3, 6});
+  mask.data<float>()[0] = 0.f;  // row 0 left-padded
+  auto loss_of = [&](const auto& model) {
+    return LossFn([&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+      ctx.token_types = types;
+      ctx.mask = mask;
+      out = nn::apply(model, p, ids, ctx);
+      return cross_entropy(out, labels);
+    });
+  };
+  // Embedding 1; per layer q/k/v/o 4 + 3 biases, fc1 + its bias, fc2 = 10; head 2 + 1 bias.
+  const auto bert = models::bert(c);
+  for (int mp : {2, 4}) CHECK(check_against_one_rank(bert, mp, loss_of(bert), false) == 1 + 20 + 3);
+  const auto roberta = models::roberta(c);
+  CHECK(check_against_one_rank(roberta, 2, loss_of(roberta), false) == 1 + 20 + 3);
 }
 
 TEST_CASE("a tensor-parallel MLP classifier (column then row, dropout between) matches one rank",

@@ -11,9 +11,11 @@ AnyPretrained from_pretrained_any(const std::filesystem::path& dir, const hf::Lo
     return from_pretrained<Llama>(dir, opts);
   if (type == "t5") return from_pretrained<T5>(dir, opts);
   if (type == "bart") return from_pretrained<Bart>(dir, opts);
+  if (type == "bert") return from_pretrained<Bert>(dir, opts);
+  if (type == "roberta") return from_pretrained<Roberta>(dir, opts);
   throw Error(
       fmt::format("{}/config.json: model_type '{}' is not one redco loads (gpt2, llama, "
-                  "mistral, qwen2, t5, bart)",
+                  "mistral, qwen2, t5, bart, bert, roberta)",
                   dir.string(), type));
 }
 

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "redco/models/bart.hpp"
+#include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
@@ -63,6 +64,30 @@ struct HfFamily<Bart> {
   static io::Json to_json(const Config& c, io::Json base) { return bart_hf_config(c, base); }
 };
 
+template <>
+struct HfFamily<Bert> {
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"bert"}, "models::Bert");
+    return bert_config(f);
+  }
+  static Bert build(const Config& c) { return bert(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, false); }
+  static io::Json to_json(const Config& c, io::Json base) { return bert_hf_config(c, false, base); }
+};
+
+template <>
+struct HfFamily<Roberta> {
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"roberta"}, "models::Roberta");
+    return bert_config(f);
+  }
+  static Roberta build(const Config& c) { return roberta(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, true); }
+  static io::Json to_json(const Config& c, io::Json base) { return bert_hf_config(c, true, base); }
+};
+
 template <typename M>
 struct Pretrained {
   using Config = typename HfFamily<M>::Config;
@@ -98,8 +123,8 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 }
 
 // Any supported checkpoint, by config.json's model_type.
-using AnyPretrained =
-    std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<T5>, Pretrained<Bart>>;
+using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<T5>,
+                                   Pretrained<Bart>, Pretrained<Bert>, Pretrained<Roberta>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 

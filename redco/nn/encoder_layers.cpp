@@ -78,6 +78,38 @@ Tensor OffsetPositions::forward(const Params& p, const Tensor& ids, Ctx&) const 
   return slice(p["weight"], 0, offset, offset + T);  // [T, d]
 }
 
+Tensor TokenTypeEmbedding::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
+  const Tensor& table = p["weight"];                             // [types, d]
+  if (!ctx.token_types.defined()) return slice(table, 0, 0, 1);  // [1, d]: type 0 everywhere
+  REDCO_CHECK(ctx.token_types.shape() == ids.shape(),
+              "{}: ctx.token_types is {} but the input ids are {}", p.path().view(),
+              ctx.token_types.shape(), ids.shape());
+  const Tensor t = ctx.token_types.to(Device::cpu());
+  for (int64_t v : t.values<int64_t>())
+    REDCO_CHECK(v >= 0 && v < types, "{}: token type {} is outside [0, {})", p.path().view(), v,
+                types);
+  return embedding(table, t.to(table.device()));
+}
+
+Tensor PaddedPositions::forward(const Params& p, const Tensor& ids, Ctx&) const {
+  REDCO_CHECK(ids.rank() == 2, "{}: expected ids [batch, seq], got {}", p.path().view(),
+              ids.shape());
+  const std::vector<int64_t> in = ids.values<int64_t>();
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  Tensor pos = Tensor::empty({B, T}, DType::i64);  // [B, T]
+  int64_t* o = pos.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0, seen = 0; t < T; ++t) {
+      const bool token = in[size_t(b * T + t)] != pad;
+      seen += token;
+      o[b * T + t] = token ? pad + seen : pad;
+    }
+  REDCO_CHECK(pad + T < max_len,
+              "{}: {} tokens need positions up to {}, beyond the model's {} position rows",
+              p.path().view(), T, pad + T, max_len);
+  return embedding(p["weight"], pos.to(ids.device()));
+}
+
 Tensor LogitBias::forward(const Params& p, const Tensor& logits, Ctx& ctx) const {
   const Tensor& b = p["final_logits_bias"];  // [vocab, 1] or this rank's rows
   const Name name = p.path().dot("final_logits_bias");

@@ -123,6 +123,45 @@ struct LogitBias {
   Tensor forward(const Params& p, const Tensor& logits, Ctx& ctx) const;
 };
 
+// BERT's segment embedding: rows of the table [types, d] picked by
+// ctx.token_types [B, T] (i64), or row 0 for every token when it is undefined.
+struct TokenTypeEmbedding {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "token_type_embeddings";
+  int64_t types = 2, dim = 0;
+  static constexpr void walk(Walker& w, const TokenTypeEmbedding* l) {
+    w.param("weight", Role::replicated, l ? Dims{l->types, l->dim} : Dims{}, Init::normal,
+            kTransformerInitStd);
+  }
+  Tensor forward(const Params& p, const Tensor& ids, Ctx& ctx) const;
+};
+
+// RoBERTa's learned positions: numbered from pad + 1 over the tokens that are
+// not `pad`, and pad itself for the padding tokens (transformers'
+// create_position_ids_from_input_ids). ids [B, T] -> [B, T, d].
+struct PaddedPositions {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "position_embeddings";
+  int64_t max_len = 0, dim = 0, pad = 1;
+  static constexpr void walk(Walker& w, const PaddedPositions* l) {
+    w.param("weight", Role::replicated, l ? Dims{l->max_len, l->dim} : Dims{}, Init::normal,
+            kTransformerInitStd);
+  }
+  Tensor forward(const Params& p, const Tensor& ids, Ctx& ctx) const;
+};
+
+// x[:, 0] ([B, T, d] -> [B, d]): the first ([CLS]) token, read by BERT's
+// pooler and RoBERTa's classification head. Works on split features too.
+struct FirstToken {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "";
+  static constexpr void walk(Walker&, const FirstToken*) {}
+  Tensor forward(const Params&, const Tensor& x, Ctx&) const {
+    REDCO_CHECK(x.rank() == 3, "first token: expected [batch, seq, d], got {}", x.shape());
+    return reshape(slice(x, 1, 0, 1), {x.dim(0), x.dim(2)});
+  }
+};
+
 // The encoder's output [B, Ts, d] alone (whole features), for the source ids
 // [B, Ts] and ctx.source_mask: what an encoder-decoder's cross-attention
 // reads (transformers' encoder_last_hidden_state).
@@ -153,6 +192,13 @@ inline OffsetPositions offset_positions(int64_t max_len, int64_t dim, int64_t of
   return {.max_len = max_len, .dim = dim, .offset = offset};
 }
 inline LogitBias logit_bias(int64_t vocab) { return {.vocab = vocab}; }
+inline TokenTypeEmbedding token_type_embedding(int64_t types, int64_t dim) {
+  return {.types = types, .dim = dim};
+}
+inline PaddedPositions padded_positions(int64_t max_len, int64_t dim, int64_t pad) {
+  return {.max_len = max_len, .dim = dim, .pad = pad};
+}
+inline FirstToken first_token() { return {}; }
 inline DenseActDense dense_act_dense(int64_t dim, int64_t hidden, Act act, bool gated) {
   return {.dim = dim, .hidden = hidden, .act = act, .gated = gated};
 }

@@ -231,6 +231,8 @@ struct Ctx {
   // relative position bias): set by nn::RelativePositionBias before a stack
   // of layers, read by every Attention with score_bias on.
   Tensor score_bias{};
+  // BERT's token_type_ids [B, T] (i64) for nn::TokenTypeEmbedding; undefined: all 0.
+  Tensor token_types{};
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
   // train::shard_params), and each layer tells from the shapes of the shards

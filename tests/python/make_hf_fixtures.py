@@ -99,6 +99,36 @@ def write_seq2seq(name, model, seed, target_len=9, buffers=()):
           f"logits std {full.logits.std():.3f}")
 
 
+def write_encoder(name, model, seed):
+    """A sequence classifier: logits and the encoder's last hidden state, for
+    ids with token types and for a padded batch whose padding holds pad ids."""
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    randomise(model, seed)
+    model.eval()
+    model.save_pretrained(d, safe_serialization=True)
+    cfg = model.config
+    ids = inputs(seed + 1)
+    g = torch.Generator().manual_seed(seed + 2)
+    types = torch.randint(0, cfg.type_vocab_size, ids.shape, generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # right padding
+    mask[1, :4] = 0   # left padding
+    padded_ids = torch.where(mask == 1, ids, torch.full_like(ids, cfg.pad_token_id))
+    with torch.no_grad():
+        full = model(input_ids=ids, token_type_ids=types, output_hidden_states=True)
+        padded = model(input_ids=padded_ids, attention_mask=mask, output_hidden_states=True)
+    f32 = lambda t: t.float().contiguous()
+    save_file({"input_ids": ids.contiguous(), "token_type_ids": types.contiguous(),
+               "padded_ids": padded_ids.contiguous(), "attention_mask": mask.contiguous(),
+               "logits": f32(full.logits), "hidden": f32(full.hidden_states[-1]),
+               "padded_logits": f32(padded.logits),
+               "padded_hidden": f32(padded.hidden_states[-1])},
+              os.path.join(d, "golden.safetensors"))
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, "
+          f"logits std {full.logits.std():.3f}")
+
+
 def gpt2(**kw):
     cfg = dict(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4)
     cfg.update(kw)
@@ -127,6 +157,13 @@ def bart(**kw):
                decoder_ffn_dim=48, max_position_embeddings=24)
     cfg.update(kw)
     return tf.BartForConditionalGeneration(tf.BartConfig(**cfg))
+
+
+def bert(cls=tf.BertForSequenceClassification, config=tf.BertConfig, **kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=40, max_position_embeddings=24, num_labels=3)
+    cfg.update(kw)
+    return cls(config(**cfg))
 
 
 # name -> how to write it; main() writes the ones asked for (all by default).
@@ -158,6 +195,12 @@ FIXTURES = {
     # post-LN, scaled embeddings, positions from row 2, a nonzero final_logits_bias.
     "bart": lambda: write_seq2seq("bart", bart(scale_embedding=True), 10,
                                   buffers=["final_logits_bias"]),
+    # token types, pooler, classifier; post-LN; erf GELU.
+    "bert": lambda: write_encoder("bert", bert(), 11),
+    # positions from padding_idx + 1 over the non-pad tokens; classifier.dense/out_proj.
+    "roberta": lambda: write_encoder("roberta", bert(
+        tf.RobertaForSequenceClassification, tf.RobertaConfig, type_vocab_size=1,
+        pad_token_id=1, num_labels=2, layer_norm_eps=1e-5), 12),
 }
 
 

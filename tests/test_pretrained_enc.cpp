@@ -233,6 +233,23 @@ TEST_CASE("BERT and RoBERTa classifiers give transformers' logits and hidden sta
       "bert", [](const models::BertConfig& c) { return models::bert_encoder(c); }, {2, 4});
   check_encoder<models::Roberta>(
       "roberta", [](const models::BertConfig& c) { return models::roberta_encoder(c); }, {2});
+  // The encoders alone, from the classifiers' folders ("bert."-prefixed
+  // names) and from the BertModel-style folder save_pretrained writes.
+  const EncoderGolden g = encoder_golden("bert");
+  const auto enc = models::from_pretrained<models::BertEncoder>(fixtures() / "bert");
+  const Tensor hidden = classify(enc.model, enc.model, enc.params, g.ids, g.types, Tensor()).logits;
+  CHECK(test::max_abs_diff(hidden, g.hidden) <= 1e-4f);
+  TempDir out;
+  models::save_pretrained(out.path, enc);
+  CHECK(io::load_safetensors(out.path / "model.safetensors").count("embeddings.LayerNorm.bias"));
+  const auto back = models::from_pretrained<models::BertEncoder>(out.path);
+  CHECK(back.hf_config.at("architectures").at(size_t(0)) == io::Json("BertModel"));
+  for (const auto& [k, t] : enc.params) CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
+  const EncoderGolden r = encoder_golden("roberta");
+  const auto renc = models::from_pretrained<models::RobertaEncoder>(fixtures() / "roberta");
+  const Tensor rh =
+      classify(renc.model, renc.model, renc.params, r.padded_ids, Tensor(), r.mask).logits;
+  CHECK(test::max_abs_diff(rh, r.padded_hidden) <= 1e-4f);
   const auto roberta = models::from_pretrained<models::Roberta>(fixtures() / "roberta");
   CHECK(roberta.config.pad == 1);
   CHECK(roberta.config.labels == 2);

@@ -31,10 +31,10 @@ BertConfig bert_config(const hf::Config& f) {
   return c;
 }
 
-io::Json bert_hf_config(const BertConfig& c, bool roberta, io::Json j) {
+io::Json bert_hf_config(const BertConfig& c, bool roberta, bool encoder_only, io::Json j) {
   j["architectures"] = io::Json::array();
-  j["architectures"].push_back(roberta ? "RobertaForSequenceClassification"
-                                       : "BertForSequenceClassification");
+  j["architectures"].push_back(fmt::format("{}{}", roberta ? "Roberta" : "Bert",
+                                           encoder_only ? "Model" : "ForSequenceClassification"));
   j["model_type"] = roberta ? "roberta" : "bert";
   j["vocab_size"] = c.vocab;
   j["hidden_size"] = c.dim;
@@ -60,12 +60,19 @@ io::Json bert_hf_config(const BertConfig& c, bool roberta, io::Json j) {
   return j;
 }
 
-hf::Layout bert_layout(const BertConfig& c, bool roberta) {
+hf::Layout bert_layout(const BertConfig& c, bool roberta, bool encoder_only) {
   const int64_t d = c.dim, h = c.hidden;
-  const std::string m = roberta ? "roberta." : "bert.";
+  const std::string base = roberta ? "roberta." : "bert.", m = encoder_only ? "" : base;
   hf::Layout l;
   l.prefixes = {""};
   l.ignored_suffixes = {"embeddings.position_ids", "embeddings.token_type_ids"};  // buffers
+  if (encoder_only) {
+    l.prefixes.push_back(base);
+    for (const char* head :
+         {"pooler.dense", "classifier", "classifier.dense", "classifier.out_proj"})
+      for (const char* p : {".weight", ".bias"})
+        l.ignored_suffixes.push_back(std::string(head) + p);
+  }
   auto& s = l.sources;
   auto add = [&](const std::string& mine, const std::string& theirs, Shape shape) {
     s.push_back(hf::same(mine, theirs, std::move(shape)));
@@ -94,6 +101,7 @@ hf::Layout bert_layout(const BertConfig& c, bool roberta) {
     linear(r + "mlp.fc2", t + "output.dense", d, h);
     norm(r + "output_norm", t + "output.LayerNorm");
   }
+  if (encoder_only) return l;
   if (roberta) {
     linear("classifier.dense", "classifier.dense", d, d);
     linear("classifier.out_proj", "classifier.out_proj", c.labels, d);

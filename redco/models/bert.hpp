@@ -84,10 +84,18 @@ inline auto roberta(const BertConfig& c) {
 
 using Bert = decltype(bert(BertConfig{}));
 using Roberta = decltype(roberta(BertConfig{}));
+// The encoders alone (BertModel, RobertaModel without their pooler): the
+// output is the last hidden state [B, T, d].
+using BertEncoder = decltype(bert_encoder(BertConfig{}));
+using RobertaEncoder = decltype(roberta_encoder(BertConfig{}));
 
 // ---- Hugging Face checkpoints (model_type "bert", "roberta") -----------------------------
 BertConfig bert_config(const hf::Config& config);  // either model_type
-io::Json bert_hf_config(const BertConfig& c, bool roberta, io::Json base = io::Json::object());
-hf::Layout bert_layout(const BertConfig& c, bool roberta);
+// encoder_only: a *Model checkpoint (names without the "bert." / "roberta."
+// prefix, which a *ForSequenceClassification one has and which is accepted
+// too; pooler and classifier tensors are skipped).
+io::Json bert_hf_config(const BertConfig& c, bool roberta, bool encoder_only = false,
+                        io::Json base = io::Json::object());
+hf::Layout bert_layout(const BertConfig& c, bool roberta, bool encoder_only = false);
 
 }  // namespace redco::models

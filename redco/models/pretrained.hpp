@@ -73,7 +73,9 @@ struct HfFamily<Bert> {
   }
   static Bert build(const Config& c) { return bert(c); }
   static hf::Layout layout(const Config& c) { return bert_layout(c, false); }
-  static io::Json to_json(const Config& c, io::Json base) { return bert_hf_config(c, false, base); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, false, false, base);
+  }
 };
 
 template <>
@@ -85,7 +87,37 @@ struct HfFamily<Roberta> {
   }
   static Roberta build(const Config& c) { return roberta(c); }
   static hf::Layout layout(const Config& c) { return bert_layout(c, true); }
-  static io::Json to_json(const Config& c, io::Json base) { return bert_hf_config(c, true, base); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, true, false, base);
+  }
+};
+
+template <>
+struct HfFamily<BertEncoder> {  // BertModel (or the encoder of a BERT classifier)
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"bert"}, "models::BertEncoder");
+    return bert_config(f);
+  }
+  static BertEncoder build(const Config& c) { return bert_encoder(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, false, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, false, true, base);
+  }
+};
+
+template <>
+struct HfFamily<RobertaEncoder> {  // RobertaModel (or the encoder of a RoBERTa classifier)
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"roberta"}, "models::RobertaEncoder");
+    return bert_config(f);
+  }
+  static RobertaEncoder build(const Config& c) { return roberta_encoder(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, true, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, true, true, base);
+  }
 };
 
 template <typename M>

@@ -414,3 +414,29 @@ TEST_CASE("an untied T5 folder without lm_head.weight names the missing tensor",
   CHECK_THROWS_WITH(models::from_pretrained<models::T5>(d),
                     Contains("lm_head.weight") && Contains("missing"));
 }
+
+TEST_CASE("bad BART and BERT folders fail with one message naming the culprit",
+          "[hf][bart][bert][errors]") {
+  TempDir t;
+  const fs::path d = t.path / "m";
+  auto fresh = [&](const char* name) {
+    fs::remove_all(d);
+    fs::copy(fixtures() / name, d, fs::copy_options::recursive);
+  };
+  fresh("bart");
+  edit_config(d, "\"decoder_attention_heads\": 4", "\"decoder_attention_heads\": 5");
+  CHECK_THROWS_WITH(models::from_pretrained<models::Bart>(d),
+                    Contains("decoder_attention_heads") && Contains("must divide d_model = 32"));
+  fresh("bart");
+  edit_config(d, "\"max_position_embeddings\": 24", "\"max_position_embeddings\": 30");
+  CHECK_THROWS_WITH(models::from_pretrained<models::Bart>(d),
+                    Contains("embed_positions.weight") && Contains("has shape"));
+  fresh("bert");
+  edit_config(d, "\"position_embedding_type\": \"absolute\"",
+              "\"position_embedding_type\": \"relative_key\"");
+  CHECK_THROWS_WITH(models::from_pretrained<models::Bert>(d),
+                    Contains("position_embedding_type"));
+  fresh("roberta");
+  CHECK_THROWS_WITH(models::from_pretrained<models::BertEncoder>(d),
+                    Contains("'roberta' model") && Contains("models::BertEncoder"));
+}

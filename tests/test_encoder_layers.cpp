@@ -202,3 +202,17 @@ TEST_CASE("token types, RoBERTa positions and the first token: values and gradie
       },
       in, {0, 1, 2});
 }
+
+TEST_CASE("a post-LN block (BART, BERT): norm(x + f(x)), values and gradients",
+          "[encoder_layers][grad]") {
+  // The DSL spells it residual(f) | norm: no layer of its own.
+  const auto block = nn::residual(nn::linear(4, 4) | nn::gelu()) | nn::layer_norm(4);
+  const TensorList in = {randn({2, 3, 4}, 1), randn({4, 4}, 2), randn({4}, 3), randn({4}, 4, 0.3f),
+                         randn({4}, 5, 0.3f)};
+  const std::vector<std::string> names = {"fc.weight", "fc.bias", "ln.weight", "ln.bias"};
+  auto f = [&](const TensorList& x) { return run(block, names, x); };
+  check_gradients(f, in, {0, 1, 2, 3, 4});
+  NoGradGuard off;
+  const Tensor want = layer_norm(in[0] + gelu(linear(in[0], in[1], in[2]), true), in[3], in[4]);
+  CHECK(test::max_abs_diff(f(in), want) < 1e-6f);
+}

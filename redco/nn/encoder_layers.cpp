@@ -107,7 +107,8 @@ Tensor PaddedPositions::forward(const Params& p, const Tensor& ids, Ctx&) const 
   REDCO_CHECK(pad + T < max_len,
               "{}: {} tokens need positions up to {}, beyond the model's {} position rows",
               p.path().view(), T, pad + T, max_len);
-  return embedding(p["weight"], pos.to(ids.device()));
+  const Tensor& table = p["weight"];
+  return embedding(table, pos.to(table.device()));  // the host-built ids go where the table is
 }
 
 Tensor LogitBias::forward(const Params& p, const Tensor& logits, Ctx& ctx) const {

@@ -17,6 +17,7 @@
 #include "redco/models/pretrained.hpp"
 #include "redco/models/t5.hpp"
 #include "redco/models/vision.hpp"
+#include "redco/generation/generate.hpp"
 #include "redco/nn/generate.hpp"
 #include "redco/nn/model.hpp"
 #include "redco/optim/optimizer.hpp"

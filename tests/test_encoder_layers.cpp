@@ -125,22 +125,7 @@ TEST_CASE("a shared embedding and a scale: gradients reach the owner's table",
   CHECK(test::max_abs_diff(nn::apply(shared, tree, ids), mul(embedding(in[0], ids), 2.f)) == 0.f);
 }
 
-TEST_CASE("offset positions and a logit bias: rows and gradients", "[encoder_layers][grad]") {
-  // Positions: rows offset .. offset + T - 1 of the table.
-  const Tensor ids = Tensor::zeros({2, 3}, DType::i64);
-  const TensorList table = {randn({7, 4}, 1)};
-  const auto pos = nn::offset_positions(5, 4, 2);
-  auto positions = [&](const TensorList& x) {
-    return nn::apply(pos, nn::ParamTree{{"weight", x[0]}}, ids);
-  };
-  {
-    NoGradGuard off;
-    CHECK(test::max_abs_diff(positions(table), slice(table[0], 0, 2, 5)) == 0.f);
-  }
-  check_gradients(positions, table, {0});
-  CHECK_THROWS_WITH(
-      nn::apply(pos, nn::ParamTree{{"weight", table[0]}}, Tensor::zeros({1, 6}, DType::i64)),
-      Catch::Contains("exceeds the model's maximum 5"));
+TEST_CASE("a logit bias: values and gradients", "[encoder_layers][grad]") {
   // The logit bias [vocab, 1] is added to every row of the logits [.., vocab].
   const auto head = nn::linear_no_bias(4, 6) | nn::logit_bias(6);
   const TensorList in = {randn({2, 3, 4}, 2), randn({6, 4}, 3), randn({6, 1}, 4)};

@@ -208,6 +208,13 @@ TEST_CASE("Slurm nodelist expansion", "[launch]") {
   REQUIRE_THROWS_WITH(expand_slurm_nodelist("a,,b"), Contains("empty host name"));
   REQUIRE_THROWS_WITH(expand_slurm_nodelist("n[1,[2]]"), Contains("nested"));
   REQUIRE_THROWS_WITH(expand_slurm_nodelist(""), Contains("empty"));
+  // More hosts than any cluster: refused before they are made (1 million at most).
+  CHECK(expand_slurm_nodelist("n[000000-999999]").size() == 1000000);
+  REQUIRE_THROWS_WITH(expand_slurm_nodelist("a[0-999999]b[0-999999]"),
+                      Contains("expands to more than 1000000 hosts"));
+  REQUIRE_THROWS_WITH(expand_slurm_nodelist("a[0-999999],b[0-1]"),
+                      Contains("expands to more than 1000000 hosts"));
+  REQUIRE_THROWS_WITH(expand_slurm_nodelist("n[0-1000000]"), Contains("too large"));
 }
 
 TEST_CASE("Slurm tasks per node", "[launch]") {
@@ -216,6 +223,10 @@ TEST_CASE("Slurm tasks per node", "[launch]") {
   CHECK(slurm_tasks_on_node("2(x3),1", 2) == 2);
   CHECK(slurm_tasks_on_node("2(x3),1", 3) == 1);
   REQUIRE_THROWS_WITH(slurm_tasks_on_node("2(x3),1", 4), Contains("covers 4 nodes"));
+  // Counts that used to overflow an int or walk backwards.
+  CHECK(slurm_tasks_on_node("1(x2147483647),3(x2147483647)", 2147483647) == 3);
+  REQUIRE_THROWS_WITH(slurm_tasks_on_node("2(x-5),1", 0), Contains("'2(x-5)' needs"));
+  REQUIRE_THROWS_WITH(slurm_tasks_on_node("-2", 0), Contains("N >= 0"));
 }
 
 TEST_CASE("random job tokens differ", "[launch]") {

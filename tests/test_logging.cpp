@@ -25,6 +25,7 @@
 #include "redco/core/error.hpp"
 #include "redco/io/console.hpp"
 #include "redco/io/events.hpp"
+#include "skip.hpp"
 
 namespace fs = std::filesystem;
 using namespace redco;
@@ -347,10 +348,7 @@ TEST_CASE("MetricsLog appends lines, resumes and mirrors to TensorBoard", "[logg
 
 TEST_CASE("the tensorboard package reads our event files", "[logging][python]") {
   fs::path root = repo_root();
-  fs::path python = root / ".venv" / "bin" / "python";
-  if (!fs::exists(python)) {
-    FAIL("no Python venv at " << python << ": run `tools/setup test` to create it");
-  }
+  const fs::path python = test::python_or_skip(root, "tensorboard");
   TempDir tmp;
   {
     io::MetricsLog log(tmp.path);

@@ -367,14 +367,21 @@ TEST_CASE("attention over padded rows with a score bias equals the composition",
     int64_t Tq, Tk;
     bool causal, bias;
     std::vector<int64_t> lo, hi;  // per batch row: right padding, left padding, an empty row
+    std::vector<int64_t> off{};   // per-row causal offsets (a KV cache), or none
   };
   // 130 keys span three 64-key tiles: whole tiles are skipped and others cut.
   for (const Case& c : {Case{130, 130, true, false, {0, 70, 9}, {100, 130, 9}},
                         Case{130, 130, false, true, {0, 66, 3}, {130, 128, 64}},
                         Case{5, 130, true, true, {0, 127, 40}, {120, 130, 40}},
-                        Case{7, 9, false, true, {2, 0, 0}, {9, 4, 9}}}) {
+                        Case{7, 9, false, true, {2, 0, 0}, {9, 4, 9}},
+                        // A cache of 130 slots: rows filled to 3, 67 and 127 slots, 3 new queries.
+                        Case{3, 130, true, true, {0, 0, 0}, {3, 67, 127}, {0, 64, 124}},
+                        Case{1, 130, true, false, {0, 5, 0}, {1, 100, 130}, {0, 99, 129}}}) {
     INFO("Tq " << c.Tq << " Tk " << c.Tk << " causal " << c.causal << " bias " << c.bias);
     AttentionExtras x = ranges(c.lo, c.hi);
+    if (!c.off.empty())
+      x.causal_offset =
+          Tensor::from<int64_t>(std::span<const int64_t>(c.off), {int64_t(c.off.size())});
     TensorList in{randn({3, 4, c.Tq, 8}, 60), randn({3, 2, c.Tk, 8}, 61),
                   randn({3, 2, c.Tk, 8}, 62)};
     if (c.bias) in.push_back(randn({4, c.Tq, c.Tk}, 63));

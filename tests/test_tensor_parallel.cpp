@@ -15,7 +15,10 @@
 #include "redco/models/bart.hpp"
 #include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
+#include "redco/models/gpt_neox.hpp"
+#include "redco/models/gptj.hpp"
 #include "redco/models/llama.hpp"
+#include "redco/models/opt.hpp"
 #include "redco/models/t5.hpp"
 #include "redco/models/vision.hpp"
 #include "redco/train/parallel.hpp"
@@ -252,6 +255,72 @@ TEST_CASE(
   for (int mp : {2, 4}) CHECK(check_against_one_rank(bert, mp, loss_of(bert), false) == 1 + 20 + 3);
   const auto roberta = models::roberta(c);
   CHECK(check_against_one_rank(roberta, 2, loss_of(roberta), false) == 1 + 20 + 3);
+}
+
+TEST_CASE("tensor-parallel OPT (pre- and post-LN, projections, tied head) matches one rank",
+          "[tensor_parallel]") {
+  const Tensor ids = tokens(2, 6, 16, 11), labels = labels_of(2, 6, 16, 12);
+  for (bool pre : {true, false}) {
+    INFO((pre ? "pre-LN" : "post-LN, 8-wide embeddings"));
+    const auto model = models::opt({.vocab = 16,
+                                    .context = 8,
+                                    .dim = 16,
+                                    .layers = 2,
+                                    .heads = 4,
+                                    .ffn = 24,
+                                    .embed_dim = pre ? 0 : 8,
+                                    .pre_norm = pre,
+                                    .final_norm = pre,
+                                    .dropout = 0.1f});
+    const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+      out = nn::apply(model, p, ids, ctx);
+      return cross_entropy(out, labels);
+    };
+    // embed_tokens (the tied head's table); per layer q k v o + 3 biases, fc1 + bias, fc2.
+    for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 1 + 2 * 10);
+  }
+}
+
+TEST_CASE("tensor-parallel GPT-J (parallel block, partial rotary, biased head) matches one rank",
+          "[tensor_parallel]") {
+  const auto model = models::gptj({.vocab = 16,
+                                   .context = 8,
+                                   .dim = 16,
+                                   .layers = 2,
+                                   .heads = 4,
+                                   .rotary_dim = 2,
+                                   .inner = 24,
+                                   .dropout = 0.1f,
+                                   .embed_dropout = 0.1f});
+  const Tensor ids = tokens(2, 6, 16, 13), labels = labels_of(2, 6, 16, 14);
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    out = nn::apply(model, p, ids, ctx);
+    return cross_entropy(out, labels);
+  };
+  // wte; per layer q k v o, fc1 + bias, fc2; the head's table and its bias.
+  for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 1 + 2 * 7 + 2);
+}
+
+TEST_CASE("tensor-parallel GPT-NeoX (parallel and sequential residual) matches one rank",
+          "[tensor_parallel]") {
+  const Tensor ids = tokens(2, 6, 16, 15), labels = labels_of(2, 6, 16, 16);
+  for (bool parallel : {true, false}) {
+    INFO((parallel ? "parallel" : "sequential") << " residual");
+    const auto model = models::gpt_neox({.vocab = 16,
+                                         .dim = 16,
+                                         .layers = 2,
+                                         .heads = 4,
+                                         .hidden = 24,
+                                         .rotary_dim = 2,
+                                         .parallel_residual = parallel,
+                                         .dropout = 0.1f});
+    const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+      out = nn::apply(model, p, ids, ctx);
+      return cross_entropy(out, labels);
+    };
+    // embed_in; per layer q k v o + 3 biases, fc1 + bias, fc2; embed_out.
+    for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 1 + 2 * 10 + 1);
+  }
 }
 
 TEST_CASE("a tensor-parallel MLP classifier (column then row, dropout between) matches one rank",

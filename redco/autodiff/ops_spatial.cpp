@@ -60,15 +60,17 @@ namespace {
 // some key (the fused kernel's output is 0 for the others).
 std::pair<Tensor, Tensor> reference_masks(int64_t B, int64_t Tq, int64_t Tk, bool causal,
                                           const AttentionExtras& x) {
-  const int64_t rows = x.key_begin.defined() ? B : 1;
+  const int64_t rows = x.key_begin.defined() || x.causal_offset.defined() ? B : 1;
   Tensor mask = Tensor::zeros({rows, 1, Tq, Tk}), seen = Tensor::zeros({rows, 1, Tq, 1});
   float *m = mask.data<float>(), *s = seen.data<float>();
   for (int64_t b = 0; b < rows; ++b) {
     const int64_t lo = x.key_begin.defined() ? x.key_begin.data<int64_t>()[b] : 0;
     const int64_t hi = x.key_end.defined() ? x.key_end.data<int64_t>()[b] : Tk;
+    const int64_t off =
+        x.causal_offset.defined() ? x.causal_offset.data<int64_t>()[b] : Tk - Tq;
     for (int64_t i = 0; i < Tq; ++i) {
-      // Query i sits at position i + (Tk - Tq) and sees keys up to there.
-      const int64_t end = causal ? std::min(hi, i + (Tk - Tq) + 1) : hi;
+      // Query i sits at position i + off and sees keys up to there.
+      const int64_t end = causal ? std::min(hi, i + off + 1) : hi;
       for (int64_t j = 0; j < Tk; ++j)
         if (j < lo || j >= end) m[(b * Tq + i) * Tk + j] = -1e30f;
       s[b * Tq + i] = end > lo ? 1.f : 0.f;
@@ -94,7 +96,8 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bo
   Tensor scores =
       matmul(q, repeat_heads(k), false, true) * attention_scale(q, scale);  // [B,Hq,Tq,Tk]
   if (extras.bias.defined()) scores = scores + extras.bias;
-  if (!causal && !extras.key_begin.defined()) return matmul(softmax(scores), repeat_heads(v));
+  if (!causal && !extras.key_begin.defined() && !extras.causal_offset.defined())
+    return matmul(softmax(scores), repeat_heads(v));
   auto [mask, seen] = reference_masks(B, Tq, Tk, causal, extras);
   if (!q.device().is_cpu()) mask = mask.to(q.device()), seen = seen.to(q.device());
   return matmul(softmax(scores + mask), repeat_heads(v)) * seen;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "redco/core/error.hpp"
+#include "redco/io/json.hpp"
 
 namespace redco::data {
 namespace {
@@ -507,6 +508,66 @@ void Bpe::save(const std::filesystem::path& dir) const {
     f << *body;
     REDCO_CHECK(f.good(), "Bpe::save: could not write {}", path.string());
   }
+}
+
+// split_words as a tokenizer.json Split pattern: the same four classes
+// (whitespace is ASCII's six, every non-ASCII character counts as a letter),
+// contractions first, one leading space joining a word, and a whitespace run
+// leaving its last character to the word after it.
+const char* const Bpe::kSplitPattern =
+    R"('(?:s|t|re|ve|m|ll|d)| ?[A-Za-z\x{80}-\x{10FFFF}]+| ?[0-9]+)"
+    R"(| ?[^ \t\n\x0B\f\rA-Za-z0-9\x{80}-\x{10FFFF}]+)"
+    R"(|[ \t\n\x0B\f\r]+(?![^ \t\n\x0B\f\r])|[ \t\n\x0B\f\r]+)";
+
+std::string Bpe::to_tokenizer_json() const {
+  using io::Json;
+  auto spell = [](std::string_view bytes) {
+    std::string s;
+    for (char32_t c : to_alphabet(bytes)) append_utf8(s, c);
+    return s;
+  };
+  Json vocab = Json::object(), merges = Json::array();
+  for (size_t i = 0; i < tokens_.size(); ++i) vocab[spell(tokens_[i])] = int64_t(i);
+  for (const Merge& m : merges_)
+    merges.push_back(
+        Json(Json::Array{spell(tokens_[size_t(m.left)]), spell(tokens_[size_t(m.right)])}));
+  Json model = Json::object();
+  model["type"] = "BPE";
+  for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"})
+    model[k] = nullptr;
+  model["fuse_unk"] = false;
+  model["byte_fallback"] = false;
+  model["ignore_merges"] = false;
+  model["vocab"] = std::move(vocab);
+  model["merges"] = std::move(merges);
+  Json split = Json::object(), pattern = Json::object(), bytes = Json::object();
+  pattern["Regex"] = kSplitPattern;
+  split["type"] = "Split";
+  split["pattern"] = std::move(pattern);
+  split["behavior"] = "Isolated";
+  split["invert"] = false;
+  bytes["type"] = "ByteLevel";
+  bytes["add_prefix_space"] = false;
+  bytes["trim_offsets"] = false;
+  bytes["use_regex"] = false;
+  Json pre = Json::object();
+  pre["type"] = "Sequence";
+  pre["pretokenizers"] = Json(Json::Array{std::move(split), bytes});
+  Json j = Json::object();
+  j["version"] = "1.0";
+  for (const char* k : {"truncation", "padding", "normalizer", "post_processor"}) j[k] = nullptr;
+  j["added_tokens"] = Json::array();
+  j["pre_tokenizer"] = std::move(pre);
+  j["decoder"] = std::move(bytes);
+  j["model"] = std::move(model);
+  return j.dump();
+}
+
+void Bpe::save_tokenizer_json(const std::filesystem::path& file) const {
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  std::ofstream f(file, std::ios::binary);
+  f << to_tokenizer_json();
+  REDCO_CHECK(f.good(), "Bpe::save_tokenizer_json: could not write {}", file.string());
 }
 
 Bpe Bpe::load(const std::filesystem::path& dir) {

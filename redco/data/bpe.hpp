@@ -6,6 +6,7 @@
 //   std::vector<int32_t> ids = bpe.encode("In the beginning");
 //   std::string back = bpe.decode(ids);         // == "In the beginning"
 //   bpe.save(dir);                              // dir/vocab.json, dir/merges.txt
+//   bpe.save_tokenizer_json(dir / "tokenizer.json");  // for data::Tokenizer / HF
 //   auto gpt2 = data::Bpe::load(dir_with_gpt2_files);
 //
 // Text is first split into words roughly as GPT-2's regex does (a run of
@@ -41,6 +42,12 @@ class Bpe {
   static Bpe load(const std::filesystem::path& dir);
   // Writes dir/vocab.json and dir/merges.txt (creating dir if needed).
   void save(const std::filesystem::path& dir) const;
+  // A Hugging Face tokenizer.json of this tokenizer (split_words as a Split
+  // regex, then ByteLevel): data::Tokenizer and the `tokenizers` package
+  // load it and give encode()'s ids.
+  std::string to_tokenizer_json() const;
+  void save_tokenizer_json(const std::filesystem::path& file) const;
+  static const char* const kSplitPattern;
 
   // Each distinct word is encoded once per call.
   std::vector<int32_t> encode(std::string_view text) const;

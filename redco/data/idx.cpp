@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <type_traits>
 
 #include "redco/core/error.hpp"
 
@@ -207,12 +208,28 @@ IdxArray read_idx(const std::string& path) {
   const Header h = read_header(f.get(), path, gz);
   IdxArray a{path, h.type, h.shape, make_storage(h.type)};
   const size_t numel = h.payload_bytes / idx_type_size(h.type);
+  if (!gz) {
+    // A header can promise far more than the file holds: check before allocating.
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (!ec && size < h.header_bytes + h.payload_bytes)
+      fail_truncated(path, gz, h.header_bytes + h.payload_bytes, size_t(size));
+  }
   std::visit(
       [&](auto& v) {
-        v.resize(numel);
-        const size_t got = read_some(f.get(), v.data(), h.payload_bytes, path);
-        if (got < h.payload_bytes) {
-          fail_truncated(path, gz, h.header_bytes + h.payload_bytes, h.header_bytes + got);
+        // Grown as the data arrives (compressed sizes say little about the
+        // payload), so a lying header fails on the data, not on a huge allocation.
+        using T = typename std::decay_t<decltype(v)>::value_type;
+        const size_t chunk = std::max<size_t>(1, (size_t(1) << 20) / sizeof(T));
+        v.reserve(gz ? std::min(numel, chunk) : numel);
+        for (size_t have = 0; have < numel;) {
+          const size_t n = std::min(numel - have, chunk);
+          v.resize(have + n);
+          const size_t got = read_some(f.get(), v.data() + have, n * sizeof(T), path);
+          if (got < n * sizeof(T))
+            fail_truncated(path, gz, h.header_bytes + h.payload_bytes,
+                           h.header_bytes + have * sizeof(T) + got);
+          have += n;
         }
         to_host_order(v);
       },

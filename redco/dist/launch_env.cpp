@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <random>
@@ -234,6 +235,11 @@ std::vector<std::string_view> split_hosts(std::string_view list) {
   return out;
 }
 
+// More hosts than any Slurm cluster has: a nodelist that expands further is
+// malformed, and is refused before it is materialised (a[0-999999]b[0-999999]
+// would be 10^12 names).
+constexpr std::size_t kMaxHosts = 1000000;
+
 // `01-03,07` -> 01 02 03 07; the lower bound's width sets the zero padding.
 void expand_ranges(std::string_view ranges, std::string_view list, std::vector<std::string>& out) {
   for (std::string_view part : split_hosts(ranges)) {
@@ -248,8 +254,8 @@ void expand_ranges(std::string_view ranges, std::string_view list, std::vector<s
       return v;
     };
     std::uint64_t a = number(lo), b = number(hi);
-    REDCO_CHECK(a <= b && b - a < 1000000, "Slurm nodelist '{}': range '{}' is empty or too large",
-                list, part);
+    REDCO_CHECK(a <= b && b - a < kMaxHosts - out.size(),
+                "Slurm nodelist '{}': range '{}' is empty or too large", list, part);
     for (std::uint64_t v = a; v <= b; ++v) out.push_back(fmt::format("{:0{}}", v, lo.size()));
   }
 }
@@ -266,6 +272,8 @@ void expand_host(std::string_view expr, std::string_view list, std::vector<std::
   std::vector<std::string> middles, tails;
   expand_ranges(expr.substr(open + 1, close - open - 1), list, middles);
   expand_host(expr.substr(close + 1), list, tails);
+  REDCO_CHECK(middles.size() <= (kMaxHosts - out.size()) / std::max<std::size_t>(tails.size(), 1),
+              "Slurm nodelist '{}' expands to more than {} hosts", list, kMaxHosts);
   for (const std::string& m : middles)
     for (const std::string& t : tails) out.push_back(std::string(expr.substr(0, open)) + m + t);
 }
@@ -275,12 +283,16 @@ void expand_host(std::string_view expr, std::string_view list, std::vector<std::
 std::vector<std::string> expand_slurm_nodelist(std::string_view list) {
   REDCO_CHECK(!list.empty(), "Slurm nodelist is empty");
   std::vector<std::string> hosts;
-  for (std::string_view expr : split_hosts(list)) expand_host(expr, list, hosts);
+  for (std::string_view expr : split_hosts(list)) {
+    REDCO_CHECK(hosts.size() < kMaxHosts, "Slurm nodelist '{}' expands to more than {} hosts", list,
+                kMaxHosts);
+    expand_host(expr, list, hosts);
+  }
   return hosts;
 }
 
 int slurm_tasks_on_node(std::string_view tasks_per_node, int node) {
-  int first = 0;  // index of the first node the current entry covers
+  int64_t first = 0;  // index of the first node the current entry covers (64 bits: no overflow)
   for (std::string_view entry : split_hosts(tasks_per_node)) {
     auto paren = entry.find("(x");
     int tasks = parse_int(entry.substr(0, paren), "SLURM_STEP_TASKS_PER_NODE");
@@ -291,6 +303,9 @@ int slurm_tasks_on_node(std::string_view tasks_per_node, int node) {
       repeat =
           parse_int(entry.substr(paren + 2, entry.size() - paren - 3), "SLURM_STEP_TASKS_PER_NODE");
     }
+    REDCO_CHECK(tasks >= 0 && repeat >= 1,
+                "SLURM_STEP_TASKS_PER_NODE='{}': '{}' needs N >= 0 tasks on M >= 1 nodes",
+                tasks_per_node, entry);
     if (node < first + repeat) return tasks;
     first += repeat;
   }

@@ -2,7 +2,10 @@
 
 #include <fcntl.h>
 #include <rapidjson/document.h>
+#include <rapidjson/encodedstream.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/memorystream.h>
+#include <rapidjson/reader.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <sys/stat.h>
@@ -36,40 +39,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kMaxJsonDepth = 256;
-
-Json from_rapidjson(const rapidjson::Value& v, int depth, std::string_view source) {
-  if (depth > kMaxJsonDepth) fail("{}: JSON nested deeper than {} levels", source, kMaxJsonDepth);
-  switch (v.GetType()) {
-    case rapidjson::kNullType:
-      return nullptr;
-    case rapidjson::kFalseType:
-      return false;
-    case rapidjson::kTrueType:
-      return true;
-    case rapidjson::kNumberType:
-      if (v.IsInt64()) return v.GetInt64();
-      if (v.IsUint64()) return v.GetUint64();
-      return v.GetDouble();
-    case rapidjson::kStringType:
-      return std::string(v.GetString(), v.GetStringLength());
-    case rapidjson::kArrayType: {
-      Json::Array a;
-      a.reserve(v.Size());
-      for (const auto& x : v.GetArray()) a.push_back(from_rapidjson(x, depth + 1, source));
-      return a;
-    }
-    case rapidjson::kObjectType: {
-      Json::Object o;
-      for (const auto& m : v.GetObject()) {
-        std::string key(m.name.GetString(), m.name.GetStringLength());
-        if (o.count(key)) fail("{}: JSON object has the key '{}' twice", source, key);
-        o.emplace(std::move(key), from_rapidjson(m.value, depth + 1, source));
-      }
-      return o;
-    }
-  }
-  fail("{}: unknown JSON value type", source);
-}
 
 template <typename Writer>
 void write_json(Writer& w, const Json& j) {
@@ -159,16 +128,121 @@ void dump_pretty(const Json& j, int depth, std::string& out) {
 
 }  // namespace
 
+namespace {
+
+// A JSON number from its text: an integer when it is one and fits 64 bits,
+// else the correctly rounded double (std::from_chars). rapidjson 1.1's own
+// full-precision conversion has undefined behaviour on inputs such as 0e92
+// (clz of 0, then a shift by a garbage amount; found by
+// tests/fuzz/fuzz_state_json.cpp), so numbers reach us as text.
+Json json_number(std::string_view t, std::string_view source) {
+  const char *b = t.data(), *e = b + t.size();
+  if (t.find_first_of(".eEnNIi") == std::string_view::npos) {
+    int64_t i = 0;
+    if (auto [p, ec] = std::from_chars(b, e, i); ec == std::errc() && p == e) return i;
+    uint64_t u = 0;
+    if (auto [p, ec] = std::from_chars(b, e, u); ec == std::errc() && p == e) return u;
+  }
+  double d = 0;
+  const auto [p, ec] = std::from_chars(b, e, d);
+  if (ec == std::errc::result_out_of_range && p == e) {
+    // Too small for a double rounds to zero; too large is an error, as in rapidjson.
+    const size_t x = t.find_first_of("eE");
+    if (x != std::string_view::npos && x + 1 < t.size() && t[x + 1] == '-')
+      return t.front() == '-' ? -0.0 : 0.0;
+    fail("{}: the JSON number {} is too large for a double", source, t);
+  }
+  if (ec != std::errc() || p != e) fail("{}: '{}' is not a JSON number", source, t);
+  return d;
+}
+
+// Whether a decoded string is valid UTF-8. The parser checks the raw bytes,
+// but a \u escape of a lone UTF-16 surrogate (\udc00) decodes to bytes that
+// are not a character; such a document could not be written back (found by
+// tests/fuzz/fuzz_state_json.cpp).
+bool valid_utf8(const char* s, size_t n) {
+  rapidjson::MemoryStream in(s, n);
+  rapidjson::GenericStringBuffer<rapidjson::UTF8<>> copy;  // Validate copies what it reads
+  while (in.Tell() < n)
+    if (!rapidjson::UTF8<>::Validate(in, copy)) return false;
+  return true;
+}
+
+// Builds a Json from rapidjson's SAX events (numbers as text, see json_number).
+struct JsonBuilder {
+  std::string_view source;
+  std::vector<Json> open;         // containers not yet closed, innermost last
+  std::vector<std::string> keys;  // the pending key of each open container
+  Json root;
+
+  bool add(Json v) {
+    if (open.empty()) return root = std::move(v), true;
+    Json& top = open.back();
+    if (top.is_array()) return top.push_back(std::move(v)), true;
+    Json::Object& o = top.as_object();
+    if (o.count(keys.back())) fail("{}: JSON object has the key '{}' twice", source, keys.back());
+    o.emplace(std::move(keys.back()), std::move(v));
+    return true;
+  }
+  bool start(Json container) {
+    if (int(open.size()) >= kMaxJsonDepth)
+      fail("{}: JSON nested deeper than {} levels", source, kMaxJsonDepth);
+    open.push_back(std::move(container));
+    keys.emplace_back();
+    return true;
+  }
+  bool end() {
+    Json v = std::move(open.back());
+    open.pop_back();
+    keys.pop_back();
+    return add(std::move(v));
+  }
+  bool Null() { return add(nullptr); }
+  bool Bool(bool b) { return add(b); }
+  bool Int(int i) { return add(i); }
+  bool Uint(unsigned u) { return add(u); }
+  bool Int64(int64_t i) { return add(i); }
+  bool Uint64(uint64_t u) { return add(u); }
+  bool Double(double d) { return add(d); }
+  bool RawNumber(const char* s, rapidjson::SizeType n, bool) {
+    return add(json_number({s, n}, source));
+  }
+  void check_text(const char* s, rapidjson::SizeType n) const {
+    if (!valid_utf8(s, n))
+      fail(
+          "{}: the JSON string '{}' holds a \\u escape that is no character (a lone UTF-16 "
+          "surrogate)",
+          source, std::string_view(s, n));
+  }
+  bool String(const char* s, rapidjson::SizeType n, bool) {
+    check_text(s, n);
+    return add(std::string(s, n));
+  }
+  bool StartObject() { return start(Json::object()); }
+  bool Key(const char* s, rapidjson::SizeType n, bool) {
+    check_text(s, n);
+    return keys.back().assign(s, n), true;
+  }
+  bool EndObject(rapidjson::SizeType) { return end(); }
+  bool StartArray() { return start(Json::array()); }
+  bool EndArray(rapidjson::SizeType) { return end(); }
+};
+
+}  // namespace
+
 Json Json::parse(std::string_view text, std::string_view source) {
-  rapidjson::Document doc;
   constexpr unsigned kFlags = rapidjson::kParseValidateEncodingFlag |
-                              rapidjson::kParseIterativeFlag | rapidjson::kParseFullPrecisionFlag |
-                              rapidjson::kParseNanAndInfFlag;
-  doc.Parse<kFlags>(text.data(), text.size());
-  if (doc.HasParseError())
-    fail("{}: invalid JSON at byte {}: {}", source, doc.GetErrorOffset(),
-         rapidjson::GetParseError_En(doc.GetParseError()));
-  return from_rapidjson(doc, 0, source);
+                              rapidjson::kParseIterativeFlag | rapidjson::kParseNanAndInfFlag |
+                              rapidjson::kParseNumbersAsStringsFlag;
+  rapidjson::Reader reader;
+  rapidjson::MemoryStream bytes(text.data(), text.size());
+  rapidjson::EncodedInputStream<rapidjson::UTF8<>, rapidjson::MemoryStream> in(bytes);
+  JsonBuilder builder{source, {}, {}, {}};
+  const rapidjson::ParseResult ok = reader.Parse<kFlags>(in, builder);
+  if (!ok)
+    fail("{}: invalid JSON at byte {}: {}", source, ok.Offset(),
+         rapidjson::GetParseError_En(ok.Code()));
+  return std::move(builder.root);
 }
 
 std::string Json::dump(bool pretty) const {
@@ -446,15 +520,30 @@ void abandon_checkpoint(const fs::path& tmp) noexcept {
 
 void save_checkpoint(const fs::path& dir, const ParamTree& params, const ParamTree& opt_state,
                      const std::string& state_json) {
-  const fs::path tmp = begin_checkpoint(dir, state_json);
+  fs::path tmp;
   try {
+    tmp = begin_checkpoint(dir, state_json);
     save_safetensors(tmp / kParams, params);
     save_safetensors(tmp / kOptState, opt_state);
     finish_checkpoint(tmp, dir, state_json);
+  } catch (const Error& e) {
+    if (!tmp.empty()) abandon_checkpoint(tmp);
+    fail_checkpoint_write(dir, e.what());
   } catch (...) {
-    abandon_checkpoint(tmp);
+    if (!tmp.empty()) abandon_checkpoint(tmp);
     throw;
   }
+}
+
+void fail_checkpoint_write(const fs::path& dir, const std::string& why) {
+  // Everything is written beside `dir` and published by one rename, so a
+  // failure before the rename leaves `dir` and its siblings as they were.
+  const fs::path where = folder_of(dir);
+  fail(
+      "cannot save checkpoint '{}': {}. Nothing was replaced: the checkpoints in '{}' (an "
+      "earlier '{}' included) are as before and still load. Free disk space or make that folder "
+      "writable, then save again (a Trainer resumes from the newest complete checkpoint)",
+      where.string(), why, parent_of(where).string(), where.filename().string());
 }
 
 std::string read_checkpoint_state(const fs::path& dir) { return open_checkpoint(dir); }

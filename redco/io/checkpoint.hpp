@@ -64,6 +64,10 @@ void finish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::
                        const std::string& state_json);
 // Deletes an unfinished temporary folder (after a failed write).
 void abandon_checkpoint(const std::filesystem::path& tmp) noexcept;
+// The error of a failed save of `dir` (disk full, permission denied, ...):
+// names the folder and the cause (`why`), says the previous checkpoints are
+// untouched and what to do.
+[[noreturn]] void fail_checkpoint_write(const std::filesystem::path& dir, const std::string& why);
 
 // Checks that `dir` is a complete checkpoint (repairing an interrupted
 // publish, see above) and returns its state.json, validated as JSON.

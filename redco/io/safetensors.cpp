@@ -211,8 +211,8 @@ void check_layout(std::vector<Entry>& entries, uint64_t buffer_size, const fs::p
 Header parse_header(std::string_view text, uint64_t buffer_size, const fs::path& path) {
   if (text.empty() || text[0] != '{') bad(path, "the header does not start with '{{'");
   rapidjson::Document doc;
-  constexpr unsigned kFlags = rapidjson::kParseValidateEncodingFlag |
-                              rapidjson::kParseIterativeFlag | rapidjson::kParseFullPrecisionFlag;
+  constexpr unsigned kFlags =
+      rapidjson::kParseValidateEncodingFlag | rapidjson::kParseIterativeFlag;
   doc.Parse<kFlags>(text.data(), text.size());
   if (doc.HasParseError())
     bad(path, "the header is not valid JSON: {} (at header byte {})",

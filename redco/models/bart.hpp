@@ -52,7 +52,8 @@ template <nn::Layer Tok>
 auto bart_embed(const BartConfig& c, Tok tokens) {
   const float s = c.scale_embedding ? std::sqrt(float(c.dim)) : 1.f;
   return ((std::move(tokens) | nn::scale(s)) +
-          nn::offset_positions(c.context, c.dim, kBartPositionOffset)) |
+          nn::named<"embed_positions">(
+              nn::positions(c.context + kBartPositionOffset, c.dim, kBartPositionOffset))) |
          nn::named<"layernorm_embedding">(bart_ln(c)) | nn::dropout(c.dropout);
 }
 }  // namespace detail

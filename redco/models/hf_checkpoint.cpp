@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "redco/autodiff/functional.hpp"
 #include "redco/core/error.hpp"
 #include "redco/io/safetensors.hpp"
 
@@ -232,25 +233,37 @@ Tensor transpose2d(const Tensor& in) {  // f32 [r, c] -> [c, r]
   return out;
 }
 
+// Rows [lo, hi) and columns [c0, c1) of the source tensor in its logical
+// (untransposed) layout, as f32 [hi - lo, c1 - c0] (or [hi - lo] for a vector).
+Tensor read_rows(const io::SafetensorsReader& file, const std::string& name, const TensorSource& s,
+                 int64_t lo, int64_t hi, int64_t c0, int64_t c1) {
+  if (!s.transposed) return file.read_block(name, lo, hi, c0, c1).to(DType::f32);
+  return transpose2d(file.read_block(name, c0, c1, lo, hi).to(DType::f32));
+}
+
 // This rank's slice of one parameter: its rows `prow` (positions in the
-// parameter) and columns [c0, c1), read from the source tensor.
+// parameter) and columns [c0, c1), read from the source tensor. Only the rows
+// it needs are read, one block per contiguous run of them: a parameter taken
+// from a fused tensor head by head (GPT-NeoX's query_key_value) reads its
+// heads' rows, not the span between its first and last.
 Tensor read_slice(const io::SafetensorsReader& file, const std::string& name, const TensorSource& s,
                   const std::vector<int64_t>& prow, int64_t c0, int64_t c1) {
   std::vector<int64_t> src(prow.size());
   for (size_t i = 0; i < prow.size(); ++i) src[i] = s.rows.empty() ? prow[i] : s.rows[prow[i]];
   if (src.empty()) return Tensor::empty(s.hf_shape.rank() == 1 ? Shape{0} : Shape{0, c1 - c0});
-  const auto [lo_it, hi_it] = std::minmax_element(src.begin(), src.end());
-  const int64_t lo = *lo_it, hi = *hi_it + 1;
-  Tensor block;  // f32 [hi - lo, c1 - c0] (or [hi - lo] for a vector), logical layout
-  if (!s.transposed) {
-    block = file.read_block(name, lo, hi, c0, c1).to(DType::f32);
-  } else {
-    block = transpose2d(file.read_block(name, c0, c1, lo, hi).to(DType::f32));
+  std::vector<int64_t> need = src;  // the distinct source rows, ascending
+  std::sort(need.begin(), need.end());
+  need.erase(std::unique(need.begin(), need.end()), need.end());
+  TensorList runs;
+  for (size_t a = 0; a < need.size();) {
+    size_t b = a + 1;
+    while (b < need.size() && need[b] == need[b - 1] + 1) ++b;
+    runs.push_back(read_rows(file, name, s, need[a], need[b - 1] + 1, c0, c1));
+    a = b;
   }
-  bool contiguous = true;
-  for (size_t i = 0; i < src.size(); ++i) contiguous &= src[i] == lo + int64_t(i);
-  if (contiguous) return block;
-  for (int64_t& r : src) r -= lo;
+  Tensor block = runs.size() == 1 ? runs[0] : concat(runs, 0);  // the rows of `need`
+  if (src == need) return block;
+  for (int64_t& r : src) r = std::lower_bound(need.begin(), need.end(), r) - need.begin();
   return gather_rows(block, src, c1 - c0);
 }
 

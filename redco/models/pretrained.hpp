@@ -16,8 +16,11 @@
 #include "redco/models/bart.hpp"
 #include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
+#include "redco/models/gpt_neox.hpp"
+#include "redco/models/gptj.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
+#include "redco/models/opt.hpp"
 #include "redco/models/t5.hpp"
 #include "redco/shard/plan.hpp"
 
@@ -120,6 +123,33 @@ struct HfFamily<RobertaEncoder> {  // RobertaModel (or the encoder of a RoBERTa 
   }
 };
 
+template <>
+struct HfFamily<Opt> {
+  using Config = OptConfig;
+  static Config config(const hf::Config& f) { return opt_config(f); }
+  static Opt build(const Config& c) { return opt(c); }
+  static hf::Layout layout(const Config& c) { return opt_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return opt_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<Gptj> {
+  using Config = GptjConfig;
+  static Config config(const hf::Config& f) { return gptj_config(f); }
+  static Gptj build(const Config& c) { return gptj(c); }
+  static hf::Layout layout(const Config& c) { return gptj_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gptj_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<GptNeox> {
+  using Config = GptNeoxConfig;
+  static Config config(const hf::Config& f) { return gpt_neox_config(f); }
+  static GptNeox build(const Config& c) { return gpt_neox(c); }
+  static hf::Layout layout(const Config& c) { return gpt_neox_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gpt_neox_hf_config(c, base); }
+};
+
 template <typename M>
 struct Pretrained {
   using Config = typename HfFamily<M>::Config;
@@ -155,7 +185,8 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 }
 
 // Any supported checkpoint, by config.json's model_type.
-using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<T5>,
+using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<Opt>,
+                                   Pretrained<Gptj>, Pretrained<GptNeox>, Pretrained<T5>,
                                    Pretrained<Bart>, Pretrained<Bert>, Pretrained<Roberta>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});

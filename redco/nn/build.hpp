@@ -7,12 +7,16 @@ namespace redco::nn {
 inline Linear<true> linear(int64_t in, int64_t out) { return {.in = in, .out = out}; }
 inline Linear<false> linear_no_bias(int64_t in, int64_t out) { return {.in = in, .out = out}; }
 inline Embedding embedding(int64_t vocab, int64_t dim) { return {.vocab = vocab, .dim = dim}; }
-inline Positions positions(int64_t max_len, int64_t dim) {
-  return {.max_len = max_len, .dim = dim};
+inline Positions positions(int64_t max_len, int64_t dim, int64_t offset = 0) {
+  return {.max_len = max_len, .dim = dim, .offset = offset};
 }
+inline Projection projection(int64_t in, int64_t out) { return {.in = in, .out = out}; }
 // `vocab` (the embedding's rows) is needed to run tensor-parallel.
 inline TiedLMHead<> tied_lm_head(int64_t vocab = 0) { return {.vocab = vocab}; }
 inline LMHead lm_head(int64_t dim, int64_t vocab) { return {.dim = dim, .vocab = vocab}; }
+inline BiasedLMHead biased_lm_head(int64_t dim, int64_t vocab) {
+  return {.dim = dim, .vocab = vocab};
+}
 inline LayerNorm<true> layer_norm(int64_t dim, float eps = 1e-5f) {
   return {.dim = dim, .eps = eps};
 }

@@ -23,6 +23,10 @@ concept Layer = requires {
 template <Layer C>
 Tensor apply_child(const C& child, const Params& p, const Tensor& x, Ctx& ctx);
 
+// The encoder output a KV cache holds (undefined before the first step).
+const Tensor& cached_memory(const KVCache& cache);
+void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask);
+
 template <Layer... Ls>
 struct Seq {
   static constexpr bool kTransparent = true;
@@ -151,7 +155,11 @@ struct EncoderDecoder {
     ctx.split_features = false;  // the encoder reads ids
     const Tensor target_mask = ctx.mask;
     ctx.mask = ctx.source_mask;
-    ctx.memory = whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
+    // Generation runs the encoder once and keeps its output with the cache.
+    const bool cached = ctx.cache && cached_memory(*ctx.cache).defined();
+    ctx.memory = cached ? cached_memory(*ctx.cache)
+                        : whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
+    if (ctx.cache && !cached) cache_memory(*ctx.cache, ctx.memory, ctx.source_mask);
     ctx.mask = target_mask, ctx.memory_mask = ctx.source_mask;
     Tensor y = apply_child(decoder, p, x, ctx);
     ctx.memory = Tensor(), ctx.memory_mask = Tensor();

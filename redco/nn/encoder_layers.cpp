@@ -40,6 +40,10 @@ Tensor relative_position_buckets(int64_t tq, int64_t tk, int64_t buckets, int64_
 Tensor RelativePositionBias::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
   REDCO_CHECK(x.rank() >= 2, "{}: expected input [batch, seq, ...], got {}", p.path().view(),
               x.shape());
+  REDCO_CHECK(!ctx.cache,
+              "{}: T5's relative position bias is not implemented for generation with a KV "
+              "cache; run the model on whole sequences (nn::apply) instead",
+              p.path().view());
   const Tensor& table = p["weight"];  // [buckets, heads] or this rank's heads of it
   const Name name = p.path().dot("weight");
   shard_dim(table, Shape{buckets, heads}, {1}, ctx, name.view());
@@ -69,15 +73,6 @@ Tensor DenseActDense::forward(const Params& p, const Tensor& x, Ctx& ctx) const 
   return split ? leave_parallel(linear(h, wo), Tensor(), ctx) : linear(h, wo);
 }
 
-Tensor OffsetPositions::forward(const Params& p, const Tensor& ids, Ctx&) const {
-  REDCO_CHECK(ids.rank() >= 1, "{}: expected ids [batch, seq], got {}", p.path().view(),
-              ids.shape());
-  const int64_t T = ids.dim(-1);
-  REDCO_CHECK(T <= max_len, "{}: sequence length {} exceeds the model's maximum {}",
-              p.path().view(), T, max_len);
-  return slice(p["weight"], 0, offset, offset + T);  // [T, d]
-}
-
 Tensor TokenTypeEmbedding::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
   const Tensor& table = p["weight"];                             // [types, d]
   if (!ctx.token_types.defined()) return slice(table, 0, 0, 1);  // [1, d]: type 0 everywhere
@@ -91,7 +86,9 @@ Tensor TokenTypeEmbedding::forward(const Params& p, const Tensor& ids, Ctx& ctx)
   return embedding(table, t.to(table.device()));
 }
 
-Tensor PaddedPositions::forward(const Params& p, const Tensor& ids, Ctx&) const {
+Tensor PaddedPositions::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
+  REDCO_CHECK(!ctx.cache, "{}: RoBERTa's positions are not implemented with a KV cache",
+              p.path().view());
   REDCO_CHECK(ids.rank() == 2, "{}: expected ids [batch, seq], got {}", p.path().view(),
               ids.shape());
   const std::vector<int64_t> in = ids.values<int64_t>();

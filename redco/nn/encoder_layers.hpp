@@ -2,9 +2,9 @@
 // Layers of the encoder and encoder-decoder families (T5, BART): a relative
 // position bias shared by a stack of attention layers, a token embedding that
 // reads another layer's table, a constant scale, T5's feed-forward block
-// (plain or gated), learned positions with an offset and a bias on the
-// logits. Post-LN blocks need no layer of their own: residual(f) | norm. Shapes as in layers.hpp:
-// activations [B, T, d].
+// (plain or gated), a bias on the logits, BERT's token types, RoBERTa's
+// positions and the first token of a sequence. Post-LN blocks need no layer of their own:
+// residual(f) | norm. Shapes as in layers.hpp: activations [B, T, d].
 #include "redco/nn/combinators.hpp"
 
 namespace redco::nn {
@@ -93,21 +93,6 @@ struct DenseActDense {
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
 };
 
-// Learned positions [T, d] (broadcast over the batch) read from row `offset`
-// on: BART keeps offset = 2 unused rows in front of its table
-// (max_len + offset rows). Positions count from the first column, padding
-// included, as transformers numbers them without position_ids.
-struct OffsetPositions {
-  static constexpr bool kTransparent = false;
-  static constexpr std::string_view kName = "embed_positions";
-  int64_t max_len = 0, dim = 0, offset = 0;
-  static constexpr void walk(Walker& w, const OffsetPositions* l) {
-    w.param("weight", Role::replicated, l ? Dims{l->max_len + l->offset, l->dim} : Dims{},
-            Init::normal, kTransformerInitStd);
-  }
-  Tensor forward(const Params& p, const Tensor& ids, Ctx& ctx) const;
-};
-
 // logits + bias (BART's final_logits_bias) after an LM head. The bias is
 // stored [vocab, 1] (a checkpoint's [1, vocab], transposed) so that it splits
 // by vocabulary along dim 0 like the head's table: each rank adds its slice
@@ -188,9 +173,6 @@ inline SharedEmbedding shared_embedding(int64_t vocab, const char* table) {
   return {.vocab = vocab, .table = table};
 }
 inline Scale scale(float factor) { return {.factor = factor}; }
-inline OffsetPositions offset_positions(int64_t max_len, int64_t dim, int64_t offset) {
-  return {.max_len = max_len, .dim = dim, .offset = offset};
-}
 inline LogitBias logit_bias(int64_t vocab) { return {.vocab = vocab}; }
 inline TokenTypeEmbedding token_type_embedding(int64_t types, int64_t dim) {
   return {.types = types, .dim = dim};

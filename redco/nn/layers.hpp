@@ -55,16 +55,31 @@ struct Embedding {  // ids [B, T] -> [B, T, d]; the vocabulary is split across s
   }
 };
 
-struct Positions {  // ids [B, T] -> learned positions [T, d] (broadcast over B)
+// ids [B, T] -> learned positions [T, d] (broadcast over B): rows offset ..
+// offset + T - 1 of the table [max_len, d] (OPT and BART keep two rows
+// before position 0, a fairseq convention: offset 2). With count_tokens, a
+// padded batch (Ctx::mask) numbers each row's tokens from its first real one,
+// as OPT does; otherwise positions are the input's indices, padding included
+// (GPT-2's forward without position ids).
+struct Positions {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "wpe";
   int64_t max_len = 0, dim = 0;
+  int64_t offset = 0;
+  bool count_tokens = false;
   static constexpr void walk(Walker& w, const Positions* l) {
     w.param("weight", Role::replicated, l ? Dims{l->max_len, l->dim} : Dims{}, Init::normal,
             kTransformerInitStd);
   }
   Tensor forward(const Params& p, const Tensor& ids, Ctx&) const;
+
+ private:
+  Tensor counted(const Params& p, const Tensor& ids, const Tensor& mask) const;
 };
+
+// Generation asks for one position's logits per row (Ctx::logit_rows):
+// x [B, T, d] -> those rows [B, 1, d]; x itself when none are asked for.
+Tensor take_logit_rows(const Tensor& x, const Ctx& ctx);
 
 // Logits from the token embedding (GPT-2's tied head): [B, T, d] -> [B, T, vocab].
 // `vocab` tells a vocabulary-split table from a whole one under tensor
@@ -80,31 +95,54 @@ struct TiedLMHead {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Tensor& table = p.at_root(Embedding.view());
-    return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, Embedding.view()), table, ctx);
+    const Tensor h = take_logit_rows(x, ctx);
+    return vocab_head_logits(enter_vocab_head(h, table, vocab, ctx, Embedding.view()), table, ctx);
   }
 };
 
 // An LM head [vocab, d] of its own, or, when `tied_to` names the token
 // embedding (a checkpoint's tie_word_embeddings), that table: the parameter
 // is then absent at run time (the compile-time plan lists it, with the role
-// the embedding has too).
-struct LMHead {
+// the embedding has too). With Bias (GPT-J's lm_head) a logit bias [vocab]
+// is added; it is split by vocabulary with the table, so each rank adds its
+// slice to its slice of the logits. Biased logits are formed whole even in
+// training (the deferred, chunked loss knows no bias).
+template <bool Bias>
+struct LMHeadOf {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "lm_head";
   int64_t dim = 0, vocab = 0;
   const char* tied_to = nullptr;
-  static constexpr void walk(Walker& w, const LMHead* l) {
+  static constexpr void walk(Walker& w, const LMHeadOf* l) {
     w.need_whole();
     w.new_group();
     if (!l || !l->tied_to)
       w.param("weight", Role::vocab, l ? Dims{l->vocab, l->dim} : Dims{}, Init::normal,
               kTransformerInitStd);
+    if constexpr (Bias) w.param("bias", Role::vocab, l ? Dims{l->vocab} : Dims{}, Init::zeros);
     w.add_collective(Collective::vocab_logits);
   }
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const;
+};
+using LMHead = LMHeadOf<false>;
+using BiasedLMHead = LMHeadOf<true>;
+
+// A bias-free linear map between two feature sizes that stays whole on every
+// shard (OPT's project_in / project_out between word_embed_proj_dim and
+// hidden_size): it sits between layers that need whole features (the
+// embedding's sum, the final norm and the vocabulary-split head), so
+// splitting it would add a gather for a matrix of well under 1% of the model.
+struct Projection {
+  static constexpr bool kTransparent = false;
+  static constexpr std::string_view kName = "proj";
+  int64_t in = 0, out = 0;
+  static constexpr void walk(Walker& w, const Projection* l) {
+    w.need_whole();
+    w.param("weight", Role::replicated, l ? Dims{l->out, l->in} : Dims{}, Init::normal,
+            l ? 1.f / std::sqrt(float(l->in)) : 0.f);
+  }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
-    const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
-    return vocab_head_logits(enter_vocab_head(x, table, vocab, ctx, name.view()), table, ctx);
+    return linear(whole_features(x, ctx), p["weight"]);
   }
 };
 
@@ -196,6 +234,8 @@ struct Attention {
   Tensor project(const Params& p, const char* name, const Tensor& x) const;
   TensorList project_qkv(const Params& p, const Tensor& x) const;
   float logit_scale(const Ctx& ctx) const;
+  Tensor attend(const Params& p, const Tensor& in, bool split, Ctx& ctx) const;
+  Tensor attend_cached(const Params& p, const Tensor& in, bool split, Ctx& ctx) const;
 };
 
 // Key ranges for attention from an attention mask [batch, keys] (see

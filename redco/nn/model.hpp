@@ -1,6 +1,7 @@
 #pragma once
 // Running a model: its parameters (names, shapes, initial values) and its
 // forward pass over a parameter tree.
+#include "redco/nn/blocks.hpp"
 #include "redco/nn/build.hpp"
 
 namespace redco::nn {

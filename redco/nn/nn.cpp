@@ -2,7 +2,10 @@
 // forward passes too long to sit in the headers.
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "redco/core/allocator.hpp"
+#include "redco/nn/kv_cache.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::nn {
@@ -61,6 +64,25 @@ void check_params(const std::vector<ParamEntry>& expected, const ParamTree& para
               expected.size());
 }
 
+Tensor take_logit_rows(const Tensor& x, const Ctx& ctx) {
+  if (!ctx.logit_rows.defined()) return x;
+  REDCO_CHECK(!GradMode::enabled() || !x.requires_grad(),
+              "logit_rows is for generation: run the model without gradients");
+  const int64_t B = x.dim(0), T = x.dim(1), d = x.dim(2);
+  REDCO_CHECK(ctx.logit_rows.shape() == Shape{B}, "logit_rows must be i64 [{}], got {}", B,
+              ctx.logit_rows.shape());
+  const Tensor src = x.to(Device::cpu());
+  Tensor y = Tensor::empty({B, 1, d}, src.dtype());
+  const size_t row = size_t(d) * dtype_size(src.dtype());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t = ctx.logit_rows.data<int64_t>()[b];
+    REDCO_CHECK(t >= 0 && t < T, "logit_rows: row {} asks for position {} of {}", b, t, T);
+    std::memcpy(static_cast<char*>(y.raw()) + size_t(b) * row,
+                static_cast<const char*>(src.raw()) + size_t(b * T + t) * row, row);
+  }
+  return x.device().is_cpu() ? y : y.to(x.device());
+}
+
 Tensor activate(Act a, const Tensor& x) {
   switch (a) {
     case Act::relu:
@@ -77,12 +99,44 @@ Tensor activate(Act a, const Tensor& x) {
   return x;
 }
 
-Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx&) const {
+Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
   REDCO_CHECK(ids.rank() >= 1, "positions: expected ids [batch, seq], got {}", ids.shape());
   const int64_t T = ids.dim(-1);
-  REDCO_CHECK(T <= max_len, "positions: sequence length {} exceeds the model's maximum {}", T,
-              max_len);
-  return slice(p["weight"], 0, 0, T);  // [T, d], broadcast over the batch
+  if (ctx.cache) {  // each row continues from its own length: [B, T, d]
+    Tensor pos = Tensor::empty(ids.shape(), DType::i64);
+    int64_t* q = pos.data<int64_t>();
+    for (int64_t b = 0; b < ids.dim(0); ++b)
+      for (int64_t t = 0; t < T; ++t)
+        q[b * T + t] = std::min(ctx.cache->length(b) + t, max_len - offset - 1) + offset;
+    for (int64_t b = 0; b < ids.dim(0); ++b)
+      REDCO_CHECK(ctx.cache->length(b) + ctx.cache->appended(b) <= max_len - offset,
+                  "positions: row {} reaches position {}, past the model's maximum {}", b,
+                  ctx.cache->length(b) + ctx.cache->appended(b), max_len - offset);
+    return embedding(p["weight"], pos);
+  }
+  REDCO_CHECK(T + offset <= max_len, "positions: sequence length {} exceeds the model's maximum {}",
+              T, max_len - offset);
+  if (count_tokens && ctx.mask.defined()) return counted(p, ids, ctx.mask);
+  return slice(p["weight"], 0, offset, offset + T);  // [T, d], broadcast over the batch
+}
+
+// Row b's token t sits at (real tokens up to t) - 1; padding at -1 (the
+// table's row offset - 1, as transformers' OPT does). [B, T, d].
+Tensor Positions::counted(const Params& p, const Tensor& ids, const Tensor& mask) const {
+  REDCO_CHECK(mask.shape() == ids.shape(), "positions: the mask {} does not match the ids {}",
+              mask.shape(), ids.shape());
+  const Tensor m = mask.to(Device::cpu()).to(DType::f32);
+  Tensor pos = Tensor::empty(ids.shape(), DType::i64);
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t seen = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool real = m.data<float>()[b * T + t] != 0.f;
+      seen += real;
+      pos.data<int64_t>()[b * T + t] = std::max<int64_t>(0, offset + (real ? seen - 1 : -1));
+    }
+  }
+  return embedding(p["weight"], pos);
 }
 
 AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
@@ -111,6 +165,26 @@ AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
   }
   return x;
 }
+
+template <bool Bias>
+Tensor LMHeadOf<Bias>::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+  const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
+  const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
+  const Tensor h = enter_vocab_head(take_logit_rows(x, ctx), table, vocab, ctx, name.view());
+  if constexpr (!Bias) {
+    return vocab_head_logits(h, table, ctx);
+  } else {
+    const Tensor& b = p["bias"];  // [vocab] or this rank's slice, as the table
+    REDCO_CHECK(b.rank() == 1 && b.dim(0) == table.dim(0),
+                "'{}' has shape {} but the LM head's table holds {} rows here; cut both with "
+                "train::shard_params(full, shard::resolve(model, n), rank, n)",
+                p.path().dot("bias").view(), b.shape(), table.dim(0));
+    return matmul(h, table, false, true) + b;  // [B, T, vocab (/ n)]
+  }
+}
+
+template struct LMHeadOf<false>;
+template struct LMHeadOf<true>;
 
 template <bool Bias, bool Cross>
 bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {
@@ -178,6 +252,17 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
   // summed over the ranks' heads), as does the encoder output.
   const bool split = split_heads(p, ctx);
   const Tensor in = split ? to_parallel(x, ctx) : x;
+  const Tensor o = ctx.cache ? attend_cached(p, in, split, ctx) : attend(p, in, split, ctx);
+  const Tensor bias = Bias && o_bias ? p["o_proj.bias"] : Tensor();
+  if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);
+  return linear(o, p["o_proj.weight"], bias);
+}
+
+// Every query against every key of this call: training, evaluation, and
+// generation without a cache. Returns [B, T, local heads * hd].
+template <bool Bias, bool Cross>
+Tensor Attention<Bias, Cross>::attend(const Params& p, const Tensor& in, bool split,
+                                      Ctx& ctx) const {
   const Tensor kv_in = !Cross ? in : split ? to_parallel(ctx.memory, ctx) : ctx.memory;
   Tensor q, k, v;
   if constexpr (Cross) {
@@ -204,10 +289,74 @@ Tensor Attention<Bias, Cross>::forward(const Params& p, const Tensor& x_in, Ctx&
                 p.path().view(), ctx.score_bias.shape(), q.dim(1), q.dim(2), k.dim(2));
     extras.bias = ctx.score_bias;
   }
-  const Tensor o = attention_merged_heads(q, k, v, causal, logit_scale(ctx), extras);  // [B,T,h*hd]
-  const Tensor bias = Bias && o_bias ? p["o_proj.bias"] : Tensor();
-  if (split) return leave_parallel(linear(o, p["o_proj.weight"]), bias, ctx);
-  return linear(o, p["o_proj.weight"], bias);
+  return attention_merged_heads(q, k, v, causal, logit_scale(ctx), extras);
+}
+
+namespace {
+// Copies this step's keys or values [B, h, T, hd] into the cache's slots
+// [B, h, capacity, hd] after each row's tokens so far.
+void write_slots(const Tensor& kv, Tensor& slots, const std::vector<int64_t>& lengths) {
+  const int64_t B = kv.dim(0), H = kv.dim(1), T = kv.dim(2), hd = kv.dim(3), cap = slots.dim(2);
+  const Tensor src_t = kv.dtype() == slots.dtype() ? kv : kv.to(slots.dtype());
+  const size_t es = dtype_size(slots.dtype());
+  const auto* src = static_cast<const char*>(src_t.raw());
+  auto* dst = static_cast<char*>(slots.raw());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = std::min(T, cap - lengths[size_t(b)]);  // padding past capacity is dropped
+    for (int64_t h = 0; h < H; ++h)
+      std::memcpy(dst + size_t(((b * H + h) * cap + lengths[size_t(b)]) * hd) * es,
+                  src + size_t((b * H + h) * T * hd) * es, size_t(n * hd) * es);
+  }
+}
+}  // namespace
+
+// Generation: this step's queries against the cached keys and values.
+template <bool Bias, bool Cross>
+Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, bool split,
+                                             Ctx& ctx) const {
+  KVCache& cache = *ctx.cache;
+  const std::string path(p.path().view());
+  REDCO_CHECK(!score_bias,
+              "{}: a score bias (T5's relative position bias) is not implemented "
+              "with a KV cache",
+              path);
+  REDCO_CHECK(cache.in_step() && in.dim(0) == cache.batch(),
+              "{}: the KV cache (batch {}) must be in a step (KVCache::begin) for this input {}",
+              path, cache.batch(), in.shape());
+  if constexpr (Cross) {
+    KVCache::Slots& s = cache.cross(path);
+    if (!s.k.defined()) {  // the encoder's keys and values, once
+      const Tensor kv_in = split ? to_parallel(ctx.memory, ctx) : ctx.memory;
+      s.k = project(p, "k_proj", kv_in), s.v = project(p, "v_proj", kv_in);
+    }
+    const Tensor q = project(p, "q_proj", in);
+    const AttentionExtras extras = key_ranges(ctx.memory_mask, s.k.dim(0), s.k.dim(2), path);
+    return attention_merged_heads(q, s.k, s.v, false, logit_scale(ctx), extras);
+  } else {
+    REDCO_CHECK(causal, "{}: a KV cache serves causal self-attention only", path);
+    // A decode step reads each weight once: three GEMVs beat stacking the
+    // weights (a copy of all three) for one GEMM.
+    Tensor q, k, v;
+    if (in.dim(0) * in.dim(1) <= 16) {
+      q = project(p, "q_proj", in), k = project(p, "k_proj", in), v = project(p, "v_proj", in);
+    } else {
+      TensorList qkv = project_qkv(p, in);
+      q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+    }
+    if (rotary) {
+      thread_local RopeTable table;  // reused step after step
+      fill_rope_table(table, cache.lengths(), q.dim(2), head_dim(), rope);
+      q = apply_rope_table(q, table), k = apply_rope_table(k, table);
+    }
+    KVCache::Slots& s = cache.self(path, k.dim(1), head_dim(), k.dtype());
+    write_slots(k, s.k, cache.lengths());
+    write_slots(v, s.v, cache.lengths());
+    AttentionExtras extras;
+    extras.key_begin = Tensor::zeros({cache.batch()}, DType::i64);
+    extras.key_end = cache.key_end();
+    extras.causal_offset = cache.causal_offset();
+    return attention_merged_heads(q, s.k, s.v, true, logit_scale(ctx), extras);
+  }
 }
 
 template <bool Bias, bool Cross>

@@ -60,4 +60,43 @@ Tensor apply_rope(const Tensor& x, int64_t pos_offset, const RopeOptions& o) {
   return concat(parts, 3);
 }
 
+void fill_rope_table(RopeTable& t, std::span<const int64_t> start, int64_t T, int64_t head_dim,
+                     const RopeOptions& o) {
+  const std::vector<double> f = rope_inv_freq(o, head_dim);
+  t.B = int64_t(start.size()), t.T = T, t.half = int64_t(f.size());
+  t.cos.resize(size_t(t.B * T * t.half));
+  t.sin.resize(t.cos.size());
+  for (int64_t b = 0; b < t.B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < t.half; ++j) {
+        const double a = double(start[size_t(b)] + i) * f[size_t(j)];
+        const size_t at = size_t((b * T + i) * t.half + j);
+        t.cos[at] = float(std::cos(a)), t.sin[at] = float(std::sin(a));
+      }
+}
+
+Tensor apply_rope_table(const Tensor& x_in, const RopeTable& t) {
+  REDCO_CHECK(!GradMode::enabled() || !x_in.requires_grad(),
+              "rotary with a position table is for generation: run it without gradients");
+  const Tensor x = x_in.to(Device::cpu()).to(DType::f32);
+  REDCO_CHECK(x.rank() == 4 && x.dim(0) == t.B && x.dim(2) == t.T && 2 * t.half <= x.dim(3),
+              "rotary: x {} does not fit a table of {} rows x {} positions", x.shape(), t.B, t.T);
+  const int64_t H = x.dim(1), D = x.dim(3), half = t.half;
+  Tensor y = x.clone();
+  float* p = y.data<float>();
+  for (int64_t b = 0; b < t.B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < t.T; ++i) {
+        float* row = p + ((b * H + h) * t.T + i) * D;
+        const float* c = t.cos.data() + (b * t.T + i) * half;
+        const float* s = t.sin.data() + (b * t.T + i) * half;
+        for (int64_t j = 0; j < half; ++j) {
+          const float x1 = row[j], x2 = row[j + half];
+          row[j] = x1 * c[j] - x2 * s[j];
+          row[j + half] = x2 * c[j] + x1 * s[j];
+        }
+      }
+  return x_in.device().is_cpu() ? y : y.to(x_in.device());
+}
+
 }  // namespace redco::nn

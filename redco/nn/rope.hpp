@@ -11,6 +11,8 @@
 // others rotate with cos/sin tables through differentiable ops, which gives
 // the same numbers as the kernel for the plain case (tested).
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "redco/autodiff/functional.hpp"
 
@@ -33,5 +35,15 @@ std::vector<double> rope_inv_freq(const RopeOptions& o, int64_t head_dim);
 
 // x [B, H, T, D] rotated at positions pos_offset .. pos_offset + T - 1.
 Tensor apply_rope(const Tensor& x, int64_t pos_offset, const RopeOptions& o);
+
+// For generation (no gradient): cos/sin of batch row b at positions
+// start[b] .. start[b] + T - 1, then q and k rotated with the same table.
+struct RopeTable {
+  int64_t B = 0, T = 0, half = 0;
+  std::vector<float> cos, sin;  // [B, T, half]
+};
+void fill_rope_table(RopeTable& table, std::span<const int64_t> start, int64_t T, int64_t head_dim,
+                     const RopeOptions& o);
+Tensor apply_rope_table(const Tensor& x, const RopeTable& table);
 
 }  // namespace redco::nn

@@ -25,6 +25,9 @@
 namespace redco::dist {
 class Comm;
 }
+namespace redco::nn {
+class KVCache;
+}
 
 namespace redco::nn {
 
@@ -233,6 +236,11 @@ struct Ctx {
   Tensor score_bias{};
   // BERT's token_type_ids [B, T] (i64) for nn::TokenTypeEmbedding; undefined: all 0.
   Tensor token_types{};
+  // Generation (nn/kv_cache.hpp): attention reads and extends the cache, and
+  // positions continue each row's own. logit_rows (i64 [B]): the one input
+  // position per row whose logits the LM head computes ([B, 1, V]).
+  KVCache* cache = nullptr;
+  Tensor logit_rows{};
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
   // train::shard_params), and each layer tells from the shapes of the shards

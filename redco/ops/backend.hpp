@@ -39,6 +39,9 @@ enum class ReduceOp { sum, max };
 // scaled scores (T5's relative position bias), differentiable.
 struct AttentionExtras {
   Tensor key_begin, key_end;  // i64 [B] on the CPU, or undefined (all keys)
+  // i64 [B] on the CPU, or undefined (Tk - Tq): with causal, query i of row b
+  // sees keys j <= i + causal_offset[b] (a KV cache's rows of other lengths).
+  Tensor causal_offset;
   Tensor bias;                // f32 [Hq, Tq, Tk], or undefined
 };
 

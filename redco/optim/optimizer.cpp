@@ -98,16 +98,30 @@ bool default_decay_mask(const std::string& name, const Shape& shape) {
   }
 }
 
-double global_norm(const ParamTree& grads) {
+GradNorm checked_global_norm(const ParamTree& grads) {
   double total = 0.0;
   for (const auto& [name, g] : grads) {
     const double ss = sum_squares(f32_of(g, "gradient", name), g.numel());
     // A double sum of squared floats cannot overflow, so this is non-finite
     // exactly when some element is NaN or infinite.
-    if (!std::isfinite(ss)) fail_non_finite(name, g);
+    if (!std::isfinite(ss)) return {ss, &name};
     total += ss;
   }
-  return std::sqrt(total);
+  return {std::sqrt(total), nullptr};
+}
+
+double global_norm(const ParamTree& grads) {
+  const GradNorm n = checked_global_norm(grads);
+  if (n.non_finite) fail_non_finite(*n.non_finite, grads.at(*n.non_finite));
+  return n.norm;
+}
+
+int64_t first_non_finite(const Tensor& t) {
+  const Tensor f = t.to(Device::cpu()).to(DType::f32);
+  const float* x = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
 }
 
 float clip_by_global_norm(ParamTree& grads, float max_norm) {

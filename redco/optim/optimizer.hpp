@@ -75,6 +75,20 @@ struct AdamWOptions {
 // NaN or infinity.
 double global_norm(const ParamTree& grads);
 
+// The same single pass, reporting instead of throwing: `non_finite` is the
+// name of the first gradient (in key order) holding a NaN or infinity, or
+// null (then `norm` is the global norm). The Trainer decides what a
+// non-finite gradient means (stop or skip the step) from this, so checking
+// costs nothing beyond the norm every step computes anyway.
+struct GradNorm {
+  double norm = 0;
+  const std::string* non_finite = nullptr;  // points into the tree's keys
+};
+GradNorm checked_global_norm(const ParamTree& grads);
+
+// The index of the first NaN or infinite element of an f32 tensor, or -1.
+int64_t first_non_finite(const Tensor& t);
+
 // Scales every gradient in place by max_norm / norm when the global norm
 // exceeds max_norm (> 0), so the result has norm max_norm; does nothing
 // otherwise. Returns the norm before clipping. Unlike torch's

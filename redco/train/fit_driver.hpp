@@ -23,6 +23,19 @@ namespace redco::train {
 
 enum class Mode { min, max };
 
+// What fit() does when a step's loss or a gradient is NaN or infinite.
+//   stop       one redco::Error naming the step and the first offending tensor
+//              (the loss, or the gradient by name, plus the first non-finite
+//              parameter if one is), thrown before the update, so parameters,
+//              optimizer state and the last checkpoint are those of the step
+//              before;
+//   skip_step  the update is skipped (parameters, optimizer state and the
+//              schedule stay as they were; the batch is consumed), counted,
+//              logged to metrics.jsonl ("skipped_steps") and the console.
+// The check is the global gradient norm the optimizer computes anyway, so it
+// costs nothing on a finite step.
+enum class NonFinite { stop, skip_step };
+
 // Keep the checkpoint with the best value of an evaluation metric so far
 // ("loss" is the evaluation loss; others come from the metric function).
 // {"accuracy"} (max by default) or {"loss", Mode::min}.
@@ -63,6 +76,7 @@ struct FitConfig {
   // How the parameters the Trainer passes in are split over the model shards
   // (checkpoints gather and slice by it); nullptr: they are whole.
   const ShardPlan* plan = nullptr;
+  NonFinite on_non_finite = NonFinite::stop;
 };
 
 // Where a run is: optimizer steps done, and the epoch and step within it that
@@ -98,7 +112,17 @@ class FitDriver {
 
   // After each optimizer step: advances the position, draws the progress bar
   // and logs every log_every steps (split "train": loss, lr, grad_norm, examples_per_s).
-  void step_done(double loss, double lr, double grad_norm);
+  // A skipped step (NonFinite::skip_step) advances the position but leaves
+  // its loss out of the logged mean.
+  void step_done(double loss, double lr, double grad_norm, bool skipped = false);
+  // The step about to be applied has a non-finite loss (`loss`) or gradient
+  // (`bad_grad`, a key of `grads`; null when only another model shard has
+  // one). Throws under NonFinite::stop; under skip_step counts and reports
+  // the step and returns. `params` are searched for a non-finite value to
+  // name as the likely cause.
+  void non_finite(double loss, const std::string* bad_grad, const ParamTree& grads,
+                  const ParamTree& params);
+  int64_t skipped_steps() const { return skipped_; }
   bool epoch_ended() const { return epoch_ended_; }
   // Evaluation is due at the end of an epoch and every eval_every_steps.
   bool eval_due() const;
@@ -131,9 +155,11 @@ class FitDriver {
   Position pos_;
   bool epoch_ended_ = false;
   int64_t last_saved_ = -1;
+  int64_t skipped_ = 0;     // steps skipped for a non-finite loss or gradient, over the whole run
   std::vector<Best> best_;  // one per config_.save_best_by
   double window_loss_ = 0;
   int64_t window_steps_ = 0;
+  int64_t window_losses_ = 0;  // steps in the window that were not skipped
   std::unique_ptr<io::ProgressBar> bar_;
   std::unique_ptr<io::StepTimer> timer_;
   double window_seconds_ = 0;

@@ -75,7 +75,13 @@ std::optional<fs::path> open_folder(dist::Comm& world, const fs::path& dir,
     }
   }
   sched::sync_wait(world.broadcast(name, 0));
-  if (error) std::rethrow_exception(error);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      io::fail_checkpoint_write(dir, e.what());  // with what it means and what to do
+    }
+  }
   const std::string leaf(static_cast<const char*>(name.raw()));
   REDCO_CHECK(!leaf.empty(), "checkpoint '{}': rank 0 could not create it (see rank 0's error)",
               dir.string());
@@ -160,7 +166,9 @@ void save_sharded_checkpoint(dist::Mesh& mesh, const fs::path& dir, const ParamT
                                                 whole_specs(opt_state, index, true)};
   std::optional<io::SharedSafetensorsFile> files[2];
   const fs::path tmp = *open_folder(world, dir, state_json, specs, files);
-  const std::string what = fmt::format("saving checkpoint '{}'", dir.string());
+  const std::string what = fmt::format(
+      "saving checkpoint '{}' (nothing was replaced: the previous checkpoints still load)",
+      dir.string());
   std::string error = write_tensors(mesh, {params, opt_state}, index, files);
   try {
     for (auto& f : files) f->close();

@@ -86,20 +86,21 @@ void FitDriver::say(const std::string& line) {
   }
 }
 
-void FitDriver::step_done(double loss, double lr, double grad_norm) {
+void FitDriver::step_done(double loss, double lr, double grad_norm, bool skipped) {
   ++pos_.step;
   epoch_ended_ = ++pos_.step_in_epoch == steps_per_epoch_;
   if (epoch_ended_) pos_ = {pos_.step, pos_.epoch + 1, 0};
-  window_loss_ += loss;
   ++window_steps_;
+  if (!skipped) window_loss_ += loss, ++window_losses_;
   window_seconds_ += timer_->lap();
   if (bar_) bar_->update(pos_.step, {{"loss", loss}, {"lr", lr}}, double(global_batch()), "ex");
   if (pos_.step % config_.log_every != 0 && !epoch_ended_ && !done()) return;
   io::Metrics m{
-      {"loss", window_loss_ / double(window_steps_)},
+      {"loss", window_losses_ > 0 ? window_loss_ / double(window_losses_) : std::nan("")},
       {"lr", lr},
       {"grad_norm", grad_norm},
       {"epoch", double(pos_.epoch) + double(pos_.step_in_epoch) / double(steps_per_epoch_)}};
+  if (skipped_ > 0) m.emplace_back("skipped_steps", double(skipped_));
   if (window_seconds_ > 0) {
     const Throughput& t = config_.throughput;
     const double examples = double(window_steps_ * global_batch());
@@ -110,7 +111,55 @@ void FitDriver::step_done(double loss, double lr, double grad_norm) {
         .append_to(m, t.item_name);
   }
   deployer_.log(pos_.step, "train", m);
-  window_loss_ = 0, window_steps_ = 0, window_seconds_ = 0;
+  window_loss_ = 0, window_steps_ = 0, window_losses_ = 0, window_seconds_ = 0;
+}
+
+namespace {
+
+// NaN without the sign bit's "-nan" (its sign means nothing), infinities signed.
+std::string show(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
+
+// "the parameter 'h.0.w' (shape [4, 8]) holds nan at element 3" for the first
+// tensor of `tree` with a NaN or infinity; empty when all are finite.
+std::string first_non_finite_in(const ParamTree& tree, const char* what) {
+  for (const auto& [name, t] : tree) {
+    const int64_t i = optim::first_non_finite(t);
+    if (i < 0) continue;
+    const float v = t.to(Device::cpu()).to(DType::f32).data<float>()[i];
+    return fmt::format("the {} '{}' (shape {}) holds {} at element {}", what, name, t.shape(),
+                       show(v), i);
+  }
+  return {};
+}
+
+}  // namespace
+
+void FitDriver::non_finite(double loss, const std::string* bad_grad, const ParamTree& grads,
+                           const ParamTree& params) {
+  const int64_t step = pos_.step + 1;  // the step being taken, as logged
+  std::string what;
+  if (!std::isfinite(loss)) {
+    what = "the loss is " + show(loss);
+  } else if (bad_grad) {
+    ParamTree one;
+    one.emplace(*bad_grad, grads.at(*bad_grad));
+    what = first_non_finite_in(one, "gradient of");
+  } else {
+    what = "the loss or a gradient on another model shard is not finite (that rank names it)";
+  }
+  // The usual root cause of a NaN loss: a parameter that already went bad.
+  // Searched only here, off the hot path.
+  if (const std::string p = first_non_finite_in(params, "parameter"); !p.empty()) what += "; " + p;
+  REDCO_CHECK(config_.on_non_finite == NonFinite::skip_step,
+              "fit: step {}: {}. Training stopped before this step's update, so the parameters, "
+              "optimizer state and checkpoints are those after step {}. Lower the learning rate, "
+              "clip gradients (max_grad_norm), look for an overflow in the loss, or pass "
+              ".on_non_finite = NonFinite::skip_step to skip such steps",
+              step, what, step - 1);
+  ++skipped_;
+  deployer_.log(step, "train", {{"skipped_steps", double(skipped_)}});
+  say(fmt::format("step {}: {}: update skipped ({} step{} skipped so far)", step, what, skipped_,
+                  skipped_ == 1 ? "" : "s"));
 }
 
 bool FitDriver::eval_due() const {
@@ -176,6 +225,7 @@ std::string FitDriver::state_json(const optim::Optimizer& opt) const {
   s["step_in_epoch"] = pos_.step_in_epoch;
   s["optimizer_step"] = opt.steps();
   s["next_lr"] = opt.lr();
+  s["skipped_steps"] = skipped_;
   s["seed"] = deployer_.seed();
   io::Json& best = s["best"] = io::Json::object();
   for (size_t i = 0; i < best_.size(); ++i) {
@@ -230,6 +280,7 @@ void FitDriver::restore_state(const std::string& text, const std::string& where)
   same("global_batch_size", c.at("global_batch_size").as_int(), config_.global_batch_size);
   same("shuffle", c.at("shuffle").as_bool(), config_.shuffle);
   pos_ = {s.at("step").as_int(), s.at("epoch").as_int(), s.at("step_in_epoch").as_int()};
+  if (s.contains("skipped_steps")) skipped_ = s.at("skipped_steps").as_int();
   REDCO_CHECK(pos_.step_in_epoch >= 0 && pos_.step_in_epoch < steps_per_epoch_,
               "resume: {}: step_in_epoch {} is outside an epoch of {} steps", where,
               pos_.step_in_epoch, steps_per_epoch_);

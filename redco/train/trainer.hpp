@@ -109,8 +109,9 @@ class Evaluation {
 struct StepInfo {
   int64_t step = 0;  // optimizer steps done, this one included
   int64_t epoch = 0;
-  double loss = 0;  // mean over the step's micro-batches and the data-parallel replicas
-  double lr = 0;    // the rate this step used
+  double loss = 0;       // mean over the step's micro-batches and the data-parallel replicas
+  double lr = 0;         // the rate this step used
+  bool skipped = false;  // the loss or a gradient was not finite (NonFinite::skip_step)
 };
 
 template <typename Example>
@@ -142,6 +143,9 @@ struct FitOptions {
   // are given), the allocator's peak bytes and the process's peak RSS.
   Throughput throughput = {};
   std::function<void(const StepInfo&)> on_step = {};
+  // A NaN or infinite loss or gradient: stop with an error naming the step
+  // and the tensor (default), or skip the update (see NonFinite).
+  NonFinite on_non_finite = NonFinite::stop;
 };
 
 namespace detail {
@@ -269,23 +273,27 @@ class Trainer {
       auto use = [&](int64_t i, const Batch& batch) {
         const int64_t m = (first + i) % run.accumulation();
         const float lr = opt_.lr();
-        loss_sum += micro_step(batch, run.position().step, m, run.accumulation(), acc);
-        if (m + 1 < run.accumulation()) return true;
-        const double loss = dp_mean(loss_sum / double(run.accumulation()));
-        loss_sum = 0;
-        return after_step(run, o, loss, lr);
+        const std::optional<StepOutcome> s = micro_step(batch, run, m, acc, loss_sum);
+        return s ? after_step(run, o, *s, lr) : true;
       };
       detail::pipelined<Batch>(n_micro, make, use);
     }
     run.finish(params_, opt_);
   }
 
+  struct StepOutcome {
+    double loss = 0;  // mean over the micro-batches and the replicas
+    bool skipped = false;
+  };
+
   // One micro-batch: loss and gradients (averaged over the replicas),
-  // accumulated; the optimizer steps on the last micro-batch of a step.
-  // Returns this replica's loss.
+  // accumulated, this replica's loss added to loss_sum; on the last
+  // micro-batch of a step the optimizer steps and the step's outcome is
+  // returned.
   template <typename Batch>
-  double micro_step(const Batch& batch, int64_t step, int64_t m, int64_t accumulation,
-                    optim::GradAccumulator& acc) {
+  std::optional<StepOutcome> micro_step(const Batch& batch, FitDriver& run, int64_t m,
+                                        optim::GradAccumulator& acc, double& loss_sum) {
+    const int64_t step = run.position().step, accumulation = run.accumulation();
     // Dropout and the loss's Rng differ per micro-batch and per replica.
     const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
     const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
@@ -300,36 +308,52 @@ class Trainer {
         },
         params_);
     if (dp_) dp_->finish(grads);
-    if (accumulation == 1) {
-      apply(grads);  // no averaging buffers to fill
-    } else if (acc.add(grads)) {
-      apply(acc.mean());
-    }
-    return double(loss.item());
+    loss_sum += double(loss.item());
+    // Accumulation: the k-th add completes a step (no averaging buffers when k is 1).
+    if (accumulation > 1 && !acc.add(grads)) return std::nullopt;
+    // A global mean, so every replica sees the same loss and makes the same
+    // non-finite decision (the gradients are already averaged).
+    const double mean = dp_mean(loss_sum / double(accumulation));
+    loss_sum = 0;
+    const bool applied = apply(accumulation == 1 ? grads : acc.mean(), mean, run);
+    return StepOutcome{mean, !applied};
   }
 
-  // The optimizer step. With model shards the optimizer is handed the global
-  // gradient norm (split parameters' squares summed over the group,
-  // replicated ones counted once), so its clipping and last_grad_norm() see
-  // the whole model. Replicated parameters and their buffers are then made
-  // identical again (copied from model shard 0; their gradients may differ in
-  // the last bit between shards): checkpoints keep one copy of them.
-  void apply(const ParamTree& grads) {
-    if (deployer_->n_model_shards() == 1) return opt_.step(params_, grads);
+  // The optimizer step, unless the loss or a gradient is not finite (then
+  // run.non_finite stops or skips; false when skipped). The non-finite check
+  // is the global gradient norm the step needs anyway. With model shards the
+  // optimizer is handed the global gradient norm (split parameters' squares
+  // summed over the group, replicated ones counted once), so its clipping and
+  // last_grad_norm() see the whole model, and every shard sees a NaN or
+  // infinity of any other. Replicated parameters and their buffers are then
+  // made identical again (copied from model shard 0; their gradients may
+  // differ in the last bit between shards): checkpoints keep one copy of them.
+  bool apply(const ParamTree& grads, double loss, FitDriver& run) {
+    if (deployer_->n_model_shards() == 1) {
+      const optim::GradNorm n = optim::checked_global_norm(grads);
+      if (!std::isfinite(loss) || n.non_finite)
+        return run.non_finite(loss, n.non_finite, grads, params_), false;
+      opt_.step(params_, grads, n.norm);
+      return true;
+    }
     double split_sq = 0, whole_sq = 0;
     for (const shard::ParamSplit& s : plan_) {
       const Tensor g = grads.at(s.name).to(DType::f32);
       for (const float x : std::span(g.data<float>(), size_t(g.numel())))
         (s.split_dim >= 0 ? split_sq : whole_sq) += double(x) * x;
     }
-    if (!std::isfinite(split_sq + whole_sq)) optim::global_norm(grads);  // throws, naming it
-    Tensor total = Tensor::full(Shape{1}, float(split_sq));  // [1] summed over the group
+    // [1] summed over the group; a shard's non-finite loss or gradient makes it NaN everywhere.
+    Tensor total =
+        Tensor::full(Shape{1}, std::isfinite(loss + whole_sq) ? float(split_sq) : std::nanf(""));
     sched::sync_wait(deployer_->mesh().mp_comm().all_reduce(total));
     const double global_sq = double(total.data<float>()[0]) + whole_sq;
-    REDCO_CHECK(std::isfinite(global_sq),
-                "the gradient norm is not finite on another model shard (see its error)");
+    if (!std::isfinite(global_sq) || !std::isfinite(loss)) {
+      const optim::GradNorm n = optim::checked_global_norm(grads);  // this shard's offender, if any
+      return run.non_finite(loss, n.non_finite, grads, params_), false;
+    }
     opt_.step(params_, grads, std::sqrt(global_sq));
     sync_replicated();
+    return true;
   }
 
   // Replicated parameters and their optimizer buffers (shared with the
@@ -364,9 +388,9 @@ class Trainer {
   }
 
   template <typename Opts>
-  bool after_step(FitDriver& run, const Opts& o, double loss, float lr) {
-    run.step_done(loss, lr, opt_.last_grad_norm());
-    if (o.on_step) o.on_step({run.position().step, run.position().epoch, loss, lr});
+  bool after_step(FitDriver& run, const Opts& o, StepOutcome s, float lr) {
+    run.step_done(s.loss, lr, opt_.last_grad_norm(), s.skipped);
+    if (o.on_step) o.on_step({run.position().step, run.position().epoch, s.loss, lr, s.skipped});
     if (run.eval_due()) run.eval_done(evaluate(o, run.micro_batch()), params_, opt_);
     if (run.save_due()) run.save(params_, opt_);
     return !run.done() && !run.epoch_ended();
@@ -430,7 +454,8 @@ class Trainer {
             .log_every = o.log_every,
             .max_steps = o.max_steps,
             .throughput = o.throughput,
-            .plan = &plan_};
+            .plan = &plan_,
+            .on_non_finite = o.on_non_finite};
   }
 
   void restore(FitDriver& run) {
@@ -458,6 +483,7 @@ class Trainer {
 namespace redco {
 using train::BoundModel;
 using train::Deployer;
+using train::NonFinite;
 using train::Predictor;
 using train::Rng;
 using train::Trainer;

@@ -4,10 +4,10 @@
 //   build/samples/classification/classification --epochs 3 --workdir cls_workdir [--resume]
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <numeric>
 
 #include "redco/redco.hpp"
+#include "redco_cli.hpp"
 
 using namespace redco;
 
@@ -24,17 +24,17 @@ int main(int argc, char** argv) try {
   int n_model_shards = 1;
   bool resume = false;
   std::string workdir = "cls_workdir", data_dir = data::kFashionMnistDir;
-  app.add_option("--epochs", epochs)->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", batch)->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs)->check(redco::cli::at_least(1));
+  app.add_option("--batch-size", batch)->check(redco::cli::at_least(1));
   app.add_option("--lr", lr, "peak SGD learning rate (momentum 0.9, cosine decay)")
-      ->check(CLI::PositiveNumber);
+      ->check(redco::cli::positive());
   app.add_option("--seed", seed);
-  app.add_option("--n_model_shards", n_model_shards, "tensor-parallel shards of the model")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--n-model-shards", n_model_shards, "tensor-parallel shards of the model")
+      ->check(redco::cli::at_least(1));
   app.add_option("--workdir", workdir, "checkpoints, metrics.jsonl, TensorBoard events");
   app.add_option("--data-dir", data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --workdir");
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI_PARSE(app, argc, argv);
 
   const auto train_set = data::load_fashion_mnist(data_dir, "train");
   const auto test_set = data::load_fashion_mnist(data_dir, "test");

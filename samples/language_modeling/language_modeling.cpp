@@ -5,7 +5,6 @@
 //   build/samples/language_modeling/language_modeling --steps 800 --workdir lm_workdir
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <filesystem>
 #include <unordered_map>
@@ -16,6 +15,7 @@
 #include "redco/nn/generate.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/trainer.hpp"
+#include "redco_cli.hpp"
 
 using namespace redco;
 using Window = std::span<const int64_t>;  // an example: context + 1 consecutive tokens
@@ -99,22 +99,24 @@ int main(int argc, char** argv) try {
   uint64_t seed = 0;
   int n_model_shards = 1;
   std::string workdir = "lm_workdir", prompt = "And God said unto Moses,";
-  app.add_option("--vocab", cfg.vocab, "BPE vocabulary size")->check(CLI::Range(256, 65536));
+  app.add_option("--vocab", cfg.vocab, "BPE vocabulary size")
+      ->check(redco::cli::between(256, 65536));
   app.add_option("--context", cfg.context, "tokens per training window")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--dim", cfg.dim, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", cfg.layers)->check(CLI::PositiveNumber);
-  app.add_option("--heads", cfg.heads)->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps)->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", batch)->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "peak AdamW learning rate (cosine decay)")->check(CLI::PositiveNumber);
+      ->check(redco::cli::at_least(1));
+  app.add_option("--dim", cfg.dim, "model width")->check(redco::cli::at_least(1));
+  app.add_option("--layers", cfg.layers)->check(redco::cli::at_least(1));
+  app.add_option("--heads", cfg.heads)->check(redco::cli::at_least(1));
+  app.add_option("--steps", steps)->check(redco::cli::at_least(1));
+  app.add_option("--batch-size", batch)->check(redco::cli::at_least(1));
+  app.add_option("--lr", lr, "peak AdamW learning rate (cosine decay)")
+      ->check(redco::cli::positive());
   app.add_option("--seed", seed);
-  app.add_option("--n_model_shards", n_model_shards, "tensor-parallel shards of the model")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--n-model-shards", n_model_shards, "tensor-parallel shards of the model")
+      ->check(redco::cli::at_least(1));
   app.add_option("--workdir", workdir, "tokenizer, checkpoints and metrics");
   app.add_option("--prompt", prompt);
-  app.add_option("--max-new", max_new, "tokens to generate")->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--max-new", max_new, "tokens to generate")->check(redco::cli::at_least(0));
+  REDCO_CLI_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = n_model_shards, .seed = seed, .workdir = workdir});
   const Corpus kjv = load_corpus(std::filesystem::path(workdir) / "tokenizer", cfg.vocab, deployer);

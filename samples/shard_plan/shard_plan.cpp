@@ -3,9 +3,8 @@
 //   build/samples/shard_plan/shard_plan --shards 2
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
-
 #include "redco/redco.hpp"
+#include "redco_cli.hpp"
 
 using namespace redco;
 
@@ -26,10 +25,10 @@ int main(int argc, char** argv) try {
   CLI::App app{"Show GPT-2's tensor-parallel shard plan"};
   int shards = 2;
   int64_t vocab = 50257, layers = 12;
-  app.add_option("--shards", shards, "number of model shards")->check(CLI::PositiveNumber);
+  app.add_option("--shards", shards, "number of model shards")->check(redco::cli::at_least(1));
   app.add_option("--vocab", vocab, "vocabulary size (50304 divides by 2..128)");
   app.add_option("--layers", layers);
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI_PARSE(app, argc, argv);
 
   const auto model = gpt2(vocab, 1024, 768, 12, layers);
   fmt::print("GPT-2 with {} layers, vocabulary {}, over {} model shards\n\n", layers, vocab,

@@ -7,14 +7,15 @@ input ids and the reference logits (fp32). Weights are redrawn with a larger
 spread than transformers' initialiser so logits are O(1): a wrong transpose,
 permutation or scale then moves them far beyond the tests' 1e-4.
 
-Encoder-decoders (T5) record the encoder's last hidden state beside the
-decoder's logits, for a full and a padded source batch.
+Encoder-decoders (T5, BART) record the encoder's last hidden state beside
+the decoder's logits, for a full and a padded source batch; encoders (BERT,
+RoBERTa) the classifier's logits and the last hidden state, with token types
+and for a padded batch.
 
 Run with the test venv (Debian's python3-torch 1.13 + transformers 4.46.3):
   .venv/bin/python tests/python/make_hf_fixtures.py            # every fixture
-  .venv/bin/python tests/python/make_hf_fixtures.py t5 flan_t5 # only those named
+  .venv/bin/python tests/python/make_hf_fixtures.py opt gptj   # only these
 """
-import argparse
 import json
 import os
 import shutil
@@ -24,8 +25,7 @@ import torch
 import transformers as tf
 from safetensors.torch import save_file
 
-OUT = os.environ.get("REDCO_HF_FIXTURES") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
 VOCAB = 96
 
 
@@ -142,6 +142,27 @@ def llama(cls=tf.LlamaForCausalLM, config=tf.LlamaConfig, **kw):
     return cls(config(**cfg))
 
 
+def opt(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=32)
+    cfg.update(kw)
+    return tf.OPTForCausalLM(tf.OPTConfig(**cfg))
+
+
+def gptj(**kw):
+    cfg = dict(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+               n_inner=48)
+    cfg.update(kw)
+    return tf.GPTJForCausalLM(tf.GPTJConfig(**cfg))
+
+
+def gpt_neox(**kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=32, rotary_pct=0.5)
+    cfg.update(kw)
+    return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**cfg))
+
+
 def t5(**kw):
     cfg = dict(vocab_size=VOCAB, d_model=32, d_kv=12, num_heads=4, d_ff=40, num_layers=2,
                num_decoder_layers=3, relative_attention_num_buckets=8,
@@ -166,55 +187,66 @@ def bert(cls=tf.BertForSequenceClassification, config=tf.BertConfig, **kw):
     return cls(config(**cfg))
 
 
-# name -> how to write it; main() writes the ones asked for (all by default).
+# name -> (model factory, seed[, writer]); factories run only for the fixtures
+# written; the writer is `write` (a causal LM) unless given.
 FIXTURES = {
-    "gpt2": lambda: write("gpt2", gpt2(n_inner=40), 1),
-    "gpt2_variants": lambda: write("gpt2_variants", gpt2(
-        activation_function="gelu", layer_norm_epsilon=1e-3,
-        scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
-    "llama": lambda: write("llama", llama(), 3),
-    "llama_head_dim": lambda: write("llama_head_dim", llama(
-        head_dim=12, num_key_value_heads=4, rope_theta=500.0,
-        rope_scaling={"rope_type": "linear", "factor": 2.0}), 4),
-    "llama3_tied": lambda: write("llama3_tied", llama(
-        tie_word_embeddings=True, attention_bias=True,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), 5),
-    "mistral": lambda: write("mistral", llama(tf.MistralForCausalLM, tf.MistralConfig,
-                                              head_dim=8, sliding_window=64,
-                                              rms_norm_eps=1e-5), 6),
-    "qwen2": lambda: write("qwen2", llama(tf.Qwen2ForCausalLM, tf.Qwen2Config,
-                                          num_key_value_heads=1, rope_theta=1e6), 7),
+    "gpt2": (lambda: gpt2(n_inner=40), 1),
+    "gpt2_variants": (lambda: gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
+                                   scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
+    "llama": (lambda: llama(), 3),
+    "llama_head_dim": (lambda: llama(head_dim=12, num_key_value_heads=4, rope_theta=500.0,
+                                     rope_scaling={"rope_type": "linear", "factor": 2.0}), 4),
+    "llama3_tied": (lambda: llama(tie_word_embeddings=True, attention_bias=True,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 16}), 5),
+    "mistral": (lambda: llama(tf.MistralForCausalLM, tf.MistralConfig, head_dim=8,
+                              sliding_window=64, rms_norm_eps=1e-5), 6),
+    "qwen2": (lambda: llama(tf.Qwen2ForCausalLM, tf.Qwen2Config, num_key_value_heads=1,
+                            rope_theta=1e6), 7),
+    # OPT-125m's shape (pre-LN, final norm) and OPT-350m's (post-LN, no final
+    # norm, 16-wide embeddings projected in and out of the 32-wide blocks).
+    "opt": (lambda: opt(), 8),
+    "opt_post_ln_proj": (lambda: opt(do_layer_norm_before=False, word_embed_proj_dim=16,
+                                     num_hidden_layers=3), 9),
+    # Partial rotary (4 of 8 dimensions per head) with interleaved pairs; then
+    # every dimension rotated (redco's fused rotary kernel) and a tied head.
+    "gptj": (lambda: gptj(), 10),
+    "gptj_full_rotary_tied": (lambda: gptj(rotary_dim=8, tie_word_embeddings=True), 13),
+    # Parallel residual with half of each head rotated; sequential with a
+    # quarter (2 of 8), gelu_new, no attention biases and a tied head.
+    "gpt_neox": (lambda: gpt_neox(), 11),
+    "gpt_neox_sequential": (lambda: gpt_neox(use_parallel_residual=False, rotary_pct=0.25,
+                                             hidden_act="gelu_new", attention_bias=False,
+                                             rotary_emb_base=500, tie_word_embeddings=True), 12),
     # t5 v1.0: ReLU, tied head (scaled by d_model**-0.5), 4 heads of 12 (48 != d_model 32).
-    "t5": lambda: write_seq2seq("t5", t5(), 8),
+    "t5": (lambda: t5(), 8, write_seq2seq),
     # flan-t5 / t5 v1.1: gated-gelu, untied lm_head, more buckets than distances.
-    "flan_t5": lambda: write_seq2seq("flan_t5", t5(
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, d_kv=8, d_ff=24,
-        relative_attention_num_buckets=16, relative_attention_max_distance=32,
-        layer_norm_epsilon=1e-3), 9),
+    "flan_t5": (lambda: t5(feed_forward_proj="gated-gelu", tie_word_embeddings=False, d_kv=8,
+                           d_ff=24, relative_attention_num_buckets=16,
+                           relative_attention_max_distance=32, layer_norm_epsilon=1e-3), 9,
+                write_seq2seq),
     # post-LN, scaled embeddings, positions from row 2, a nonzero final_logits_bias.
-    "bart": lambda: write_seq2seq("bart", bart(scale_embedding=True), 10,
-                                  buffers=["final_logits_bias"]),
+    "bart": (lambda: bart(scale_embedding=True), 10,
+             lambda n, m, s: write_seq2seq(n, m, s, buffers=["final_logits_bias"])),
     # token types, pooler, classifier; post-LN; erf GELU.
-    "bert": lambda: write_encoder("bert", bert(), 11),
+    "bert": (lambda: bert(), 11, write_encoder),
     # positions from padding_idx + 1 over the non-pad tokens; classifier.dense/out_proj.
-    "roberta": lambda: write_encoder("roberta", bert(
-        tf.RobertaForSequenceClassification, tf.RobertaConfig, type_vocab_size=1,
-        pad_token_id=1, num_labels=2, layer_norm_eps=1e-5), 12),
+    "roberta": (lambda: bert(tf.RobertaForSequenceClassification, tf.RobertaConfig,
+                             type_vocab_size=1, pad_token_id=1, num_labels=2,
+                             layer_norm_eps=1e-5), 12, write_encoder),
 }
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", help=f"fixtures to write (default: all): {list(FIXTURES)}")
-    names = parser.parse_args().names or list(FIXTURES)
-    for n in names:
-        if n not in FIXTURES:
-            parser.error(f"unknown fixture '{n}'")
-    for n in names:
-        torch.manual_seed(0)
-        FIXTURES[n]()
+def main(names):
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        sys.exit(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
+    torch.manual_seed(0)
+    for name in names or FIXTURES:
+        factory, seed, *writer = FIXTURES[name]
+        (writer[0] if writer else write)(name, factory(), seed)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

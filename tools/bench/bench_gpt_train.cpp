@@ -19,7 +19,6 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -28,6 +27,7 @@
 
 #include "redco/ops/backend.hpp"  // profile::
 #include "redco/redco.hpp"
+#include "redco_cli.hpp"
 
 using namespace redco;
 
@@ -118,19 +118,19 @@ int main(int argc, char** argv) try {
   bool profiling = false, formed_logits = false;
   app.add_option("--config", config, "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4")
       ->check(CLI::IsMember({"S", "M"}));
-  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed steps before them")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", steps, "timed steps")->check(redco::cli::at_least(1));
+  app.add_option("--warmup", warmup, "untimed steps before them")->check(redco::cli::at_least(0));
   app.add_option("--tokens", tokens_path, "little-endian int32 token ids")->required();
   app.add_option("--dtype", dtype, "f32, or bf16 mixed precision")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--init", init, "initial parameters (safetensors, redco's names)");
   app.add_option("--save-init", save_init, "write the initial parameters here");
   app.add_option("--losses", losses_path, "write 'step S loss L ms T' lines here");
-  app.add_option("--lr", lr, "constant AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "constant AdamW learning rate")->check(redco::cli::positive());
   app.add_flag("--profile", profiling, "print per-op time totals of the timed steps");
   app.add_flag("--formed-logits", formed_logits,
                "form the LM head's logits whole (the default defers them to the loss)");
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI_PARSE(app, argc, argv);
 
   const BenchConfig cfg = config_named(config);
   const int64_t B = cfg.batch, T = cfg.seq;

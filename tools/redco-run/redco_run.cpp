@@ -21,7 +21,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -31,6 +30,7 @@
 
 #include "redco/core/error.hpp"
 #include "redco/dist/launch_env.hpp"
+#include "redco_cli.hpp"
 
 namespace {
 
@@ -420,9 +420,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--output", o.output, "whose output to show: all (prefixed) or rank0")
       ->check(CLI::IsMember({"all", "rank0"}));
   app.add_option("--timeout", o.timeout_s, "seconds the ranks wait for each other to connect")
-      ->check(CLI::PositiveNumber);
+      ->check(redco::cli::positive());
   app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping")
-      ->check(CLI::NonNegativeNumber);
+      ->check(redco::cli::non_negative());
   app.add_flag("--from-env", o.from_env,
                "take nnodes, node rank and host0 from Slurm/Open MPI (one redco-run per node)");
   // Everything from the program name on belongs to the program.
@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
   Options o;
   add_options(app, o);
   app.footer("usage: redco-run -n N [options] [--] program [args...]");
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI_PARSE(app, argc, argv);
   o.command = app.remaining();
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   if (o.command.empty()) {

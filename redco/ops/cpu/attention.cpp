@@ -23,7 +23,8 @@
 // (causal with Tq > Tk, or Tk == 0) gets o = 0, lse = -inf and zero gradient.
 //
 // Padding: batch row b may see only keys [key_begin[b], key_end[b]) (left
-// or right padding); tiles outside the range are skipped like causal ones and
+// or right padding), and its queries may sit anywhere among the keys
+// (causal_offset[b]: a KV cache's rows of different lengths); tiles outside the range are skipped like causal ones and
 // cut ones exponentiate only the visible span. A bias [Hq, Tq, Tk] (T5's
 // relative positions) is added to the scaled scores of the visible span; its
 // gradient is dS itself, written per batch row and summed by the caller.
@@ -74,20 +75,21 @@ void check_shape(const char* op, const AttentionShape& s) {
   REDCO_CHECK(std::isfinite(s.scale), "{}: scale must be finite, got {}", op, s.scale);
 }
 
-// Causal offset: query i sees keys j <= i + off.
-int64_t causal_offset(const AttentionShape& s) { return s.Tk - s.Tq; }
 
-// The keys one batch row may see at all (padding), [begin, end).
+// The keys one batch row may see at all (padding), [begin, end), and its
+// causal offset: query i sees keys j <= i + off (Tk - Tq: the queries are the
+// last Tq positions; a KV cache gives each row its own).
 struct KeyRange {
-  int64_t begin, end;
+  int64_t begin, end, off;
 };
 KeyRange keys_of(const AttentionShape& s, int64_t b) {
-  return {s.key_begin ? s.key_begin[b] : 0, s.key_end ? s.key_end[b] : s.Tk};
+  return {s.key_begin ? s.key_begin[b] : 0, s.key_end ? s.key_end[b] : s.Tk,
+          s.causal_offset ? s.causal_offset[b] : s.Tk - s.Tq};
 }
 
 // Keys [.., end) are visible to at least one of the queries [.., i1).
 int64_t key_end(const AttentionShape& s, KeyRange kr, int64_t i1) {
-  const int64_t causal_end = s.causal ? std::clamp<int64_t>(i1 + causal_offset(s), 0, s.Tk) : s.Tk;
+  const int64_t causal_end = s.causal ? std::clamp<int64_t>(i1 + kr.off, 0, s.Tk) : s.Tk;
   return std::min(causal_end, kr.end);
 }
 
@@ -97,7 +99,7 @@ struct Span {
 };
 Span visible_in_tile(const AttentionShape& s, KeyRange kr, int64_t i, int64_t j0, int64_t c) {
   int64_t hi = std::clamp<int64_t>(kr.end - j0, 0, c);
-  if (s.causal) hi = std::min(hi, std::clamp<int64_t>(i + causal_offset(s) + 1 - j0, 0, c));
+  if (s.causal) hi = std::min(hi, std::clamp<int64_t>(i + kr.off + 1 - j0, 0, c));
   const int64_t lo = std::clamp<int64_t>(kr.begin - j0, 0, c);
   return {lo, std::max(lo, hi)};
 }
@@ -261,7 +263,7 @@ void backward_key_tile(const AttentionShape& s, const QHead* heads, int64_t n_he
   std::fill(kv.dv + j0 * D, kv.dv + (j0 + c) * D, 0.f);
   if (j0 >= kv.keys.end || j0 + c <= kv.keys.begin) return;  // padding: no query sees it
   // Causal: the first query that sees key j0 is j0 - off; earlier tiles see none.
-  const int64_t first = s.causal ? std::max<int64_t>(0, j0 - causal_offset(s)) : 0;
+  const int64_t first = s.causal ? std::clamp<int64_t>(j0 - kv.keys.off, 0, s.Tq) : 0;
   for (int64_t t = 0; t < n_heads; ++t)
     for (int64_t i0 = first / kBr * kBr; i0 < s.Tq; i0 += kBr)
       backward_pair(s, heads[t], kv, w, i0, std::min(kBr, s.Tq - i0), j0, c);

@@ -20,6 +20,9 @@ struct AttentionShape {
   // on either side); null: all keys.
   const int64_t* key_begin = nullptr;
   const int64_t* key_end = nullptr;
+  // Optional: query i of batch row b sees keys j <= i + causal_offset[b]
+  // (null: Tk - Tq, the queries being the last Tq positions).
+  const int64_t* causal_offset = nullptr;
   // Optional: [Hq, Tq, Tk] added to the scaled scores (T5's position bias).
   const float* bias = nullptr;
 };

@@ -274,6 +274,13 @@ void attach_extras(cpu::AttentionShape& s, const AttentionExtras& x, Tensor& bia
                   "attention: batch row {} sees keys [{}, {}), outside [0, {})", b, s.key_begin[b],
                   s.key_end[b], s.Tk);
   }
+  if (x.causal_offset.defined()) {
+    REDCO_CHECK(x.causal_offset.dtype() == DType::i64 && x.causal_offset.shape() == Shape{s.B} &&
+                    x.causal_offset.device().is_cpu(),
+                "attention: causal offsets must be an i64 [B = {}] CPU tensor, got {}", s.B,
+                x.causal_offset.shape());
+    s.causal_offset = x.causal_offset.data<int64_t>();
+  }
   if (x.bias.defined()) {
     bias = f32(x.bias, "attention bias");
     REDCO_CHECK(bias.shape() == (Shape{s.Hq, s.Tq, s.Tk}),

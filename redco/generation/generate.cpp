@@ -1,0 +1,115 @@
+// Generation with a KV cache: greedy and sampled decoding, and beam search
+// with transformers' scoring (length-normalised hypotheses, early stopping).
+#include "redco/generation/generate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "redco/core/philox.hpp"
+#include "redco/generation/logits_process.hpp"
+#include "redco/generation/steps.hpp"
+
+namespace redco::generation {
+namespace {
+
+using detail::Prompts;
+
+// Row r of the batch is prompt r / copies.
+struct Batch {
+  Prompts rows;
+  int64_t copies = 1;
+  int64_t longest = 0;
+};
+Batch expand(const Prompts& prompts, int64_t copies) {
+  Batch b{{}, copies, 0};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    REDCO_CHECK(!prompts[i].empty(), "generate: prompt {} is empty (it needs at least one token)",
+                i);
+    b.longest = std::max(b.longest, int64_t(prompts[i].size()));
+    for (int64_t c = 0; c < copies; ++c) b.rows.push_back(prompts[i]);
+  }
+  return b;
+}
+
+// A prompt's random stream: its tokens and which of its return sequences.
+uint64_t row_stream(const std::vector<int64_t>& prompt, int64_t copy) {
+  uint64_t h = 1469598103934665603ull ^ uint64_t(copy);
+  for (int64_t t : prompt) h = (h ^ uint64_t(t)) * 1099511628211ull;
+  return h;
+}
+
+bool is_eos(const GenerationConfig& c, int64_t t) {
+  return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), t) != c.eos_token_ids.end();
+}
+
+Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
+                           nn::Ctx ctx, const OnToken& on_token) {
+  const int64_t copies = c.do_sample ? c.num_return_sequences : 1;
+  const Batch b = expand(prompts, copies);
+  const auto R = int64_t(b.rows.size());
+  ctx.source = detail::repeat_rows(ctx.source, copies);
+  ctx.source_mask = detail::repeat_rows(ctx.source_mask, copies);
+  nn::KVCache cache(R, b.longest + std::max<int64_t>(c.max_new_tokens, 1));
+  ctx.cache = &cache;
+  std::vector<RowHistory> hist(static_cast<size_t>(R));
+  std::vector<int64_t> appended(static_cast<size_t>(R));
+  std::vector<uint64_t> streams(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t t : b.rows[size_t(r)]) hist[size_t(r)].push(t, false);
+    hist[size_t(r)].prompt_length = int64_t(b.rows[size_t(r)].size());
+    appended[size_t(r)] = hist[size_t(r)].prompt_length;
+    streams[size_t(r)] = row_stream(b.rows[size_t(r)], r % copies);
+  }
+  Generated out;
+  out.sequences.resize(static_cast<size_t>(R));
+  std::vector<bool> done(static_cast<size_t>(R), false);
+  auto [ids, logit_rows] = detail::prefill_input(b.rows, b.longest, c.pad_token_id);
+  Sampler sampler;
+  Tensor next = Tensor::empty({R, 1}, DType::i64);
+  for (int64_t s = 0; s < c.max_new_tokens; ++s) {
+    Tensor logits = detail::run_step(step, ctx, cache, s == 0 ? ids : next, appended,
+                                     s == 0 ? logit_rows : Tensor());
+    const int64_t V = logits.dim(1);
+    bool all_done = true;
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t tok = c.pad_token_id;
+      if (!done[size_t(r)]) {
+        std::span<float> row(logits.data<float>() + r * V, size_t(V));
+        apply_processors(row, hist[size_t(r)], c);
+        float u = 0.f;
+        if (c.do_sample) philox_uniform(&u, 1, c.seed, streams[size_t(r)], uint64_t(s), 0.f, 1.f);
+        tok = sampler.choose(row, c, u);
+        hist[size_t(r)].push(tok, true);
+        out.sequences[size_t(r)].push_back(tok);
+        const bool go_on = !on_token || on_token(r, tok);
+        done[size_t(r)] = is_eos(c, tok) || !go_on;
+      }
+      next.data<int64_t>()[r] = tok;
+      appended[size_t(r)] = done[size_t(r)] ? 0 : 1;
+      all_done = all_done && done[size_t(r)];
+    }
+    if (all_done) break;
+  }
+  return out;
+}
+
+}  // namespace
+
+Generated beam_search(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
+                      nn::Ctx ctx);
+
+Generated generate(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
+                   nn::Ctx ctx, const OnToken& on_token) {
+  check(c);
+  REDCO_CHECK(!prompts.empty(), "generate: no prompts");
+  NoGradGuard no_grad;
+  ctx.train = false;
+  if (c.max_new_tokens == 0) return {Prompts(prompts.size() * size_t(c.num_return_sequences)), {}};
+  if (c.num_beams > 1) return beam_search(step, prompts, c, std::move(ctx));
+  return sample_or_greedy(step, prompts, c, std::move(ctx), on_token);
+}
+
+}  // namespace redco::generation

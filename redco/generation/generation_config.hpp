@@ -1,0 +1,39 @@
+#pragma once
+// What generation does, named as transformers' GenerationConfig names it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace redco::generation {
+
+struct GenerationConfig {
+  // ---- length and stopping
+  int64_t max_new_tokens = 32;
+  int64_t min_new_tokens = 0;            // end-of-sequence ids are banned before this many
+  std::vector<int64_t> eos_token_ids{};  // a row stops after emitting one of them
+  int64_t pad_token_id = 0;              // fills finished rows of a batch and beams
+  // ---- sampling (greedy when off)
+  bool do_sample = false;
+  float temperature = 1.f;
+  int64_t top_k = 0;  // keep the k most likely tokens (0: all)
+  float top_p = 1.f;  // keep the smallest set of top tokens whose mass reaches top_p
+  float min_p = 0.f;  // keep tokens at least min_p times as likely as the top one
+  // ---- penalties
+  float repetition_penalty = 1.f;  // > 1 discourages tokens already in the row (CTRL)
+  float presence_penalty = 0.f;    // subtracted from a seen token's logit, once
+  float frequency_penalty = 0.f;   // subtracted per occurrence
+  int64_t no_repeat_ngram_size = 0;
+  // ---- beam search (num_beams > 1)
+  int64_t num_beams = 1;
+  float length_penalty = 1.f;   // scores are sum log p / length^length_penalty
+  bool early_stopping = false;  // stop a prompt's search once num_beams hypotheses are done
+  int64_t num_return_sequences = 1;
+  // ---- randomness: a prompt's draws depend on (seed, the prompt, the step) only,
+  // so it gets the same tokens in any batch and on any mesh.
+  uint64_t seed = 0;
+};
+
+// Throws a redco::Error naming the first option out of range.
+void check(const GenerationConfig& c, int64_t vocab = 0);
+
+}  // namespace redco::generation

@@ -1,0 +1,53 @@
+// The pieces every decoding loop shares (steps.hpp).
+#include "redco/generation/steps.hpp"
+
+#include <cstring>
+
+#include "redco/core/error.hpp"
+
+namespace redco::generation::detail {
+
+// ctx.source / source_mask rows repeated `copies` times each (one per beam).
+Tensor repeat_rows(const Tensor& t, int64_t copies) {
+  if (!t.defined() || copies == 1) return t;
+  const Tensor src = t.to(Device::cpu());
+  Shape shape = src.shape();
+  shape[0] *= copies;
+  Tensor out = Tensor::empty(shape, src.dtype());
+  const size_t row = size_t(src.numel() / src.dim(0)) * dtype_size(src.dtype());
+  for (int64_t r = 0; r < shape[0]; ++r)
+    std::memcpy(static_cast<char*>(out.raw()) + size_t(r) * row,
+                static_cast<const char*>(src.raw()) + size_t(r / copies) * row, row);
+  return t.device().is_cpu() ? out : out.to(t.device());
+}
+
+// The prefill input: rows right-padded to the longest, and each row's last position.
+std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, int64_t pad) {
+  const auto R = int64_t(rows.size());
+  Tensor ids = Tensor::empty({R, longest}, DType::i64);
+  Tensor last = Tensor::empty({R}, DType::i64);
+  for (int64_t r = 0; r < R; ++r) {
+    const auto& p = rows[size_t(r)];
+    std::fill_n(ids.data<int64_t>() + r * longest, longest, pad);
+    std::copy(p.begin(), p.end(), ids.data<int64_t>() + r * longest);
+    last.data<int64_t>()[r] = int64_t(p.size()) - 1;
+  }
+  return {ids, last};
+}
+
+// Runs one step: the cache takes appended[r] of row r's inputs; logits [R, V] (f32, CPU).
+Tensor run_step(const StepFn& step, nn::Ctx& ctx, nn::KVCache& cache, const Tensor& ids,
+                std::vector<int64_t> appended, const Tensor& logit_rows) {
+  cache.begin(std::move(appended));
+  ctx.logit_rows = logit_rows;
+  Tensor logits = step(ids, ctx);
+  cache.commit();
+  ctx.logit_rows = Tensor();
+  logits = logits.to(Device::cpu()).to(DType::f32);
+  REDCO_CHECK(logits.rank() == 3 && logits.dim(0) == ids.dim(0) && logits.dim(1) == 1,
+              "generate: the model returned {} for ids {}; expected logits [{}, 1, vocab]",
+              logits.shape(), ids.shape(), ids.dim(0));
+  return logits.view({logits.dim(0), logits.dim(2)});
+}
+
+}  // namespace redco::generation::detail

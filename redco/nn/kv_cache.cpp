@@ -1,0 +1,101 @@
+#include "redco/nn/kv_cache.hpp"
+
+#include <cstring>
+
+#include "redco/core/allocator.hpp"
+#include "redco/core/error.hpp"
+
+namespace redco::nn {
+
+KVCache::KVCache(int64_t batch, int64_t capacity)
+    : batch_(batch), capacity_(capacity), length_(size_t(batch), 0), pending_(size_t(batch), 0) {
+  REDCO_CHECK(batch >= 1 && capacity >= 1, "KVCache: batch {} and capacity {} must be >= 1", batch,
+              capacity);
+  key_end_ = Tensor::zeros({batch}, DType::i64);
+  causal_offset_ = Tensor::zeros({batch}, DType::i64);
+}
+
+void KVCache::begin(std::vector<int64_t> appended) {
+  REDCO_CHECK(!in_step_, "KVCache::begin: the previous step was not committed");
+  REDCO_CHECK(int64_t(appended.size()) == batch_, "KVCache::begin: {} counts for {} rows",
+              appended.size(), batch_);
+  int64_t* end = key_end_.data<int64_t>();
+  int64_t* off = causal_offset_.data<int64_t>();
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t n = appended[size_t(b)], len = length_[size_t(b)];
+    REDCO_CHECK(n >= 0 && len + n <= capacity_,
+                "KVCache: row {} would hold {} tokens, more than the cache's capacity {}; make "
+                "the cache larger (prompt length + max new tokens)",
+                b, len + n, capacity_);
+    end[b] = len + n, off[b] = len;
+  }
+  pending_ = std::move(appended);
+  in_step_ = true;
+}
+
+void KVCache::commit() {
+  REDCO_CHECK(in_step_, "KVCache::commit: no step begun");
+  for (int64_t b = 0; b < batch_; ++b) length_[size_t(b)] += pending_[size_t(b)];
+  in_step_ = false;
+}
+
+void KVCache::reset() {
+  std::fill(length_.begin(), length_.end(), 0);
+  in_step_ = false;
+  cross_.clear();
+  memory = Tensor(), memory_mask = Tensor();
+}
+
+KVCache::Slots& KVCache::self(const std::string& path, int64_t heads, int64_t head_dim,
+                              DType dtype) {
+  Slots& s = self_[path];
+  const Shape shape{batch_, heads, capacity_, head_dim};
+  if (!s.k.defined()) {
+    CachingAllocator::LongLivedScope long_lived;  // lives as long as the generation
+    s.k = Tensor::empty(shape, dtype);
+    s.v = Tensor::empty(shape, dtype);
+  }
+  REDCO_CHECK(s.k.shape() == shape, "KVCache: layer '{}' cached {} but now needs {}", path,
+              s.k.shape(), shape);
+  return s;
+}
+
+namespace {
+// t[i] = old t[rows[i]] along dim 0, through `scratch` (a copy of t).
+void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vector<int64_t>& rows) {
+  if (!t.defined()) return;
+  Tensor& scratch = scratches[size_t(t.numel()) * dtype_size(t.dtype())];
+  if (!scratch.defined()) scratch = Tensor::empty(t.shape(), t.dtype());
+  const size_t row_bytes = size_t(t.numel() / t.dim(0)) * dtype_size(t.dtype());
+  std::memcpy(scratch.raw(), t.raw(), row_bytes * size_t(t.dim(0)));
+  auto* dst = static_cast<char*>(t.raw());
+  const auto* src = static_cast<const char*>(scratch.raw());
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(dst + i * row_bytes, src + size_t(rows[i]) * row_bytes, row_bytes);
+}
+}  // namespace
+
+void KVCache::reorder(const std::vector<int64_t>& rows) {
+  REDCO_CHECK(!in_step_ && int64_t(rows.size()) == batch_,
+              "KVCache::reorder: {} rows for a batch of {} (between steps)", rows.size(), batch_);
+  for (int64_t r : rows) REDCO_CHECK(r >= 0 && r < batch_, "KVCache::reorder: no row {}", r);
+  for (auto* slots : {&self_, &cross_})
+    for (auto& [path, s] : *slots) {
+      gather_rows(s.k, scratch_, rows);
+      gather_rows(s.v, scratch_, rows);
+    }
+  gather_rows(memory, scratch_, rows);
+  gather_rows(memory_mask, scratch_, rows);
+  std::vector<int64_t> len(length_.size());
+  for (size_t r = 0; r < rows.size(); ++r) len[r] = length_[size_t(rows[r])];
+  length_ = std::move(len);
+}
+
+}  // namespace redco::nn
+
+namespace redco::nn {
+const Tensor& cached_memory(const KVCache& cache) { return cache.memory; }
+void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask) {
+  cache.memory = memory, cache.memory_mask = mask;
+}
+}  // namespace redco::nn

@@ -1,0 +1,71 @@
+#pragma once
+// The keys and values of the tokens a batch has seen so far, so generation
+// runs each new token through the model once instead of the whole sequence.
+//
+// One cache serves a whole model: each attention layer finds its own slots
+// by its parameter path ("h.3.attn"), allocated on first use as
+//   k, v  [batch, kv heads held here, capacity, head_dim]
+// (under tensor parallelism a rank caches only its heads). Rows fill
+// independently: row b holds length(b) tokens in slots [0, length(b)), so
+// prompts of different lengths need no left padding and every row's
+// positions are its own. A forward pass with the cache set in nn::Ctx:
+//   cache.begin(appended);  // per row, how many of this step's T inputs are real
+//   nn::apply(model, params, ids [B, T], ctx);  // layers read and write their slots
+//   cache.commit();          // length(b) += appended[b]
+// Inputs past a row's real ones (right padding of a ragged prefill) write
+// slots that the row's next tokens overwrite; they are never attended to.
+// Cross-attention (encoder-decoder) keeps the encoder's keys and values,
+// computed on the first step.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "redco/core/tensor.hpp"
+
+namespace redco::nn {
+
+class KVCache {
+ public:
+  KVCache(int64_t batch, int64_t capacity);
+
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t length(int64_t row) const { return length_[size_t(row)]; }
+  const std::vector<int64_t>& lengths() const { return length_; }
+
+  // A step appends appended[b] tokens to row b (its first appended[b] inputs).
+  void begin(std::vector<int64_t> appended);
+  void commit();
+  int64_t appended(int64_t row) const { return pending_[size_t(row)]; }
+  bool in_step() const { return in_step_; }
+  // Keeps only the rows listed, in that order (beam search): row i becomes old
+  // row rows[i]. Runs without allocating when the batch size is unchanged.
+  void reorder(const std::vector<int64_t>& rows);
+  // Forgets every row's tokens (the buffers stay for the next batch).
+  void reset();
+
+  struct Slots {
+    Tensor k, v;  // [batch, heads, capacity, head_dim]
+  };
+  // The self-attention slots of layer `path`, allocated on first use.
+  Slots& self(const std::string& path, int64_t heads, int64_t head_dim, DType dtype);
+  // The cross-attention keys and values of layer `path` (empty until set).
+  Slots& cross(const std::string& path) { return cross_[path]; }
+  // The encoder output and mask the cross-attention slots were made from.
+  Tensor memory, memory_mask;
+
+  // Per row of this step: key ranges and causal offsets for attention over
+  // the slots (i64 [batch] each, rebuilt by begin()).
+  const Tensor& key_end() const { return key_end_; }
+  const Tensor& causal_offset() const { return causal_offset_; }
+
+ private:
+  int64_t batch_, capacity_;
+  std::vector<int64_t> length_, pending_;
+  bool in_step_ = false;
+  std::map<std::string, Slots> self_, cross_;
+  Tensor key_end_, causal_offset_;
+  std::map<size_t, Tensor> scratch_;  // reorder's copies by byte size, reused
+};
+
+}  // namespace redco::nn

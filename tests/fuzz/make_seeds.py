@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz harnesses (tests/fuzz/corpus/<target>/):
+small valid inputs of each format, so fuzzing starts from the parsers' deep
+paths. Standard library only; the output is deterministic.
+
+  tests/fuzz/make_seeds.py [corpus-dir]
+"""
+import gzip
+import json
+import os
+import struct
+import sys
+
+out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(out, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+# ---- safetensors: u64 header length, JSON header, data --------------------------
+def safetensors(tensors, meta=None):
+    header, blob = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    if meta:
+        header["__metadata__"] = meta
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + blob
+
+
+f32 = struct.pack("<6f", -1, -0.5, 0, 0.5, 1, 1.5)
+put("safetensors", "f32_2x3", safetensors({"w": ("F32", [2, 3], f32)}))
+put("safetensors", "mixed", safetensors({
+    "h.0.ln.bias": ("BF16", [2], b"\x80\x3f\x00\xc0"),
+    "h.0.fc.weight": ("F16", [2, 2], struct.pack("<4e", 1.5, -2, 65504, 0)),
+    "ids": ("I64", [3], struct.pack("<3q", -7, 0, 1 << 53)),
+    "step": ("I32", [], struct.pack("<i", 42)),
+    "mask": ("U8", [4], bytes([0, 1, 254, 255])),
+}, {"format": "pt", "note": "seed"}))
+put("safetensors", "empty_tensor", safetensors({"e": ("F32", [0, 4], b"")}))
+put("safetensors", "no_tensors", safetensors({}, {"only": "metadata"}))
+
+# ---- IDX: 0 0 type ndim, big-endian u32 dims, big-endian data ----------------------
+def idx(code, dims, payload):
+    return bytes([0, 0, code, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload
+
+
+images = idx(0x08, [2, 2, 2], bytes(range(8)))
+put("idx", "u8_2x2x2", images)
+put("idx", "u8_labels", idx(0x08, [3], bytes([0, 9, 4])))
+put("idx", "i32_vec", idx(0x0C, [2], struct.pack(">2i", -1, 7)))
+put("idx", "f32_mat", idx(0x0D, [1, 2], struct.pack(">2f", 0.25, -3)))
+put("idx", "f64_scalar_rows", idx(0x0E, [1], struct.pack(">d", 1e300)))
+put("idx", "i16_vec", idx(0x0B, [2], struct.pack(">2h", -2, 3)))
+put("idx", "gz_images", gzip.compress(images, mtime=0))
+
+# ---- state.json as the Trainer writes it ----------------------------------------
+state = {
+    "version": 1, "step": 6, "epoch": 0, "step_in_epoch": 6, "optimizer_step": 5,
+    "next_lr": 0.01, "skipped_steps": 1, "seed": 5,
+    "best": {"accuracy": {"value": 0.75, "step": 4, "mode": "max"}},
+    "config": {"n_examples": 64, "per_device_batch_size": 8, "global_batch_size": 8,
+               "accumulation_steps": 1, "steps_per_epoch": 8, "n_epochs": 10,
+               "shuffle": True, "dp_size": 1, "n_model_shards": 1,
+               "data_order": "philox fisher-yates of (seed, epoch)"},
+}
+put("state_json", "state", json.dumps(state, indent=2))
+put("state_json", "unicode", json.dumps({"k\u00e9y": ["\u540d\u524d", "\\\"q\"", None, -0.0,
+                                                     1.5e-300, 18446744073709551615]}))
+put("state_json", "nested", "[" * 20 + "]" * 20)
+
+# ---- launch environments: NAME=VALUE lines ---------------------------------------
+put("launch_env", "slurm", "\n".join([
+    "SLURM_STEP_NODELIST=node[01-03,07],gpu-a[1-2]x,login5", "SLURM_PROCID=5",
+    "SLURM_NTASKS=8", "SLURM_LOCALID=1", "SLURM_NODEID=2", "SLURM_STEP_NUM_NODES=4",
+    "SLURM_STEP_TASKS_PER_NODE=2(x3),2", "SLURM_JOB_ID=123456", "SLURM_STEP_ID=0"]))
+put("launch_env", "tasks_per_node", "SLURM_STEP_TASKS_PER_NODE=2(x3),1,4(x2)")
+put("launch_env", "redco_run", "\n".join([
+    "REDCO_HOST0=10.0.0.1:29500", "REDCO_RANK=1", "REDCO_WORLD_SIZE=4",
+    "REDCO_LOCAL_RANK=1", "REDCO_LOCAL_WORLD_SIZE=2", "REDCO_NODE_RANK=0", "REDCO_NNODES=2",
+    "REDCO_JOB_TOKEN=abc", "REDCO_TIMEOUT=30.5", "REDCO_RESTART=2", "REDCO_PORT=29501"]))
+put("launch_env", "openmpi", "\n".join([
+    "REDCO_HOST0=[::1]:29500", "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4",
+    "OMPI_COMM_WORLD_LOCAL_RANK=1", "OMPI_COMM_WORLD_LOCAL_SIZE=2",
+    "OMPI_MCA_ess_base_jobid=77"]))
+put("launch_env", "multi_bracket", "X=a[1-2]b[08-10]c,d[5]")

@@ -1,0 +1,190 @@
+// Generation with the KV cache: the same tokens as transformers.generate
+// (greedy, penalties, beam search: tests/fixtures/hf/*/generation.json from
+// tests/python/make_generation_goldens.py), as the uncached loop, alone or in
+// any batch, on 1 or 2 model shards; sampling keyed by the prompt.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "redco/dist/threads_comm.hpp"
+#include "redco/generation/generate.hpp"
+#include "redco/io/json.hpp"
+#include "redco/models/pretrained.hpp"
+#include "redco/nn/generate.hpp"
+
+using namespace redco;
+namespace fs = std::filesystem;
+using generation::GenerationConfig;
+using Prompts = std::vector<std::vector<int64_t>>;
+
+namespace {
+
+fs::path fixture(const std::string& name) {
+  const char* root = std::getenv("REDCO_ROOT");
+  const fs::path base = root ? fs::path(root) : fs::path(__FILE__).parent_path().parent_path();
+  return base / "tests" / "fixtures" / "hf" / name;
+}
+
+std::vector<int64_t> ints(const io::Json& j) {
+  std::vector<int64_t> v;
+  for (const io::Json& x : j.as_array()) v.push_back(x.as_int());
+  return v;
+}
+
+GenerationConfig config_of(const io::Json& j) {
+  GenerationConfig c{.max_new_tokens = 12};
+  const auto& o = j.as_object();
+  auto num = [&](const char* k, double d) { return o.count(k) ? o.at(k).as_double() : d; };
+  c.eos_token_ids = ints(o.at("eos_token_ids"));
+  c.repetition_penalty = float(num("repetition_penalty", 1));
+  c.no_repeat_ngram_size = int64_t(num("no_repeat_ngram_size", 0));
+  c.min_new_tokens = int64_t(num("min_new_tokens", 0));
+  c.num_beams = int64_t(num("num_beams", 1));
+  c.length_penalty = float(num("length_penalty", 1));
+  c.early_stopping = o.count("early_stopping") && o.at("early_stopping").as_bool();
+  c.num_return_sequences = int64_t(num("num_return_sequences", 1));
+  return c;
+}
+
+// transformers pads finished beams: cut after the first end-of-sequence id.
+std::vector<int64_t> until_eos(std::vector<int64_t> t, const GenerationConfig& c) {
+  for (size_t i = 0; i < t.size(); ++i)
+    if (std::count(c.eos_token_ids.begin(), c.eos_token_ids.end(), t[i])) {
+      t.resize(i + 1);
+      break;
+    }
+  return t;
+}
+
+template <typename M>
+void check_goldens(const std::string& name) {
+  INFO("fixture " << name);
+  const auto p = models::from_pretrained<M>(fixture(name));
+  std::ifstream in(fixture(name) / "generation.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const io::Json cases = io::Json::parse(ss.str(), name);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const io::Json& k = cases.at(i);
+    INFO("case " << i << ": " << k.at("config").dump());
+    const GenerationConfig c = config_of(k.at("config"));
+    const auto out = generation::generate(p.model, p.params, {ints(k.at("prompt"))}, c);
+    if (c.num_beams == 1) {
+      REQUIRE(out.sequences.size() == 1);
+      CHECK(out.sequences[0] == ints(k.at("tokens")));
+      continue;
+    }
+    REQUIRE(int64_t(out.sequences.size()) == c.num_return_sequences);
+    for (size_t s = 0; s < out.sequences.size(); ++s) {
+      CHECK(out.sequences[s] == until_eos(ints(k.at("sequences").at(s)), c));
+      CHECK(std::abs(out.scores[s] - float(k.at("scores").at(s).as_double())) < 1e-4f);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("greedy, penalties and beam search equal transformers.generate", "[generation]") {
+  check_goldens<models::Gpt2>("gpt2");
+  check_goldens<models::Llama>("llama");
+  check_goldens<models::Llama>("llama3_tied");
+  check_goldens<models::Llama>("qwen2");
+}
+
+TEST_CASE("cached greedy equals the uncached loop; batched equals one by one", "[generation]") {
+  const auto p = models::from_pretrained<models::Llama>(fixture("llama_head_dim"));
+  const Prompts prompts{{5, 17, 33, 2}, {60}, {9, 9, 41, 70, 12, 3, 88}, {1, 2}};
+  const GenerationConfig c{.max_new_tokens = 20};
+  const auto batched = generation::generate(p.model, p.params, prompts, c);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i);
+    const auto alone = generation::generate(p.model, p.params, {prompts[i]}, c);
+    CHECK(alone.sequences[0] == batched.sequences[i]);
+    const Tensor prompt = Tensor::from<int64_t>(std::span<const int64_t>(prompts[i]),
+                                                {1, int64_t(prompts[i].size())});
+    const Tensor full = nn::generate(p.model, p.params, prompt, {.max_new = 20, .greedy = true});
+    const std::vector<int64_t> all = full.values<int64_t>();
+    CHECK(std::vector<int64_t>(all.begin() + int64_t(prompts[i].size()), all.end()) ==
+          batched.sequences[i]);
+  }
+}
+
+TEST_CASE("generation on 2 model shards gives the 1-shard tokens", "[generation]") {
+  const Prompts prompts{{5, 17, 33, 2}, {60, 1, 2}};
+  for (const char* name : {"gpt2", "llama_head_dim"}) {
+    INFO(name);
+    std::visit(
+        [&](const auto& whole) {
+          using M = std::decay_t<decltype(whole.model)>;
+          const GenerationConfig greedy{.max_new_tokens = 10};
+          const GenerationConfig beams{.max_new_tokens = 8, .num_beams = 3};
+          const auto want = generation::generate(whole.model, whole.params, prompts, greedy);
+          const auto want_beams = generation::generate(whole.model, whole.params, prompts, beams);
+          std::vector<generation::Generated> got(2), got_beams(2);
+          dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+            const auto part =
+                models::from_pretrained<M>(fixture(name), {.n_shards = 2, .rank = comm.rank()});
+            nn::Ctx ctx;
+            ctx.mp = &comm;
+            got[size_t(comm.rank())] =
+                generation::generate(part.model, part.params, prompts, greedy, ctx);
+            got_beams[size_t(comm.rank())] =
+                generation::generate(part.model, part.params, prompts, beams, ctx);
+          });
+          for (int r = 0; r < 2; ++r) {
+            CHECK(got[size_t(r)].sequences == want.sequences);
+            CHECK(got_beams[size_t(r)].sequences == want_beams.sequences);
+          }
+        },
+        models::from_pretrained_any(fixture(name)));
+  }
+}
+
+TEST_CASE("sampling: a prompt draws the same tokens in any batch", "[generation]") {
+  const auto p = models::from_pretrained<models::Gpt2>(fixture("gpt2"));
+  GenerationConfig c{.max_new_tokens = 16,
+                     .do_sample = true,
+                     .temperature = 0.9f,
+                     .top_k = 20,
+                     .top_p = 0.95f,
+                     .min_p = 0.01f,
+                     .seed = 7};
+  const Prompts prompts{{5, 17, 33, 2}, {60}, {9, 9, 41}};
+  const auto batched = generation::generate(p.model, p.params, prompts, c);
+  const auto alone = generation::generate(p.model, p.params, {prompts[1]}, c);
+  CHECK(alone.sequences[0] == batched.sequences[1]);
+  c.seed = 8;
+  CHECK(generation::generate(p.model, p.params, {prompts[1]}, c).sequences[0] !=
+        alone.sequences[0]);
+  // Several return sequences differ from each other.
+  c.num_return_sequences = 3;
+  const auto three = generation::generate(p.model, p.params, {prompts[0]}, c);
+  REQUIRE(three.sequences.size() == 3);
+  CHECK(three.sequences[0] != three.sequences[1]);
+  // Streaming: the callback sees every token in order and can stop a row.
+  std::vector<int64_t> seen;
+  const auto stopped = generation::generate(p.model, p.params, {prompts[0]}, {.max_new_tokens = 10},
+                                            {}, [&](int64_t, int64_t tok) {
+                                              seen.push_back(tok);
+                                              return seen.size() < 4;
+                                            });
+  CHECK(stopped.sequences[0].size() == 4);
+  CHECK(seen == stopped.sequences[0]);
+}
+
+TEST_CASE("generation refuses bad options with one message", "[generation]") {
+  const auto p = models::from_pretrained<models::Gpt2>(fixture("gpt2"));
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(generation::generate(p.model, p.params, {{}}, {}), Contains("empty"));
+  CHECK_THROWS_WITH(generation::generate(p.model, p.params, {{1}}, {.top_p = 0.f}),
+                    Contains("top_p"));
+  CHECK_THROWS_WITH(
+      generation::generate(p.model, p.params, {{1}}, {.num_beams = 2, .num_return_sequences = 3}),
+      Contains("num_return_sequences"));
+  // The fixture's context is 32 positions.
+  CHECK_THROWS_WITH(generation::generate(p.model, p.params, {{1, 2, 3}}, {.max_new_tokens = 40}),
+                    Contains("maximum 32"));
+}

@@ -13,14 +13,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "gradcheck.hpp"
+#include "redco/autodiff/value_and_grad.hpp"
+#include "redco/core/allocator.hpp"
+#include "redco/core/philox.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/optim/optimizer.hpp"
 #include "redco/train/parallel.hpp"
+#include "redco/train/trainer.hpp"
 
 using namespace redco;
 namespace fs = std::filesystem;
@@ -55,7 +62,8 @@ struct Golden {
 Golden golden(const std::string& name) {
   const nn::ParamTree g = io::load_safetensors(fixtures() / name / "golden.safetensors");
   Golden out{g.at("input_ids"), g.at("logits"), {}, {}};
-  if (g.count("attention_mask")) out.mask = g.at("attention_mask"), out.padded_logits = g.at("padded_logits");
+  if (g.count("attention_mask"))
+    out.mask = g.at("attention_mask"), out.padded_logits = g.at("padded_logits");
   return out;
 }
 
@@ -475,4 +483,142 @@ TEST_CASE("transformers loads what save_pretrained writes, with redco's logits",
     std::exit(77);
   }
   CHECK(rc == 0);
+}
+
+namespace {
+struct LmExample {
+  std::vector<int64_t> ids;  // 9 tokens: inputs are the first 8, targets the last 8
+};
+struct LmBatch {
+  Tensor inputs, targets;
+};
+LmBatch lm_collate(std::span<const LmExample> ex) {
+  const auto n = int64_t(ex.size());
+  LmBatch b{Tensor::empty({n, 8}, DType::i64), Tensor::empty({n, 8}, DType::i64)};
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < 8; ++t) {
+      b.inputs.data<int64_t>()[i * 8 + t] = ex[size_t(i)].ids[size_t(t)];
+      b.targets.data<int64_t>()[i * 8 + t] = ex[size_t(i)].ids[size_t(t + 1)];
+    }
+  return b;
+}
+}  // namespace
+
+TEST_CASE("a checkpoint fine-tuned 20 steps exports and re-imports exactly", "[hf]") {
+  const auto p = models::from_pretrained<models::Llama>(fixtures() / "llama3_tied");
+  std::vector<LmExample> train;
+  for (uint64_t i = 0; i < 64; ++i) {  // a learnable pattern: t -> t + 3 (mod 96)
+    LmExample e;
+    e.ids.push_back(int64_t(philox_bits(5, 0, i) % 96));
+    for (int t = 1; t < 9; ++t) e.ids.push_back((e.ids.back() + 3) % 96);
+    train.push_back(e);
+  }
+  auto loss = [](auto& model, const LmBatch& b, train::Rng) {
+    return cross_entropy(model(b.inputs), b.targets);
+  };
+  train::Deployer deployer({.seed = 3, .quiet = true});
+  train::Trainer trainer(deployer, p.model, lm_collate, loss, optim::adamw(1e-2f), p.params);
+  trainer.fit(train, {.global_batch_size = 16, .n_epochs = 5, .max_steps = 20});
+  const nn::ParamTree tuned = trainer.whole_params();
+  // (p.params shares its storage with the Trainer's: compare with a fresh load.)
+  const auto before = models::from_pretrained<models::Llama>(fixtures() / "llama3_tied");
+  CHECK(test::max_abs_diff(tuned.at("norm.weight"), before.params.at("norm.weight")) > 1e-3f);
+  TempDir out;
+  models::save_pretrained<models::Llama>(out.path, p.config, tuned, {}, p.hf_config);
+  const auto back = models::from_pretrained<models::Llama>(out.path);
+  REQUIRE(back.params.size() == tuned.size());
+  for (const auto& [k, t] : tuned) {
+    INFO(k);
+    CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
+  }
+}
+
+namespace {
+// VmHWM / VmRSS of this process in kB (Linux).
+int64_t status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
+  return -1;
+}
+// Peak resident growth of f() in MB: the peak counter is reset first
+// (clear_refs 5), so a peak before f() does not count.
+double peak_growth_mb(const std::function<void()>& f) {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t before = status_kb("VmRSS:");
+  f();
+  return double(status_kb("VmHWM:") - before) / 1024.0;
+}
+}  // namespace
+
+TEST_CASE("a model shard loads in about its own memory, never the whole model's", "[hf][memory]") {
+  // LLaMA of 139 MB in f32 (vocab 8000, d 512, 8 layers), written by redco.
+  const models::LlamaConfig c{.vocab = 8000,
+                              .dim = 512,
+                              .layers = 8,
+                              .heads = 8,
+                              .kv_heads = 4,
+                              .hidden = 1536,
+                              .context = 256};
+  TempDir dir;
+  {
+    const auto model = models::llama(c);
+    models::save_pretrained<models::Llama>(dir.path, c, nn::init_params(model, 1));
+  }
+  const double full_mb = double(fs::file_size(dir.path / "model.safetensors")) / (1 << 20);
+  CachingAllocator::cpu().empty_cache();  // freed blocks would hide the load's allocations
+  nn::ParamTree shard;
+  const double shard_mb = peak_growth_mb([&] {
+    shard = models::from_pretrained<models::Llama>(dir.path, {.n_shards = 4, .rank = 1}).params;
+  });
+  const double shard_bytes = double(nn::count_parameters(shard)) * 4 / (1 << 20);
+  fmt::print(
+      "a 1/4 shard of a {:.0f} MB checkpoint: {:.1f} MB of parameters, peak RSS growth "
+      "{:.1f} MB\n",
+      full_mb, shard_bytes, shard_mb);
+  CHECK(shard_bytes < 0.3 * full_mb);
+  CHECK(shard_mb < shard_bytes + 0.1 * full_mb);  // the shard and small read buffers, no more
+}
+
+TEST_CASE("gradients of imported models on 2 shards are the slices of the 1-shard ones",
+          "[hf][tp]") {
+  for (const char* name : {"gpt2_variants", "llama_head_dim", "llama3_tied"}) {
+    INFO(name);
+    const Golden g = golden(name);
+    std::visit(
+        [&](const auto& whole) {
+          using M = std::decay_t<decltype(whole.model)>;
+          // Next-token loss over the golden ids: targets are the inputs shifted by one.
+          const int64_t T = g.ids.dim(1) - 1;
+          const Tensor in = slice(g.ids, 1, 0, T).clone(), out = slice(g.ids, 1, 1, T + 1).clone();
+          auto loss_of = [&](const M& model, const nn::ParamTree& p, nn::Ctx ctx) {
+            ctx.train = true;
+            return cross_entropy(nn::apply(model, p, in, ctx), out);
+          };
+          auto [want_loss, want] = value_and_grad(
+              [&](const nn::ParamTree& p) { return loss_of(whole.model, p, {}); }, whole.params);
+          const auto plan = shard::resolve(whole.model, 2);
+          std::vector<nn::ParamTree> got(2);
+          std::vector<float> losses(2);
+          dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+            const auto part =
+                models::from_pretrained<M>(fixtures() / name, {.n_shards = 2, .rank = comm.rank()});
+            nn::Ctx ctx;
+            ctx.mp = &comm;
+            auto [l, gr] = value_and_grad(
+                [&](const nn::ParamTree& p) { return loss_of(part.model, p, ctx); }, part.params);
+            got[size_t(comm.rank())] = std::move(gr), losses[size_t(comm.rank())] = l.item();
+          });
+          for (int r = 0; r < 2; ++r) {
+            CHECK(std::abs(losses[size_t(r)] - want_loss.item()) <= 1e-5f * want_loss.item());
+            for (const shard::ParamSplit& s : plan) {
+              INFO(s.name << " rank " << r);
+              const Tensor slice_want = train::slice_shard(want.at(s.name), s, r, 2);
+              CHECK(test::max_abs_diff(got[size_t(r)].at(s.name), slice_want) <=
+                    1e-5f * std::max(max_abs(slice_want), 1e-3f));
+            }
+          }
+        },
+        models::from_pretrained_any(fixtures() / name));
+  }
 }

@@ -10,6 +10,8 @@
 // from_pretrained_any picks the type from config.json for tools that take any
 // checkpoint. With LoadOptions::n_shards > 1 the parameters are this rank's
 // shards under the model's shard plan, read slice by slice from the files.
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <variant>
 
@@ -190,5 +192,30 @@ using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrain
                                    Pretrained<Bart>, Pretrained<Bert>, Pretrained<Roberta>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
+
+// The model type that loads config.json's model_type: returns
+// f.template operator()<M>(); throws naming the types redco loads otherwise.
+// The one list of which type serves which model_type.
+template <typename F>
+auto with_family(const std::string& type, const std::string& source, F&& f) {
+  if (type == "gpt2") return f.template operator()<Gpt2>();
+  if (type == "llama" || type == "mistral" || type == "qwen2")
+    return f.template operator()<Llama>();
+  if (type == "opt") return f.template operator()<Opt>();
+  if (type == "gptj") return f.template operator()<Gptj>();
+  if (type == "gpt_neox") return f.template operator()<GptNeox>();
+  if (type == "t5") return f.template operator()<T5>();
+  if (type == "bart") return f.template operator()<Bart>();
+  if (type == "bert") return f.template operator()<Bert>();
+  if (type == "roberta") return f.template operator()<Roberta>();
+  throw Error(
+      fmt::format("{}: model_type '{}' is not one redco loads (gpt2, llama, mistral, "
+                  "qwen2, opt, gptj, gpt_neox, t5, bart, bert, roberta)",
+                  source, type));
+}
+
+// The shard plan of a checkpoint folder's model over n model shards, from its
+// config.json alone (no weights read): parameter, shape, split.
+std::vector<shard::ParamSplit> checkpoint_plan(const std::filesystem::path& dir, int n_shards);
 
 }  // namespace redco::models

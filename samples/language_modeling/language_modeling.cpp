@@ -1,94 +1,43 @@
 // A small GPT on the King James Bible, with a byte-level BPE tokenizer learned
-// from the training text. It reports the validation loss against the unigram
-// entropy of the validation tokens (the best loss without looking at context)
-// and then continues a prompt greedily and with nucleus sampling.
+// from the training text (or any Hugging Face tokenizer.json, --tokenizer). It
+// reports the validation loss against the unigram entropy of the validation
+// tokens (the best loss without looking at context) and then continues a
+// prompt greedily and with nucleus sampling, decoding with a KV cache.
 //   build/samples/language_modeling/language_modeling --steps 800 --workdir lm_workdir
 #include <fmt/core.h>
 
-#include <cmath>
-#include <filesystem>
-#include <unordered_map>
-
-#include "redco/data/bpe.hpp"
-#include "redco/data/text.hpp"
+#include "redco/data/lm_data.hpp"
+#include "redco/generation/generate.hpp"
 #include "redco/models/gpt2.hpp"
-#include "redco/nn/generate.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/trainer.hpp"
 #include "redco_cli.hpp"
 
 using namespace redco;
-using Window = std::span<const int64_t>;  // an example: context + 1 consecutive tokens
-
-struct Batch {
-  Tensor inputs, targets;  // i64 [B, T]: a window's first T tokens, and its last T
-};
-
-// Loaded from `dir` when a tokenizer of this size was saved there, else trained and saved.
-// Every process trains the same tokenizer (it is deterministic); one saves it.
-data::Bpe tokenizer(const std::filesystem::path& dir, std::string_view text, int64_t vocab,
-                    bool save) {
-  if (std::filesystem::exists(dir / "merges.txt")) {
-    data::Bpe bpe = data::Bpe::load(dir);
-    if (bpe.vocab_size() == vocab) return bpe;
-  }
-  data::Bpe bpe = data::Bpe::train(text, vocab);
-  if (save) bpe.save(dir);
-  return bpe;
-}
-
-std::vector<int64_t> encode(const data::Bpe& bpe, std::string_view text) {
-  const std::vector<int32_t> ids = bpe.encode(text);
-  return {ids.begin(), ids.end()};
-}
-
-// Non-overlapping windows covering `tokens`.
-std::vector<Window> windows(const std::vector<int64_t>& tokens, int64_t context) {
-  std::vector<Window> out;
-  for (size_t s = 0; s + size_t(context) < tokens.size(); s += size_t(context))
-    out.push_back(Window(tokens).subspan(s, size_t(context) + 1));
-  return out;
-}
-
-// Entropy of the token frequencies, in nats: the loss of the best context-free model.
-double unigram_entropy(const std::vector<int64_t>& tokens) {
-  std::unordered_map<int64_t, double> count;
-  for (int64_t t : tokens) count[t] += 1;
-  double h = 0;
-  for (const auto& [t, c] : count)
-    h -= c / double(tokens.size()) * std::log(c / double(tokens.size()));
-  return h;
-}
+using Ids = std::vector<int64_t>;  // token ids
+using Prompts = std::vector<Ids>;
 
 struct Corpus {
-  data::Bpe bpe;
-  std::vector<int64_t> train, valid;  // token ids
+  data::Tokenizer tok;
+  std::vector<int64_t> train{}, valid{};  // token ids
 };
 
 // The KJV, tokenized; the last 5% of the verses (from 2 Peter on) are held out.
-Corpus load_corpus(const std::filesystem::path& tokenizer_dir, int64_t vocab,
-                   const train::Deployer& deployer) {
+// The tokenizer: `file`, else workdir/tokenizer.json, learned from the training text once.
+Corpus load_corpus(const std::string& file, int64_t vocab, const train::Deployer& deployer) {
   const std::vector<data::Verse> verses = data::read_kjv();
   const auto split = std::span(verses).subspan(0, verses.size() - verses.size() / 20);
   const std::string train_text = data::join_verses(split);
   const std::string valid_text = data::join_verses(std::span(verses).subspan(split.size()));
-  Corpus c{tokenizer(tokenizer_dir, train_text, vocab, deployer.is_main()), {}, {}};
-  c.train = encode(c.bpe, train_text);
-  c.valid = encode(c.bpe, valid_text);
+  Corpus c{file.empty() ? data::load_or_train_bpe(deployer.workdir() / "tokenizer.json", train_text,
+                                                  vocab, deployer.is_main())
+                        : data::Tokenizer::from_file(file)};
+  c.train = data::token_ids(c.tok, train_text);
+  c.valid = data::token_ids(c.tok, valid_text);
   deployer.console() << fmt::format(
       "KJV: {} training tokens ({:.2f} bytes/token), {} validation tokens\n", c.train.size(),
       double(train_text.size()) / double(c.train.size()), c.valid.size());
   return c;
-}
-
-Batch collate(std::span<const Window> ws) {
-  const auto B = int64_t(ws.size()), T = int64_t(ws[0].size()) - 1;
-  Batch b{Tensor::empty({B, T}, DType::i64), Tensor::empty({B, T}, DType::i64)};
-  for (int64_t i = 0; i < B; ++i) {
-    std::copy_n(ws[size_t(i)].begin(), T, b.inputs.data<int64_t>() + i * T);
-    std::copy_n(ws[size_t(i)].begin() + 1, T, b.targets.data<int64_t>() + i * T);
-  }
-  return b;
 }
 
 int main(int argc, char** argv) try {
@@ -98,9 +47,10 @@ int main(int argc, char** argv) try {
   float lr = 3e-3f;
   uint64_t seed = 0;
   int n_model_shards = 1;
-  std::string workdir = "lm_workdir", prompt = "And God said unto Moses,";
+  std::string workdir = "lm_workdir", prompt = "And God said unto Moses,", tokenizer;
   app.add_option("--vocab", cfg.vocab, "BPE vocabulary size")
       ->check(redco::cli::between(256, 65536));
+  app.add_option("--tokenizer", tokenizer, "a tokenizer.json to use instead of learning one");
   app.add_option("--context", cfg.context, "tokens per training window")
       ->check(redco::cli::at_least(1));
   app.add_option("--dim", cfg.dim, "model width")->check(redco::cli::at_least(1));
@@ -119,18 +69,24 @@ int main(int argc, char** argv) try {
   REDCO_CLI_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = n_model_shards, .seed = seed, .workdir = workdir});
-  const Corpus kjv = load_corpus(std::filesystem::path(workdir) / "tokenizer", cfg.vocab, deployer);
-  const std::vector<Window> train = windows(kjv.train, cfg.context);
-  const std::vector<Window> valid = windows(kjv.valid, cfg.context);
+  const Corpus kjv = load_corpus(tokenizer, cfg.vocab, deployer);
+  cfg.vocab = kjv.tok.vocab_size();
+  const std::vector<data::TokenWindow> train = data::token_windows(kjv.train, cfg.context);
+  const std::vector<data::TokenWindow> valid = data::token_windows(kjv.valid, cfg.context);
+  // The KV cache holds as many positions as the model learned: prompt and new tokens must fit.
+  const Prompts prompts{data::token_ids(kjv.tok, prompt)};
+  const int64_t room = cfg.context - int64_t(prompts[0].size());
+  REDCO_CHECK(room > 0, "--prompt is {} tokens: --context must be longer", prompts[0].size());
+  max_new = std::min(max_new, room);
 
   const auto schedule = deployer.cosine_schedule({.learning_rate = lr,
                                                   .n_examples = steps * batch,
                                                   .global_batch_size = batch,
                                                   .warmup_fraction = 0.05});
-  auto loss = [](auto& model, const Batch& b, train::Rng) {
+  auto loss = [](auto& model, const data::LmBatch& b, train::Rng) {
     return cross_entropy(model(b.inputs), b.targets);
   };
-  train::Trainer trainer(deployer, models::gpt2(cfg), collate, loss,
+  train::Trainer trainer(deployer, models::gpt2(cfg), data::shifted_batch, loss,
                          optim::adamw(schedule, {.weight_decay = 0.1f, .max_grad_norm = 1.f}));
   const int64_t per_epoch = int64_t(train.size()) / batch;
   const double n_params = double(nn::count_parameters(trainer.params()));
@@ -143,28 +99,29 @@ int main(int argc, char** argv) try {
                                      .item_name = "tokens",
                                      .flops_per_item = 6 * n_params}});
 
-  const double valid_loss = trainer.eval_loss(valid, batch), unigram = unigram_entropy(kjv.valid);
+  const double valid_loss = trainer.eval_loss(valid, batch);
+  const double unigram = data::unigram_entropy(kjv.valid);
   std::ostream& out = deployer.console();  // printed once, whatever the number of processes
   out << fmt::format(
       "validation loss {:.3f} nats/token; unigram entropy of the validation tokens {:.3f}: {}\n",
       valid_loss, unigram, valid_loss < unigram - 0.5 ? "clearly below" : "NOT clearly below");
 
-  // The third function, predict: continue a prompt, greedily or by nucleus sampling.
-  nn::GenerateOptions how{.max_new = max_new, .greedy = true, .context = cfg.context};
-  auto collate_prompt = [&](std::span<const std::string> texts) {  // one prompt per batch
-    const std::vector<int64_t> ids = encode(kjv.bpe, texts[0]);
-    return Tensor::from<int64_t>(Window(ids), {1, int64_t(ids.size())});
+  // The third function, predict: continue prompts with a KV cache (every rank
+  // runs it and caches its own heads), greedily or by nucleus sampling.
+  generation::GenerationConfig how{.max_new_tokens = max_new, .seed = seed};
+  auto predict = [&](auto& model, const Prompts& ps, train::Rng) {
+    const auto gen = generation::generate(model.layer(), model.params(), ps, how, model.ctx());
+    std::vector<std::string> texts;  // the prompts' continuations
+    for (const Ids& s : gen.sequences) texts.push_back(kjv.tok.decode(s));
+    return texts;
   };
-  auto predict = [&](auto& model, const Tensor& ids, train::Rng rng) {
-    auto logits = [&](const Tensor& x) { return nn::whole(model(x)); };  // all of the vocabulary
-    const Tensor out = nn::generate(logits, ids, how, rng.key());
-    return std::vector<std::string>{kjv.bpe.decode(out.values<int64_t>())};
-  };
-  train::Predictor generator(deployer, models::gpt2(cfg), collate_prompt, predict);
-  const std::vector<std::string> prompts{prompt};
-  out << fmt::format("--- greedy ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
-  how = {.max_new = max_new, .temperature = 0.8f, .top_p = 0.9f, .context = cfg.context};
-  out << fmt::format("--- top-p 0.9 ---\n{}\n", generator.predict(prompts, 1, trainer.params())[0]);
+  auto collate_prompts = [](std::span<const Ids> ps) { return Prompts(ps.begin(), ps.end()); };
+  train::Predictor generator(deployer, models::gpt2(cfg), collate_prompts, predict);
+  out << fmt::format("--- greedy ---\n{}{}\n", prompt,
+                     generator.predict(prompts, 1, trainer.params())[0]);
+  how.do_sample = true, how.temperature = 0.8f, how.top_p = 0.9f;  // nucleus sampling
+  out << fmt::format("--- top-p 0.9 ---\n{}{}\n", prompt,
+                     generator.predict(prompts, 1, trainer.params())[0]);
   return valid_loss < unigram - 0.5 ? 0 : 1;
 } catch (const std::exception& e) {
   fmt::print(stderr, "language_modeling: {}\n", e.what());

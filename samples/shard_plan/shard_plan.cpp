@@ -25,10 +25,17 @@ int main(int argc, char** argv) try {
   CLI::App app{"Show GPT-2's tensor-parallel shard plan"};
   int shards = 2;
   int64_t vocab = 50257, layers = 12;
+  std::string from;
   app.add_option("--shards", shards, "number of model shards")->check(redco::cli::at_least(1));
+  app.add_option("--from", from, "a Hugging Face checkpoint folder: its model's plan instead");
   app.add_option("--vocab", vocab, "vocabulary size (50304 divides by 2..128)");
   app.add_option("--layers", layers);
   REDCO_CLI_PARSE(app, argc, argv);
+  if (!from.empty()) {  // any supported checkpoint, from its config.json
+    fmt::print("{} over {} model shards\n\n{}", from, shards,
+               shard::describe(models::checkpoint_plan(from, shards), shards));
+    return 0;
+  }
 
   const auto model = gpt2(vocab, 1024, 768, 12, layers);
   fmt::print("GPT-2 with {} layers, vocabulary {}, over {} model shards\n\n", layers, vocab,

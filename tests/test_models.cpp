@@ -66,23 +66,28 @@ static_assert(llama_plan.count(Collective::all_gather) == 0);
 static_assert(llama_plan.count(Collective::vocab_logits) == 1);
 
 constexpr auto t5_plan = shard::plan_v<models::T5>;
-static_assert(t5_plan.params.size() == (2 + 8 + 1) + (2 + 13 + 2));
-static_assert(t5_plan.split("encoder.wte.weight") == 0 &&
-              t5_plan.split("encoder.wpe.weight") == -1);
-static_assert(t5_plan.split("encoder.h.*.norm_1.weight") == -1);
-static_assert(t5_plan.split("encoder.h.*.attn.q_proj.weight") == 0);
-static_assert(t5_plan.split("encoder.h.*.attn.o_proj.weight") == 1);
-static_assert(t5_plan.split("encoder.h.*.mlp.fc1.weight") == 0);
-static_assert(t5_plan.split("encoder.h.*.mlp.fc2.weight") == 1);
-static_assert(t5_plan.split("encoder.norm.weight") == -1);
-static_assert(t5_plan.split("decoder.h.*.attn.v_proj.weight") == 0);
-static_assert(t5_plan.split("decoder.h.*.cross_attn.q_proj.weight") == 0);
-static_assert(t5_plan.split("decoder.h.*.cross_attn.k_proj.weight") == 0);
-static_assert(t5_plan.split("decoder.h.*.cross_attn.v_proj.weight") == 0);
-static_assert(t5_plan.split("decoder.h.*.cross_attn.o_proj.weight") == 1);
-static_assert(t5_plan.split("decoder.h.*.norm_3.weight") == -1);
+// The plan of the type lists the gated feed-forward (wi_0, wi_1) and the lm_head,
+// which a ReLU or tied config leaves out at run time.
+static_assert(t5_plan.params.size() == (2 + 9 + 1) + (1 + 14 + 2));
+static_assert(t5_plan.split("encoder.embed_tokens.weight") == 0);
+static_assert(t5_plan.split("encoder.relative_attention_bias.weight") == 1);  // by heads
+static_assert(t5_plan.split("encoder.block.*.layer_norm_1.weight") == -1);
+static_assert(t5_plan.split("encoder.block.*.SelfAttention.q_proj.weight") == 0);
+static_assert(t5_plan.split("encoder.block.*.SelfAttention.o_proj.weight") == 1);
+static_assert(t5_plan.split("encoder.block.*.DenseReluDense.wi_0.weight") == 0);
+static_assert(t5_plan.split("encoder.block.*.DenseReluDense.wi_1.weight") == 0);
+static_assert(t5_plan.split("encoder.block.*.DenseReluDense.wo.weight") == 1);
+static_assert(t5_plan.split("encoder.final_layer_norm.weight") == -1);
+static_assert(t5_plan.split("decoder.relative_attention_bias.weight") == 1);
+static_assert(t5_plan.split("decoder.block.*.SelfAttention.v_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.block.*.EncDecAttention.q_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.block.*.EncDecAttention.k_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.block.*.EncDecAttention.v_proj.weight") == 0);
+static_assert(t5_plan.split("decoder.block.*.EncDecAttention.o_proj.weight") == 1);
+static_assert(t5_plan.split("decoder.block.*.layer_norm_3.weight") == -1);
 static_assert(t5_plan.split("decoder.lm_head.weight") == 0);
-static_assert(!t5_plan.has("decoder.h.*.cross_attn.q_proj.bias"));
+static_assert(!t5_plan.has("decoder.embed_tokens.weight"));  // the decoder reads the encoder's
+static_assert(!t5_plan.has("decoder.block.*.EncDecAttention.q_proj.bias"));
 // Encoder: embedding, attention, MLP; decoder: embedding, self-, cross-attention, MLP.
 static_assert(t5_plan.count(Collective::all_reduce) == 3 + 4);
 static_assert(t5_plan.count(Collective::all_gather) == 0);
@@ -293,30 +298,39 @@ TEST_CASE("LLaMA-7B and Llama-2-70B (GQA) parameter counts and names", "[models]
                     Catch::Contains("multiple of kv_heads"));
 }
 
-TEST_CASE("T5-style encoder-decoder names and counts", "[models]") {
-  const models::T5Config c{.vocab = 100,
-                           .context = 32,
-                           .dim = 16,
-                           .heads = 2,
-                           .hidden = 24,
-                           .encoder_layers = 2,
-                           .decoder_layers = 3};
+TEST_CASE("T5 encoder-decoder names and counts", "[models]") {
+  models::T5Config c{.vocab = 100,
+                     .dim = 16,
+                     .heads = 2,
+                     .hidden = 24,
+                     .encoder_layers = 2,
+                     .decoder_layers = 3,
+                     .buckets = 8};
   const auto entries = nn::param_entries(models::t5(c));
   const auto names = names_of(entries);
-  CHECK(names.size() == (2 + 2 * 8 + 1) + (2 + 3 * 13 + 2));
-  CHECK(names[0] == "encoder.wte.weight");
-  CHECK(names[2] == "encoder.h.0.norm_1.weight");
-  CHECK(contains(names, "encoder.h.1.mlp.fc2.weight"));
-  CHECK(contains(names, "encoder.norm.weight"));
-  CHECK(contains(names, "decoder.h.2.cross_attn.k_proj.weight"));
-  CHECK(contains(names, "decoder.h.2.norm_3.weight"));
-  CHECK(names.back() == "decoder.lm_head.weight");
+  // Tied: one embedding, a bias table per stack, no lm_head of its own.
+  CHECK(names.size() == (2 + 2 * 8 + 1) + (1 + 3 * 13 + 1));
+  CHECK(names[0] == "encoder.embed_tokens.weight");
+  CHECK(names[1] == "encoder.relative_attention_bias.weight");
+  CHECK(names[2] == "encoder.block.0.layer_norm_1.weight");
+  CHECK(contains(names, "encoder.block.1.DenseReluDense.wo.weight"));
+  CHECK(contains(names, "encoder.final_layer_norm.weight"));
+  CHECK(contains(names, "decoder.relative_attention_bias.weight"));
+  CHECK(contains(names, "decoder.block.2.EncDecAttention.k_proj.weight"));
+  CHECK(contains(names, "decoder.block.2.layer_norm_3.weight"));
+  CHECK(names.back() == "decoder.final_layer_norm.weight");
   // Per layer: attention 4 d^2, MLP 2 d h, norms d; the decoder adds cross-attention and a norm.
-  const int64_t d = 16, h = 24, v = 100, t = 32;
+  const int64_t d = 16, h = 24, v = 100, table = 8 * 2;
   const int64_t enc_layer = 4 * d * d + 2 * d * h + 2 * d;
   const int64_t dec_layer = 8 * d * d + 2 * d * h + 3 * d;
-  const int64_t expected = 2 * (v * d + t * d + d) + 2 * enc_layer + 3 * dec_layer + v * d;
+  const int64_t expected = v * d + 2 * (table + d) + 2 * enc_layer + 3 * dec_layer;
   CHECK(count_without_allocating(entries) == expected);
+  // Untied and gated (flan-T5): an lm_head, wi_0 and wi_1; heads of d_kv = 12.
+  c.tie_embeddings = false, c.gated = true, c.head_dim = 12;
+  const auto flan = names_of(nn::param_entries(models::t5(c)));
+  CHECK(flan.back() == "decoder.lm_head.weight");
+  CHECK(contains(flan, "decoder.block.0.DenseReluDense.wi_1.weight"));
+  CHECK(nn::param_entries(models::t5(c))[3].shape.shape() == Shape{2 * 12, 16});  // q_proj
 }
 
 TEST_CASE("Image classifiers: names and counts", "[models]") {
@@ -407,19 +421,24 @@ TEST_CASE("A tiny LLaMA (GQA, rotary) learns KJV characters", "[models][train]")
   CHECK(eval < 2.45);
 }
 
-TEST_CASE("A T5-style encoder-decoder learns to reverse KJV fragments", "[models][train]") {
+TEST_CASE("A T5 encoder-decoder learns to reverse KJV fragments", "[models][train]") {
   const std::string& text = kjv_text();
   const auto tok = data::CharTokenizer::fit(text, "\x02");
   const int64_t start = tok.id('\x02');
-  // One layer each: enough to learn the alignment, and it does so within a few
-  // hundred steps (two layers each need about twice as many).
+  // One layer each, untied head (T5 v1.1). T5 has no absolute positions: the
+  // alignment is learnt from the relative biases and the characters' content
+  // (each source position reads its neighbour), which takes a few hundred
+  // steps more than with learned positions. The tied v1.0 head (logits scaled
+  // by dim**-0.5) learns far slower at this size: held-out accuracy 0.30 after
+  // 400 steps, against 0.65 untied.
   const auto model = models::t5({.vocab = tok.vocab_size(),
-                                 .context = 12,
                                  .dim = 64,
                                  .heads = 4,
                                  .hidden = 128,
                                  .encoder_layers = 1,
-                                 .decoder_layers = 1});
+                                 .decoder_layers = 1,
+                                 .tie_embeddings = false});
+  const int steps = 600;
   const auto train_ids = tok.encode(std::string_view(text).substr(0, 1'000'000));
   const auto eval_ids = tok.encode(std::string_view(text).substr(text.size() - 200'000));
   auto loss_and_logits = [&](const ParamTree& p, const Seq2SeqBatch& b) {
@@ -429,8 +448,8 @@ TEST_CASE("A T5-style encoder-decoder learns to reverse KJV fragments", "[models
     return std::pair{cross_entropy(logits, b.labels), logits};
   };
   ParamTree params = nn::init_params(model, 2);
-  auto opt = make_adamw(3e-3f, 400);
-  const RunStats r = train(params, opt, 400, [&](const ParamTree& p, uint64_t step) {
+  auto opt = make_adamw(3e-3f, steps);
+  const RunStats r = train(params, opt, steps, [&](const ParamTree& p, uint64_t step) {
     return loss_and_logits(p, reverse_batch(train_ids, start, 32, 12, 3, step)).first;
   });
   NoGradGuard off;
@@ -440,9 +459,9 @@ TEST_CASE("A T5-style encoder-decoder learns to reverse KJV fragments", "[models
   report("t5 d64 1+1 reversing 12 KJV chars", r, "loss", eval.item());
   fmt::print("{:<34} held-out character accuracy {:.3f}\n", "", acc);
   CHECK(r.first() == Approx(std::log(double(tok.vocab_size()))).epsilon(0.05));
-  CHECK(r.last() < 1.0);
-  CHECK(eval.item() < 1.2);
-  CHECK(acc > 0.75);
+  CHECK(r.last() < 1.0);     // measured 0.57
+  CHECK(eval.item() < 1.1);  // measured 0.76
+  CHECK(acc > 0.7);          // measured 0.78
 }
 
 TEST_CASE("An MLP and a small CNN learn Fashion-MNIST from 512 images", "[models][train]") {

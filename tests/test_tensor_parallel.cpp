@@ -12,6 +12,8 @@
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/threads_comm.hpp"
+#include "redco/models/bart.hpp"
+#include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
@@ -158,16 +160,60 @@ TEST_CASE("tensor-parallel LLaMA (GQA, rotary, gated MLP, untied head) matches o
   CHECK(check_against_one_rank(model, 4, loss, true) == 1 + 2 * 3 + 1);
 }
 
-TEST_CASE("tensor-parallel T5 (encoder-decoder, cross-attention) matches one rank",
-          "[tensor_parallel]") {
-  const auto model = models::t5({.vocab = 16,
-                                 .context = 8,
-                                 .dim = 16,
-                                 .heads = 4,
-                                 .hidden = 32,
-                                 .encoder_layers = 1,
-                                 .decoder_layers = 2,
-                                 .dropout = 0.1f});
+TEST_CASE(
+    "tensor-parallel T5 (relative bias split by heads, cross-attention, padded source) matches "
+    "one rank",
+    "[tensor_parallel]") {
+  models::T5Config c{.vocab = 16,
+                     .dim = 16,
+                     .heads = 4,
+                     .hidden = 32,
+                     .encoder_layers = 1,
+                     .decoder_layers = 2,
+                     .head_dim = 6,
+                     .buckets = 8,
+                     .max_distance = 12,
+                     .dropout = 0.1f};
+  const Tensor source = tokens(2, 7, 16, 5), target = tokens(2, 5, 16, 6);
+  const Tensor labels = labels_of(2, 5, 16, 7);
+  Tensor mask = Tensor::ones({2, 7});
+  mask.data<float>()[5] = mask.data<float>()[6] = 0.f;  // row 0 right-padded
+  {
+    const auto model = models::t5(c);
+    const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+      ctx.source = source;
+      ctx.source_mask = mask;
+      out = nn::apply(model, p, target, ctx);
+      return cross_entropy(out, labels);
+    };
+    // Embedding 1, bias tables 2, encoder layer 4 + 2, decoder layers (4 + 4 + 2) each; tied head.
+    for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 1 + 2 + 6 + 20);
+  }
+  c.gated = true, c.act = nn::Act::gelu, c.tie_embeddings = false;  // flan-T5
+  const auto model = models::t5(c);
+  const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+    ctx.source = source;
+    out = nn::apply(model, p, target, ctx);
+    return cross_entropy(out, labels);
+  };
+  CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 2 + 7 + 22 + 1);
+}
+
+TEST_CASE(
+    "tensor-parallel BART (post-LN, shared embedding, logit bias split by vocabulary) matches "
+    "one rank",
+    "[tensor_parallel]") {
+  const auto model = models::bart({.vocab = 16,
+                                   .dim = 16,
+                                   .encoder_layers = 1,
+                                   .decoder_layers = 1,
+                                   .encoder_heads = 4,
+                                   .decoder_heads = 2,
+                                   .encoder_ffn = 24,
+                                   .decoder_ffn = 32,
+                                   .context = 8,
+                                   .dropout = 0.1f,
+                                   .scale_embedding = true});
   const Tensor source = tokens(2, 7, 16, 5), target = tokens(2, 5, 16, 6);
   const Tensor labels = labels_of(2, 5, 16, 7);
   const LossFn loss = [&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
@@ -175,8 +221,40 @@ TEST_CASE("tensor-parallel T5 (encoder-decoder, cross-attention) matches one ran
     out = nn::apply(model, p, target, ctx);
     return cross_entropy(out, labels);
   };
-  // Embeddings 2, encoder layer 4 + 2, decoder layers (4 + 4 + 2) each, head 1.
-  for (int mp : {2, 4}) CHECK(check_against_one_rank(model, mp, loss, true) == 2 + 6 + 20 + 1);
+  // Embedding 1; encoder layer: q/k/v/o 4 + 3 biases, fc1 + its bias, fc2 = 10; decoder
+  // layer: 7 + 7 + 3 = 17; logit bias 1.
+  CHECK(check_against_one_rank(model, 2, loss, true) == 1 + 10 + 17 + 1);
+}
+
+TEST_CASE(
+    "tensor-parallel BERT and RoBERTa classifiers (pooler column, classifier row) match one rank",
+    "[tensor_parallel]") {
+  const models::BertConfig c{.vocab = 16,
+                             .dim = 16,
+                             .layers = 2,
+                             .heads = 4,
+                             .hidden = 24,
+                             .context = 12,
+                             .labels = 4,
+                             .dropout = 0.1f,
+                             .pad = 1};
+  const Tensor ids = tokens(3, 6, 16, 5), types = tokens(3, 6, 2, 6);
+  const Tensor labels = tokens(1, 3, 4, 7).view({3});
+  Tensor mask = Tensor::ones({3, 6});
+  mask.data<float>()[0] = 0.f;  // row 0 left-padded
+  auto loss_of = [&](const auto& model) {
+    return LossFn([&](const ParamTree& p, nn::Ctx& ctx, Tensor& out) {
+      ctx.token_types = types;
+      ctx.mask = mask;
+      out = nn::apply(model, p, ids, ctx);
+      return cross_entropy(out, labels);
+    });
+  };
+  // Embedding 1; per layer q/k/v/o 4 + 3 biases, fc1 + its bias, fc2 = 10; head 2 + 1 bias.
+  const auto bert = models::bert(c);
+  for (int mp : {2, 4}) CHECK(check_against_one_rank(bert, mp, loss_of(bert), false) == 1 + 20 + 3);
+  const auto roberta = models::roberta(c);
+  CHECK(check_against_one_rank(roberta, 2, loss_of(roberta), false) == 1 + 20 + 3);
 }
 
 TEST_CASE("tensor-parallel OPT (pre- and post-LN, projections, tied head) matches one rank",

@@ -15,12 +15,15 @@
 #include <filesystem>
 #include <variant>
 
+#include "redco/models/bart.hpp"
+#include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/llama.hpp"
 #include "redco/models/opt.hpp"
+#include "redco/models/t5.hpp"
 #include "redco/shard/plan.hpp"
 
 namespace redco::models {
@@ -46,6 +49,80 @@ struct HfFamily<Llama> {
   static Llama build(const Config& c) { return llama(c); }
   static hf::Layout layout(const Config& c) { return llama_layout(c); }
   static io::Json to_json(const Config& c, io::Json base) { return llama_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<T5> {
+  using Config = T5Config;
+  static Config config(const hf::Config& f) { return t5_config(f); }
+  static T5 build(const Config& c) { return t5(c); }
+  static hf::Layout layout(const Config& c) { return t5_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return t5_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<Bart> {
+  using Config = BartConfig;
+  static Config config(const hf::Config& f) { return bart_config(f); }
+  static Bart build(const Config& c) { return bart(c); }
+  static hf::Layout layout(const Config& c) { return bart_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return bart_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<Bert> {
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"bert"}, "models::Bert");
+    return bert_config(f);
+  }
+  static Bert build(const Config& c) { return bert(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, false); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, false, false, base);
+  }
+};
+
+template <>
+struct HfFamily<Roberta> {
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"roberta"}, "models::Roberta");
+    return bert_config(f);
+  }
+  static Roberta build(const Config& c) { return roberta(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, true, false, base);
+  }
+};
+
+template <>
+struct HfFamily<BertEncoder> {  // BertModel (or the encoder of a BERT classifier)
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"bert"}, "models::BertEncoder");
+    return bert_config(f);
+  }
+  static BertEncoder build(const Config& c) { return bert_encoder(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, false, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, false, true, base);
+  }
+};
+
+template <>
+struct HfFamily<RobertaEncoder> {  // RobertaModel (or the encoder of a RoBERTa classifier)
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"roberta"}, "models::RobertaEncoder");
+    return bert_config(f);
+  }
+  static RobertaEncoder build(const Config& c) { return roberta_encoder(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, true, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, true, true, base);
+  }
 };
 
 template <>
@@ -111,7 +188,8 @@ void save_pretrained(const std::filesystem::path& dir, const Pretrained<M>& p,
 
 // Any supported checkpoint, by config.json's model_type.
 using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrained<Opt>,
-                                   Pretrained<Gptj>, Pretrained<GptNeox>>;
+                                   Pretrained<Gptj>, Pretrained<GptNeox>, Pretrained<T5>,
+                                   Pretrained<Bart>, Pretrained<Bert>, Pretrained<Roberta>>;
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 
@@ -126,9 +204,13 @@ auto with_family(const std::string& type, const std::string& source, F&& f) {
   if (type == "opt") return f.template operator()<Opt>();
   if (type == "gptj") return f.template operator()<Gptj>();
   if (type == "gpt_neox") return f.template operator()<GptNeox>();
+  if (type == "t5") return f.template operator()<T5>();
+  if (type == "bart") return f.template operator()<Bart>();
+  if (type == "bert") return f.template operator()<Bert>();
+  if (type == "roberta") return f.template operator()<Roberta>();
   throw Error(
       fmt::format("{}: model_type '{}' is not one redco loads (gpt2, llama, mistral, "
-                  "qwen2, opt, gptj, gpt_neox)",
+                  "qwen2, opt, gptj, gpt_neox, t5, bart, bert, roberta)",
                   source, type));
 }
 

@@ -187,6 +187,8 @@ struct RMSNorm {
 // and v only). Logits are scaled by `scale` (0: 1/sqrt(head size)), further
 // divided by the layer's index + 1 with scale_by_inverse_layer (GPT-2's
 // scale_attn_by_inverse_layer_idx; the index is the enclosing repeat's copy).
+// With score_bias, ctx.score_bias [this rank's heads, Tq, Tk] is added to the
+// scaled scores (T5's relative position bias, nn::RelativePositionBias).
 // Tensor-parallel: each rank holds whole heads of q, k and v (as many local
 // heads as its q rows hold) and the matching input columns of o.
 template <bool Bias = true, bool Cross = false>
@@ -201,6 +203,7 @@ struct Attention {
   float scale = 0.f;
   bool scale_by_inverse_layer = false;
   int64_t window = 0;  // > 0: sliding-window attention, refused for longer sequences
+  bool score_bias = false;  // add ctx.score_bias to the scores (nn/encoder_layers.hpp)
 
   int64_t head_dim() const { return head_size ? head_size : dim / heads; }
   static constexpr void walk(Walker& w, const Attention* l) {

@@ -277,8 +277,18 @@ Tensor Attention<Bias, Cross>::attend(const Params& p, const Tensor& in, bool sp
     q = apply_rope(q, 0, rope);
     k = apply_rope(k, 0, rope);
   }
-  const AttentionExtras extras =
+  AttentionExtras extras =
       key_ranges(Cross ? ctx.memory_mask : ctx.mask, k.dim(0), k.dim(2), p.path().view());
+  if (score_bias) {
+    REDCO_CHECK(ctx.score_bias.defined(),
+                "{}: this attention adds a score bias, but none was computed before it (put an "
+                "nn::RelativePositionBias before the layers)",
+                p.path().view());
+    REDCO_CHECK(ctx.score_bias.shape() == (Shape{q.dim(1), q.dim(2), k.dim(2)}),
+                "{}: the score bias is {} but the scores are [{} heads, {} queries, {} keys]",
+                p.path().view(), ctx.score_bias.shape(), q.dim(1), q.dim(2), k.dim(2));
+    extras.bias = ctx.score_bias;
+  }
   return attention_merged_heads(q, k, v, causal, logit_scale(ctx), extras);
 }
 
@@ -306,6 +316,10 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
                                              Ctx& ctx) const {
   KVCache& cache = *ctx.cache;
   const std::string path(p.path().view());
+  REDCO_CHECK(!score_bias,
+              "{}: a score bias (T5's relative position bias) is not implemented "
+              "with a KV cache",
+              path);
   REDCO_CHECK(cache.in_step() && in.dim(0) == cache.batch(),
               "{}: the KV cache (batch {}) must be in a step (KVCache::begin) for this input {}",
               path, cache.batch(), in.shape());

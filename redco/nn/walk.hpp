@@ -230,6 +230,12 @@ struct Ctx {
   Tensor mask{};
   Tensor source_mask{};
   Tensor memory_mask{};  // set by encoder_decoder from source_mask
+  // An additive bias on self-attention scores, [heads here, Tq, Tk] (T5's
+  // relative position bias): set by nn::RelativePositionBias before a stack
+  // of layers, read by every Attention with score_bias on.
+  Tensor score_bias{};
+  // BERT's token_type_ids [B, T] (i64) for nn::TokenTypeEmbedding; undefined: all 0.
+  Tensor token_types{};
   // Generation (nn/kv_cache.hpp): attention reads and extends the cache, and
   // positions continue each row's own. logit_rows (i64 [B]): the one input
   // position per row whose logits the LM head computes ([B, 1, V]).

@@ -19,6 +19,7 @@ enum class Role : uint8_t {
   attn_v,
   attn_o,      // output projection: dim 1 (row-parallel)
   vocab,       // token embedding / untied LM head [vocab, d]: vocabulary split (dim 0)
+  head_table,  // per-head table [rows, heads] (T5's relative position bias): split by heads (dim 1)
   replicated,  // norms, positions, convolutions, anything the rules don't cover
 };
 
@@ -34,6 +35,7 @@ constexpr int split_dim_of(Role r) {
       return 0;
     case Role::row:
     case Role::attn_o:
+    case Role::head_table:
       return 1;
     case Role::row_bias:
     case Role::replicated:
@@ -62,6 +64,8 @@ constexpr std::string_view role_name(Role r) {
       return "attention o";
     case Role::vocab:
       return "vocab";
+    case Role::head_table:
+      return "per-head table";
     case Role::replicated:
       return "replicated";
   }

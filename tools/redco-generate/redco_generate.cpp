@@ -129,6 +129,12 @@ int main(int argc, char** argv) try {
 
   train::Deployer deployer({.n_model_shards = shards, .quiet = true});
   const models::hf::LoadOptions load{.n_shards = shards, .rank = deployer.mp_rank()};
+  const std::string type = models::hf::Config(dir).model_type();
+  REDCO_CHECK(type != "t5" && type != "bart" && type != "bert" && type != "roberta",
+              "redco-generate: '{}' holds a '{}' model; this tool runs decoder-only language "
+              "models (an encoder-decoder needs its source: call generation::generate with "
+              "ctx.source set)",
+              dir, type);
   auto any = models::from_pretrained_any(dir, load);
   nn::Ctx ctx;
   ctx.mp = &deployer.mesh().mp_comm();

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "hf_fixtures.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/io/json.hpp"
@@ -22,11 +23,7 @@ using Prompts = std::vector<std::vector<int64_t>>;
 
 namespace {
 
-fs::path fixture(const std::string& name) {
-  const char* root = std::getenv("REDCO_ROOT");
-  const fs::path base = root ? fs::path(root) : fs::path(__FILE__).parent_path().parent_path();
-  return base / "tests" / "fixtures" / "hf" / name;
-}
+fs::path fixture(const std::string& name) { return test::hf_fixture(name); }
 
 std::vector<int64_t> ints(const io::Json& j) {
   std::vector<int64_t> v;

@@ -19,6 +19,7 @@
 #include <functional>
 
 #include "gradcheck.hpp"
+#include "hf_fixtures.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/core/allocator.hpp"
 #include "redco/core/philox.hpp"
@@ -36,25 +37,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-fs::path fixtures() {
-  const char* root = std::getenv("REDCO_ROOT");
-  const fs::path base = root ? fs::path(root) : fs::path(__FILE__).parent_path().parent_path();
-  return base / "tests" / "fixtures" / "hf";
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("redco-test-hf-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+fs::path fixtures() { return test::hf_fixture(); }
+using test::TempDir;
 
 struct Golden {
   Tensor ids, logits;

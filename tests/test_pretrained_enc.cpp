@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "gradcheck.hpp"
+#include "hf_fixtures.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
@@ -25,26 +26,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-fs::path fixtures() {
-  const char* root = std::getenv("REDCO_ROOT");
-  const fs::path base = root ? fs::path(root) : fs::path(__FILE__).parent_path().parent_path();
-  return base / "tests" / "fixtures" / "hf";
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path =
-        fs::temp_directory_path() / fmt::format("redco-test-hf-enc-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+fs::path fixtures() { return test::hf_fixture(); }
+using test::TempDir;
 
 // What make_hf_fixtures.py's write_seq2seq records.
 struct Seq2SeqGolden {
@@ -434,8 +417,7 @@ TEST_CASE("bad BART and BERT folders fail with one message naming the culprit",
   fresh("bert");
   edit_config(d, "\"position_embedding_type\": \"absolute\"",
               "\"position_embedding_type\": \"relative_key\"");
-  CHECK_THROWS_WITH(models::from_pretrained<models::Bert>(d),
-                    Contains("position_embedding_type"));
+  CHECK_THROWS_WITH(models::from_pretrained<models::Bert>(d), Contains("position_embedding_type"));
   fresh("roberta");
   CHECK_THROWS_WITH(models::from_pretrained<models::BertEncoder>(d),
                     Contains("'roberta' model") && Contains("models::BertEncoder"));

@@ -541,16 +541,21 @@ int64_t status_kb(const char* key) {
   return -1;
 }
 // Peak resident growth of f() in MB: the peak counter is reset first
-// (clear_refs 5), so a peak before f() does not count.
+// (clear_refs 5), so a peak before f() does not count; skips (77) where the
+// kernel or the sandbox does not allow the reset.
 double peak_growth_mb(const std::function<void()>& f) {
   std::ofstream("/proc/self/clear_refs") << "5";
   const int64_t before = status_kb("VmRSS:");
+  if (before < 0 || status_kb("VmHWM:") > before + 4096)
+    test::skip("cannot reset the peak RSS counter (/proc/self/clear_refs), so cannot measure");
   f();
   return double(status_kb("VmHWM:") - before) / 1024.0;
 }
 }  // namespace
 
-TEST_CASE("a model shard loads in about its own memory, never the whole model's", "[hf][memory]") {
+// Hidden from the default run (meson test pretrained_memory runs it): it skips
+// where the peak RSS counter cannot be reset.
+TEST_CASE("a model shard loads in about its own memory, never the whole model's", "[.memory]") {
   // LLaMA of 139 MB in f32 (vocab 8000, d 512, 8 layers), written by redco.
   const models::LlamaConfig c{.vocab = 8000,
                               .dim = 512,

@@ -4,9 +4,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+
+#include "redco/core/tensor.hpp"
 
 namespace redco::test {
 
@@ -37,5 +42,27 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+// The largest |entry|.
+inline float max_abs(const Tensor& t) {
+  float m = 0.f;
+  for (float v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// The largest difference of [..., D] outputs over the rows a mask [...]
+// keeps: transformers' outputs at padding positions are arbitrary, and so
+// are redco's.
+inline float max_diff_unpadded(const Tensor& got, const Tensor& want, const Tensor& mask) {
+  REQUIRE(got.shape() == want.shape());
+  const int64_t D = got.dim(-1);
+  const auto a = got.to_vector(), b = want.to_vector();
+  const int64_t* m = mask.data<int64_t>();
+  float worst = 0.f;
+  for (int64_t r = 0; r < mask.numel(); ++r)
+    for (int64_t v = 0; m[r] && v < D; ++v)
+      worst = std::max(worst, std::abs(a[size_t(r * D + v)] - b[size_t(r * D + v)]));
+  return worst;
+}
 
 }  // namespace redco::test

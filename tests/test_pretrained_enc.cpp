@@ -46,24 +46,8 @@ Seq2SeqGolden golden(const std::string& name) {
           g.at("padded_encoder_hidden")};
 }
 
-// The largest difference over the source positions the mask keeps.
-float max_diff_unpadded(const Tensor& got, const Tensor& want, const Tensor& mask) {
-  REQUIRE(got.shape() == want.shape());
-  const int64_t D = got.dim(-1);
-  const auto a = got.to_vector(), b = want.to_vector();
-  const int64_t* m = mask.data<int64_t>();
-  float worst = 0.f;
-  for (int64_t r = 0; r < mask.numel(); ++r)
-    for (int64_t v = 0; m[r] && v < D; ++v)
-      worst = std::max(worst, std::abs(a[size_t(r * D + v)] - b[size_t(r * D + v)]));
-  return worst;
-}
-
-float max_abs(const Tensor& t) {
-  float m = 0.f;
-  for (float v : t.to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
+using test::max_abs;
+using test::max_diff_unpadded;
 
 struct Outputs {
   Tensor logits, encoder_hidden;

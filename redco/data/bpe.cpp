@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "redco/core/error.hpp"
+#include "redco/data/utf8.hpp"
 #include "redco/io/json.hpp"
 
 namespace redco::data {
@@ -60,24 +61,6 @@ const ByteAlphabet& alphabet() {
     return t;
   }();
   return a;
-}
-
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += char(c);
-  } else if (c < 0x800) {
-    out += char(0xC0 | (c >> 6));
-    out += char(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += char(0xE0 | (c >> 12));
-    out += char(0x80 | ((c >> 6) & 0x3F));
-    out += char(0x80 | (c & 0x3F));
-  } else {
-    out += char(0xF0 | (c >> 18));
-    out += char(0x80 | ((c >> 12) & 0x3F));
-    out += char(0x80 | ((c >> 6) & 0x3F));
-    out += char(0x80 | (c & 0x3F));
-  }
 }
 
 // Decodes well-formed UTF-8; false on a malformed sequence.

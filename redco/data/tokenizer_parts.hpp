@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "redco/data/regex.hpp"
+#include "redco/data/utf8.hpp"
 #include "redco/io/json.hpp"
 
 namespace redco::data::tok {
@@ -55,9 +56,10 @@ void map_chars(Piece& p, F&& f);
 // character, > 0: inserted, < 0: replaces it and removes -change more).
 void apply_changes(Piece& p, const std::vector<std::pair<char32_t, int>>& changes);
 
-// UTF-8 helpers: decode the character at s[i] (advancing i), append one.
+// UTF-8 helpers: decode the character at s[i] (advancing i); append one
+// (data::append_utf8, redco/data/utf8.hpp).
 char32_t next_char(std::string_view s, size_t& i);
-void append_utf8(std::string& out, char32_t c);
+using data::append_utf8;
 // Throws redco::Error naming the byte offset when `s` is not valid UTF-8.
 void check_utf8(std::string_view s, std::string_view what);
 bool is_whitespace(char32_t c);  // Rust's char::is_whitespace (White_Space)

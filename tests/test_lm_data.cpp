@@ -121,6 +121,33 @@ TEST_CASE("load_or_train_bpe trains, saves, then reuses the saved tokenizer", "[
   CHECK_THROWS_AS(data::load_or_train_bpe(other, kText, 100), Error);
 }
 
+TEST_CASE("pick_tokenizer: the named file, else the checkpoint's own, else the learned one",
+          "[lm_data]") {
+  TempDir dir;
+  const fs::path learned = dir.path / "work" / "tokenizer.json";
+  const fs::path ckpt = dir.path / "ckpt", named = dir.path / "named.json";
+  const data::TokenizerFile l = data::pick_tokenizer({}, {}, learned, kText, 300);
+  CHECK(l.file == learned);
+  CHECK(l.tok.vocab_size() == 300);
+  data::load_or_train_bpe(ckpt / "tokenizer.json", kText, 290);
+  const data::TokenizerFile c = data::pick_tokenizer({}, ckpt, learned, kText, 300);
+  CHECK(c.file == ckpt / "tokenizer.json");
+  CHECK(c.tok.vocab_size() == 290);  // the checkpoint's vocabulary, not --vocab
+  data::load_or_train_bpe(named, kText, 270);
+  const data::TokenizerFile n = data::pick_tokenizer(named, ckpt, learned, kText, 300);
+  CHECK(n.file == named);
+  CHECK(n.tok.vocab_size() == 270);
+  // A checkpoint without a tokenizer.json is an error that says what to pass.
+  fs::create_directories(dir.path / "bare");
+  try {
+    data::pick_tokenizer({}, dir.path / "bare", learned, kText, 300);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(),
+               Catch::Contains("has no tokenizer.json") && Catch::Contains("--tokenizer"));
+  }
+}
+
 TEST_CASE("unigram entropy", "[lm_data]") {
   const std::vector<int64_t> uniform{3, 1, 4, 2, 1, 3, 2, 4};
   CHECK(data::unigram_entropy(uniform) == Approx(std::log(4.0)));

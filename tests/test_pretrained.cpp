@@ -27,6 +27,7 @@
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/optim/optimizer.hpp"
+#include "redco/train/export_pretrained.hpp"
 #include "redco/train/parallel.hpp"
 #include "redco/train/trainer.hpp"
 #include "skip.hpp"
@@ -505,14 +506,29 @@ TEST_CASE("a checkpoint fine-tuned 20 steps exports and re-imports exactly", "[h
   // (p.params shares its storage with the Trainer's: compare with a fresh load.)
   const auto before = models::from_pretrained<models::Llama>(fixtures() / "llama3_tied");
   CHECK(test::max_abs_diff(tuned.at("norm.weight"), before.params.at("norm.weight")) > 1e-3f);
-  TempDir out;
-  models::save_pretrained<models::Llama>(out.path, p.config, tuned, {}, p.hf_config);
+  TempDir out;  // one call: config.json, safetensors and the tokenizer beside it
+  const fs::path tokenizer = fixtures() / "../../data/tokenizers/gpt2/tokenizer.json";
+  train::export_pretrained(trainer, out.path, p, tokenizer);
+  CHECK(fs::file_size(out.path / "tokenizer.json") == fs::file_size(tokenizer));
+  const models::hf::Config saved(out.path);  // keys redco does not model are kept
+  CHECK(saved.integer("bos_token_id") == 1);
+  CHECK(saved.number("initializer_range") == 0.02);
   const auto back = models::from_pretrained<models::Llama>(out.path);
   REQUIRE(back.params.size() == tuned.size());
   for (const auto& [k, t] : tuned) {
     INFO(k);
     CHECK(test::max_abs_diff(back.params.at(k), t) == 0.f);
   }
+}
+
+TEST_CASE("with_family<Only...> takes the named architectures and refuses the rest", "[hf]") {
+  auto layers = [&]<typename M>() {
+    return models::from_pretrained<M>(fixtures() / "qwen2").config.layers;
+  };
+  CHECK(models::with_family<models::Gpt2, models::Llama>(fixtures() / "qwen2", layers) ==
+        models::from_pretrained<models::Llama>(fixtures() / "qwen2").config.layers);
+  CHECK_THROWS_WITH((models::with_family<models::Gpt2, models::Llama>(fixtures() / "bart", layers)),
+                    Catch::Contains("model_type 'bart' is not an architecture this program takes"));
 }
 
 namespace {

@@ -40,6 +40,21 @@ Tokenizer load_or_train_bpe(const std::filesystem::path& file, std::string_view 
   return Tokenizer::from_json(json, file.string());
 }
 
+TokenizerFile pick_tokenizer(const std::filesystem::path& file,
+                             const std::filesystem::path& checkpoint,
+                             const std::filesystem::path& learned, std::string_view text,
+                             int64_t vocab_size, bool save) {
+  if (!file.empty()) return {Tokenizer::from_file(file), file};
+  if (!checkpoint.empty()) {
+    const std::filesystem::path own = checkpoint / "tokenizer.json";
+    REDCO_CHECK(std::filesystem::exists(own),
+                "{} has no tokenizer.json: name the checkpoint's tokenizer file with --tokenizer",
+                checkpoint.string());
+    return {Tokenizer::from_file(own), own};
+  }
+  return {load_or_train_bpe(learned, text, vocab_size, save), learned};
+}
+
 std::vector<int64_t> token_ids(const Tokenizer& tok, std::string_view text) {
   const std::vector<int32_t> ids = tok.encode(text, /*add_special_tokens=*/false).ids;
   return {ids.begin(), ids.end()};

@@ -29,6 +29,19 @@ namespace redco::data {
 Tokenizer load_or_train_bpe(const std::filesystem::path& file, std::string_view text,
                             int64_t vocab_size, bool save = true);
 
+// A pipeline's tokenizer and the tokenizer.json it comes from (which an
+// exported model folder copies): `file` when not empty; else the checkpoint
+// folder's own when `checkpoint` is not empty (fine-tuning keeps the
+// pretrained vocabulary); else load_or_train_bpe(learned, text, vocab_size, save).
+struct TokenizerFile {
+  Tokenizer tok;
+  std::filesystem::path file;
+};
+TokenizerFile pick_tokenizer(const std::filesystem::path& file,
+                             const std::filesystem::path& checkpoint,
+                             const std::filesystem::path& learned, std::string_view text,
+                             int64_t vocab_size, bool save = true);
+
 // The ids of `text`, without special tokens, as the i64 a model takes.
 std::vector<int64_t> token_ids(const Tokenizer& tok, std::string_view text);
 

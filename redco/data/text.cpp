@@ -122,6 +122,14 @@ std::string join_verses(std::span<const Verse> verses, char separator) {
   return out;
 }
 
+TextSplit kjv_split(double held_out) {
+  REDCO_CHECK(held_out >= 0 && held_out < 1, "kjv_split: held_out {} must be in [0, 1)", held_out);
+  const std::vector<Verse> verses = read_kjv();
+  const size_t n_valid = size_t(double(verses.size()) * held_out);
+  const std::span<const Verse> all(verses);
+  return {join_verses(all.first(verses.size() - n_valid)), join_verses(all.last(n_valid))};
+}
+
 CharTokenizer CharTokenizer::fit(std::string_view text, std::string_view extra) {
   std::array<bool, 256> seen{};
   for (char c : text) seen[uint8_t(c)] = true;

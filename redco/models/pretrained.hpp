@@ -161,6 +161,13 @@ struct Pretrained {
   io::Json hf_config;    // config.json as read: saved back with the model's keys updated
 };
 
+// A model of `config` with no parameters yet (a Trainer given none
+// initialises them), exported like a loaded one.
+template <typename M>
+Pretrained<M> untrained(const typename HfFamily<M>::Config& config) {
+  return {config, HfFamily<M>::build(config), {}, io::Json::object()};
+}
+
 template <typename M>
 Pretrained<M> from_pretrained(const std::filesystem::path& dir, const hf::LoadOptions& opts = {}) {
   const hf::Config file(dir);
@@ -193,25 +200,50 @@ using AnyPretrained = std::variant<Pretrained<Gpt2>, Pretrained<Llama>, Pretrain
 AnyPretrained from_pretrained_any(const std::filesystem::path& dir,
                                   const hf::LoadOptions& opts = {});
 
+namespace detail {
+template <typename M, typename... Only>
+inline constexpr bool takes = sizeof...(Only) == 0 || (std::is_same_v<M, Only> || ...);
+template <typename First = Gpt2, typename...>
+struct first_of {
+  using type = First;
+};
+}  // namespace detail
+
 // The model type that loads config.json's model_type: returns
 // f.template operator()<M>(); throws naming the types redco loads otherwise.
-// The one list of which type serves which model_type.
-template <typename F>
+// The one list of which type serves which model_type. With `Only...` given,
+// f is instantiated for those types alone and any other family is refused
+// (a program that fine-tunes causal LMs names the causal LM types).
+template <typename... Only, typename F>
 auto with_family(const std::string& type, const std::string& source, F&& f) {
-  if (type == "gpt2") return f.template operator()<Gpt2>();
+  using R = decltype(f.template operator()<typename detail::first_of<Only...>::type>());
+  auto call = [&]<typename M>() -> R {
+    if constexpr (detail::takes<M, Only...>)
+      return f.template operator()<M>();
+    else
+      throw Error(fmt::format("{}: model_type '{}' is not an architecture this program takes",
+                              source, type));
+  };
+  if (type == "gpt2") return call.template operator()<Gpt2>();
   if (type == "llama" || type == "mistral" || type == "qwen2")
-    return f.template operator()<Llama>();
-  if (type == "opt") return f.template operator()<Opt>();
-  if (type == "gptj") return f.template operator()<Gptj>();
-  if (type == "gpt_neox") return f.template operator()<GptNeox>();
-  if (type == "t5") return f.template operator()<T5>();
-  if (type == "bart") return f.template operator()<Bart>();
-  if (type == "bert") return f.template operator()<Bert>();
-  if (type == "roberta") return f.template operator()<Roberta>();
+    return call.template operator()<Llama>();
+  if (type == "opt") return call.template operator()<Opt>();
+  if (type == "gptj") return call.template operator()<Gptj>();
+  if (type == "gpt_neox") return call.template operator()<GptNeox>();
+  if (type == "t5") return call.template operator()<T5>();
+  if (type == "bart") return call.template operator()<Bart>();
+  if (type == "bert") return call.template operator()<Bert>();
+  if (type == "roberta") return call.template operator()<Roberta>();
   throw Error(
       fmt::format("{}: model_type '{}' is not one redco loads (gpt2, llama, mistral, "
                   "qwen2, opt, gptj, gpt_neox, t5, bart, bert, roberta)",
                   source, type));
+}
+// The same for a checkpoint folder (its config.json's model_type).
+template <typename... Only, typename F>
+auto with_family(const std::filesystem::path& dir, F&& f) {
+  const hf::Config config(dir);
+  return with_family<Only...>(config.model_type(), config.source(), std::forward<F>(f));
 }
 
 // The shard plan of a checkpoint folder's model over n model shards, from its

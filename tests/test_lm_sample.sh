@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The language-modelling sample at a small size, with the bar its README
+# promises (validation loss clearly below the unigram entropy: exit 0), then
+# the fine-tuning path: the exported folder is loaded back with --init-from
+# and, after one step at a negligible learning rate, must clear the same bar,
+# which fresh weights cannot (their loss is near ln(vocab)). With the test
+# venv, transformers loads the export too.
+#   test_lm_sample.sh <language_modeling>
+set -uo pipefail
+lm=$1
+command -v bible >/dev/null || { echo "SKIP: the bible-kjv package is not installed"; exit 77; }
+tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+small=(--vocab 512 --dim 64 --layers 2 --heads 4 --context 64 --max-new 8)
+"$lm" "${small[@]}" --steps 150 --workdir "$tmp/scratch" --export "$tmp/export" >"$tmp/a.log" 2>&1 ||
+  { echo "FAIL: from scratch"; cat "$tmp/a.log"; exit 1; }
+for f in config.json model.safetensors tokenizer.json; do
+  [ -f "$tmp/export/$f" ] || { echo "FAIL: the export has no $f"; exit 1; }
+done
+"$lm" "${small[@]}" --steps 1 --lr 1e-9 --init-from "$tmp/export" --workdir "$tmp/tuned" \
+  >"$tmp/b.log" 2>&1 || { echo "FAIL: --init-from the export"; cat "$tmp/b.log"; exit 1; }
+grep "validation loss" "$tmp/a.log" "$tmp/b.log"
+py=$(dirname "$0")/../.venv/bin/python
+if [ -x "$py" ] && "$py" -c "import transformers" 2>/dev/null; then
+  "$py" - "$tmp/export" <<'PY' || { echo "FAIL: transformers could not use the export"; exit 1; }
+import math, sys
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+import torch
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+tok = PreTrainedTokenizerFast(tokenizer_file=sys.argv[1] + "/tokenizer.json")
+ids = torch.tensor([tok.encode("And the LORD spake unto Moses, saying, Speak unto the children of Israel")])
+loss = m(ids, labels=ids).loss.item()
+print(f"transformers: loss {loss:.3f} on a verse (ln vocab {math.log(m.config.vocab_size):.3f})")
+sys.exit(0 if loss < math.log(m.config.vocab_size) - 1 else 1)
+PY
+fi
+echo "PASS"

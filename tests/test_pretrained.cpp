@@ -262,6 +262,15 @@ TEST_CASE("bad checkpoint folders fail with one message naming the culprit", "[h
   edit_config(d, "\"n_embd\": 32", "\"n_embd\": 36");
   CHECK_THROWS_WITH(models::from_pretrained<Gpt2>(d),
                     Contains("has shape") && Contains("config.json implies"));
+  // Sizes must be at least 1 and integers in range (found by fuzz_hf_config).
+  fresh("llama");
+  edit_config(d, "\"num_attention_heads\": 4", "\"num_attention_heads\": 0");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                    Contains("'num_attention_heads' = 0 must be a size of at least 1"));
+  fresh("llama");
+  edit_config(d, "\"hidden_size\": 32", "\"hidden_size\": 3e90");
+  CHECK_THROWS_WITH(models::from_pretrained<Llama>(d),
+                    Contains("'hidden_size' must be an integer"));
   fresh("llama");
   edit_config(d, "\"model_type\": \"llama\"", "\"model_type\": \"falcon\"");
   CHECK_THROWS_WITH(models::from_pretrained_any(d), Contains("'falcon' is not one redco loads"));

@@ -11,15 +11,15 @@ namespace redco::models {
 BartConfig bart_config(const hf::Config& f) {
   f.expect_model_type({"bart"}, "models::Bart");
   BartConfig c;
-  c.vocab = f.integer("vocab_size");
-  c.dim = f.integer("d_model");
-  c.encoder_layers = f.integer("encoder_layers");
-  c.decoder_layers = f.integer("decoder_layers");
-  c.encoder_heads = f.integer("encoder_attention_heads");
-  c.decoder_heads = f.integer("decoder_attention_heads");
-  c.encoder_ffn = f.integer("encoder_ffn_dim");
-  c.decoder_ffn = f.integer("decoder_ffn_dim");
-  c.context = f.integer("max_position_embeddings");
+  c.vocab = f.size("vocab_size");
+  c.dim = f.size("d_model");
+  c.encoder_layers = f.size("encoder_layers");
+  c.decoder_layers = f.size("decoder_layers");
+  c.encoder_heads = f.size("encoder_attention_heads");
+  c.decoder_heads = f.size("decoder_attention_heads");
+  c.encoder_ffn = f.size("encoder_ffn_dim");
+  c.decoder_ffn = f.size("decoder_ffn_dim");
+  c.context = f.size("max_position_embeddings");
   c.dropout = float(f.number("dropout", 0.1));
   c.act = hf::activation(f, "activation_function", "gelu");
   c.scale_embedding = f.boolean("scale_embedding", false);

@@ -11,13 +11,13 @@ namespace redco::models {
 BertConfig bert_config(const hf::Config& f) {
   f.expect_model_type({"bert", "roberta"}, "models::Bert or models::Roberta");
   BertConfig c;
-  c.vocab = f.integer("vocab_size");
-  c.dim = f.integer("hidden_size");
-  c.layers = f.integer("num_hidden_layers");
-  c.heads = f.integer("num_attention_heads");
-  c.hidden = f.integer("intermediate_size");
-  c.context = f.integer("max_position_embeddings");
-  c.types = f.integer("type_vocab_size", 2);
+  c.vocab = f.size("vocab_size");
+  c.dim = f.size("hidden_size");
+  c.layers = f.size("num_hidden_layers");
+  c.heads = f.size("num_attention_heads");
+  c.hidden = f.size("intermediate_size");
+  c.context = f.size("max_position_embeddings");
+  c.types = f.size("type_vocab_size", 2);
   c.norm_eps = float(f.number("layer_norm_eps", 1e-12));
   c.dropout = float(f.number("hidden_dropout_prob", 0.1));
   c.act = hf::activation(f, "hidden_act", "gelu");

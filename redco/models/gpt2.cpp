@@ -11,12 +11,12 @@ namespace redco::models {
 Gpt2Config gpt2_config(const hf::Config& f) {
   f.expect_model_type({"gpt2"}, "models::Gpt2");
   Gpt2Config c;
-  c.vocab = f.integer("vocab_size");
-  c.context = f.integer("n_positions");
-  c.dim = f.integer("n_embd");
-  c.layers = f.integer("n_layer");
-  c.heads = f.integer("n_head");
-  c.inner = f.integer("n_inner", 0);
+  c.vocab = f.size("vocab_size");
+  c.context = f.size("n_positions");
+  c.dim = f.size("n_embd");
+  c.layers = f.size("n_layer");
+  c.heads = f.size("n_head");
+  c.inner = f.size("n_inner", 0);
   c.norm_eps = float(f.number("layer_norm_epsilon", 1e-5));
   c.act = hf::activation(f, "activation_function", "gelu_new");
   c.scale_attn_by_inverse_layer_idx = f.boolean("scale_attn_by_inverse_layer_idx", false);

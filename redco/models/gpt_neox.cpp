@@ -14,12 +14,12 @@ namespace redco::models {
 GptNeoxConfig gpt_neox_config(const hf::Config& f) {
   f.expect_model_type({"gpt_neox"}, "models::GptNeox");
   GptNeoxConfig c;
-  c.vocab = f.integer("vocab_size");
-  c.dim = f.integer("hidden_size");
-  c.layers = f.integer("num_hidden_layers");
-  c.heads = f.integer("num_attention_heads");
-  c.hidden = f.integer("intermediate_size");
-  c.context = f.integer("max_position_embeddings", 0);
+  c.vocab = f.size("vocab_size");
+  c.dim = f.size("hidden_size");
+  c.layers = f.size("num_hidden_layers");
+  c.heads = f.size("num_attention_heads");
+  c.hidden = f.size("intermediate_size");
+  c.context = f.size("max_position_embeddings", 0);
   if (c.heads <= 0 || c.dim % c.heads != 0)
     f.fail("num_attention_heads", fmt::format("= {} must divide hidden_size = {}", c.heads, c.dim));
   const int64_t hd = c.dim / c.heads;

@@ -12,12 +12,12 @@ namespace redco::models {
 GptjConfig gptj_config(const hf::Config& f) {
   f.expect_model_type({"gptj"}, "models::Gptj");
   GptjConfig c;
-  c.vocab = f.integer("vocab_size");
-  c.context = f.integer("n_positions");
-  c.dim = f.integer("n_embd");
-  c.layers = f.integer("n_layer");
-  c.heads = f.integer("n_head");
-  c.inner = f.integer("n_inner", 0);
+  c.vocab = f.size("vocab_size");
+  c.context = f.size("n_positions");
+  c.dim = f.size("n_embd");
+  c.layers = f.size("n_layer");
+  c.heads = f.size("n_head");
+  c.inner = f.size("n_inner", 0);
   c.norm_eps = float(f.number("layer_norm_epsilon", 1e-5));
   c.dropout = float(f.number("resid_pdrop", 0.0));
   c.embed_dropout = float(f.number("embd_pdrop", 0.0));
@@ -28,7 +28,7 @@ GptjConfig gptj_config(const hf::Config& f) {
   const int64_t hd = c.dim / c.heads;
   // Without rotary_dim transformers rotates n_embd dimensions of each head,
   // which only runs with a single head.
-  c.rotary_dim = f.integer("rotary_dim");
+  c.rotary_dim = f.size("rotary_dim");
   if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > hd)
     f.fail("rotary_dim", fmt::format("= {} must be even, positive and at most the head size {}",
                                      c.rotary_dim, hd));

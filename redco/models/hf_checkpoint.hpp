@@ -17,7 +17,9 @@
 // float dtype, no unexpected tensor) runs before any data is read, so a bad
 // folder fails with one message and nothing half-loaded.
 #include <filesystem>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "redco/io/json.hpp"
@@ -59,6 +61,10 @@ class Config {
   bool has(std::string_view key) const;  // present and not null
   int64_t integer(std::string_view key) const;
   int64_t integer(std::string_view key, int64_t fallback) const;
+  // A dimension or count: an integer in [1, 2^31), so that no size derived
+  // from it divides by zero or overflows.
+  int64_t size(std::string_view key) const;
+  int64_t size(std::string_view key, int64_t fallback) const;  // when absent or null
   double number(std::string_view key) const;
   double number(std::string_view key, double fallback) const;
   bool boolean(std::string_view key, bool fallback) const;
@@ -76,6 +82,17 @@ class Config {
   io::Json json_;
   std::string source_;
 };
+
+// model.safetensors.index.json's weight_map grouped by file: file -> the
+// tensors it holds. Throws naming `source` for malformed JSON, a missing
+// weight_map, or a file entry that is not a plain file name in the folder.
+std::map<std::string, std::vector<std::string>> parse_index(std::string_view text,
+                                                            const std::string& source);
+
+namespace detail {
+// The whole file; the error names `what` and says what folder was expected.
+std::string read_text(const std::filesystem::path& path, std::string_view what);
+}  // namespace detail
 
 struct LoadOptions {
   DType dtype = DType::f32;  // parameters are converted to it (f32, bf16 or f16)

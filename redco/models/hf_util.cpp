@@ -4,6 +4,10 @@
 
 namespace redco::models::hf {
 
+TensorSource same(std::string param, std::string hf, Shape shape) {
+  return {std::move(param), std::move(hf), std::move(shape), false, {}};
+}
+
 nn::Act activation(const Config& config, std::string_view key, std::string_view fallback) {
   const std::string name = config.string(key, std::string(fallback));
   // gelu_new, gelu_fast and gelu_pytorch_tanh are one formula (the tanh approximation).

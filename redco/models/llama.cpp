@@ -24,7 +24,7 @@ nn::RopeOptions rope_options(const hf::Config& f) {
     r.factor = float(s.number("factor"));
     r.low_freq_factor = float(s.number("low_freq_factor"));
     r.high_freq_factor = float(s.number("high_freq_factor"));
-    r.original_max_positions = s.integer("original_max_position_embeddings");
+    r.original_max_positions = s.size("original_max_position_embeddings");
   } else {
     f.fail("rope_scaling", fmt::format("has type \"{}\"; redco implements default, linear and "
                                        "llama3",
@@ -54,21 +54,21 @@ LlamaConfig llama_config(const hf::Config& f) {
   f.expect_model_type({"llama", "mistral", "qwen2"}, "models::Llama");
   const std::string type = f.model_type();
   LlamaConfig c;
-  c.vocab = f.integer("vocab_size");
-  c.dim = f.integer("hidden_size");
-  c.layers = f.integer("num_hidden_layers");
-  c.heads = f.integer("num_attention_heads");
-  c.kv_heads = f.integer("num_key_value_heads", c.heads);
-  c.hidden = f.integer("intermediate_size");
+  c.vocab = f.size("vocab_size");
+  c.dim = f.size("hidden_size");
+  c.layers = f.size("num_hidden_layers");
+  c.heads = f.size("num_attention_heads");
+  c.kv_heads = f.size("num_key_value_heads", c.heads);
+  c.hidden = f.size("intermediate_size");
   c.norm_eps = float(f.number("rms_norm_eps", 1e-6));
   c.rope = rope_options(f);
-  c.head_dim = f.integer("head_dim", 0);
+  c.head_dim = f.size("head_dim", 0);
   if (c.head_dim == c.dim / c.heads && c.dim % c.heads == 0) c.head_dim = 0;
   const bool bias = f.boolean("attention_bias", false);
   c.qkv_bias = type == "qwen2" || bias;
   c.o_bias = type != "qwen2" && bias;
   c.tie_embeddings = f.boolean("tie_word_embeddings", false);
-  c.context = f.integer("max_position_embeddings", 0);
+  c.context = f.size("max_position_embeddings", 0);
   if (c.heads <= 0 || (c.head_dim == 0 && c.dim % c.heads != 0))
     f.fail("num_attention_heads",
            fmt::format("= {} must divide hidden_size = {} (or give head_dim)", c.heads, c.dim));
@@ -80,7 +80,7 @@ LlamaConfig llama_config(const hf::Config& f) {
   if (f.boolean("mlp_bias", false)) f.fail("mlp_bias", "is true; redco's gated MLP has no biases");
   // Sliding-window attention changes nothing for sequences within the window;
   // longer ones are refused where attention runs (nn::Attention::window).
-  c.window = type == "mistral" ? f.integer("sliding_window", 0) : 0;
+  c.window = type == "mistral" ? f.size("sliding_window", 0) : 0;
   if (type == "qwen2" && f.boolean("use_sliding_window", false))
     f.fail("use_sliding_window", "is true; redco does not implement sliding-window attention");
   return c;

@@ -11,13 +11,13 @@ namespace redco::models {
 OptConfig opt_config(const hf::Config& f) {
   f.expect_model_type({"opt"}, "models::Opt");
   OptConfig c;
-  c.vocab = f.integer("vocab_size");
-  c.context = f.integer("max_position_embeddings");
-  c.dim = f.integer("hidden_size");
-  c.layers = f.integer("num_hidden_layers");
-  c.heads = f.integer("num_attention_heads");
-  c.ffn = f.integer("ffn_dim");
-  c.embed_dim = f.integer("word_embed_proj_dim", c.dim);
+  c.vocab = f.size("vocab_size");
+  c.context = f.size("max_position_embeddings");
+  c.dim = f.size("hidden_size");
+  c.layers = f.size("num_hidden_layers");
+  c.heads = f.size("num_attention_heads");
+  c.ffn = f.size("ffn_dim");
+  c.embed_dim = f.size("word_embed_proj_dim", c.dim);
   if (c.embed_dim == c.dim) c.embed_dim = 0;
   c.pre_norm = f.boolean("do_layer_norm_before", true);
   c.final_norm = c.pre_norm && !f.boolean("_remove_final_layer_norm", false);

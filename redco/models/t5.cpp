@@ -37,15 +37,15 @@ Tensor t5_shift_right(const Tensor& labels, int64_t decoder_start, int64_t pad) 
 T5Config t5_config(const hf::Config& f) {
   f.expect_model_type({"t5"}, "models::T5");
   T5Config c;
-  c.vocab = f.integer("vocab_size");
-  c.dim = f.integer("d_model");
-  c.heads = f.integer("num_heads");
-  c.hidden = f.integer("d_ff");
-  c.encoder_layers = f.integer("num_layers");
-  c.decoder_layers = f.integer("num_decoder_layers", c.encoder_layers);
-  c.head_dim = f.integer("d_kv");
-  c.buckets = f.integer("relative_attention_num_buckets", 32);
-  c.max_distance = f.integer("relative_attention_max_distance", 128);
+  c.vocab = f.size("vocab_size");
+  c.dim = f.size("d_model");
+  c.heads = f.size("num_heads");
+  c.hidden = f.size("d_ff");
+  c.encoder_layers = f.size("num_layers");
+  c.decoder_layers = f.size("num_decoder_layers", c.encoder_layers);
+  c.head_dim = f.size("d_kv");
+  c.buckets = f.size("relative_attention_num_buckets", 32);
+  c.max_distance = f.size("relative_attention_max_distance", 128);
   c.dropout = float(f.number("dropout_rate", 0.1));
   c.norm_eps = float(f.number("layer_norm_epsilon", 1e-6));
   c.tie_embeddings = f.boolean("tie_word_embeddings", true);

@@ -91,3 +91,18 @@ put("launch_env", "openmpi", "\n".join([
     "OMPI_COMM_WORLD_LOCAL_RANK=1", "OMPI_COMM_WORLD_LOCAL_SIZE=2",
     "OMPI_MCA_ess_base_jobid=77"]))
 put("launch_env", "multi_bracket", "X=a[1-2]b[08-10]c,d[5]")
+
+# ---- Hugging Face config.json: the committed fixtures' configs, one per family ----
+fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
+for name in ["gpt2", "llama3_tied", "qwen2", "mistral", "opt_post_ln_proj", "gptj", "gpt_neox",
+             "t5", "flan_t5", "bart", "bert", "roberta"]:
+    with open(os.path.join(fixtures, name, "config.json")) as f:
+        put("hf_config", name, json.dumps(json.load(f), indent=2, sort_keys=True))
+
+# ---- model.safetensors.index.json ------------------------------------------------
+put("hf_index", "two_shards", json.dumps({
+    "metadata": {"total_size": 1234},
+    "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                   "model.norm.weight": "model-00002-of-00002.safetensors",
+                   "lm_head.weight": "model-00002-of-00002.safetensors"}}, indent=2))
+put("hf_index", "one_file", json.dumps({"weight_map": {"wte.weight": "model.safetensors"}}))

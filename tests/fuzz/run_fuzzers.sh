@@ -7,13 +7,14 @@
 # inputs go to <work-dir>). A crash, a sanitizer report, a leak or a timeout
 # fails the run, and the reproducer is left in <work-dir>/<target>/. Exits 77
 # (Meson's SKIP) where clang or libFuzzer is missing.
-# Environment: FUZZ_CXX (default clang++-14, then clang++), FUZZ_SECONDS.
+# Environment: FUZZ_CXX (default clang++-14, then clang++), FUZZ_SECONDS, FUZZ_TARGETS
+# (a space-separated subset of the harnesses).
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 <repo-root> <work-dir> [seconds]" >&2; exit 2; }
 root=$(realpath "$1")
 work=$(realpath -m "$2")
 secs=${FUZZ_SECONDS:-${3:-20}}
-targets=(safetensors idx state_json launch_env)
+targets=(${FUZZ_TARGETS:-safetensors idx state_json launch_env hf_config hf_index})
 
 cxx=${FUZZ_CXX:-}
 if [ -z "$cxx" ]; then
@@ -41,7 +42,9 @@ export UBSAN_OPTIONS="suppressions=$root/tests/fuzz/ubsan.supp:halt_on_error=1:p
 # The parsers and the core they use (tensors, allocator, dtype conversion).
 srcs=(core/dtype.cpp core/allocator.cpp core/device_memory.cpp core/tensor.cpp core/profile.cpp
   core/random.cpp autodiff/node.cpp io/safetensors.cpp io/checkpoint.cpp data/idx.cpp
-  dist/launch_env.cpp)
+  dist/launch_env.cpp models/hf_config.cpp models/hf_util.cpp models/gpt2.cpp models/llama.cpp
+  models/opt.cpp models/gptj.cpp models/gpt_neox.cpp models/t5.cpp models/bart.cpp
+  models/bert.cpp)
 objs=()
 for s in "${srcs[@]}"; do objs+=("$work/obj/${s//\//_}.o"); done
 # Two compilers at a time (CI has 2 cores); -fsanitize=fuzzer-no-link gives

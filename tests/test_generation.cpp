@@ -185,3 +185,23 @@ TEST_CASE("generation refuses bad options with one message", "[generation]") {
   CHECK_THROWS_WITH(generation::generate(p.model, p.params, {{1, 2, 3}}, {.max_new_tokens = 40}),
                     Contains("maximum 32"));
 }
+
+TEST_CASE("bf16 weights decode as their f32 widening does", "[generation][bf16]") {
+  // Loaded as bf16, the projections of a decoded token and the embedding
+  // lookups read the weights as stored (ops/cpu/skinny_bf16.hpp); the same
+  // values widened to f32 take the general path. Same tokens, near logits.
+  auto same_tokens = [&]<typename M>(const std::string& name) {
+    const auto p16 = models::from_pretrained<M>(fixture(name), {.dtype = DType::bf16});
+    nn::ParamTree p32;
+    for (const auto& [k, t] : p16.params) p32.emplace(k, t.to(DType::f32));
+    const Prompts prompts{{5, 17, 33, 2}, {60}, {9, 9, 41, 70, 12, 3, 88}};
+    const GenerationConfig c{.max_new_tokens = 16};
+    const auto a = generation::generate(p16.model, p16.params, prompts, c);
+    const auto b = generation::generate(p16.model, p32, prompts, c);
+    INFO(name);
+    CHECK(a.sequences == b.sequences);
+  };
+  same_tokens.operator()<models::Gpt2>("gpt2");
+  same_tokens.operator()<models::Llama>("llama");
+  same_tokens.operator()<models::Llama>("qwen2");
+}

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/conv.hpp"
 #include "redco/ops/cpu/embedding.hpp"
@@ -91,6 +92,23 @@ TEST_CASE("embedding_forward gathers rows", "[embedding]") {
   embedding_forward(t2.data(), ids2.data(), out2.data(), n2, V, D2);
   for (int64_t i = 0; i < n2; ++i)
     REQUIRE(std::memcmp(&out2[i * D2], &t2[ids2[i] * D2], D2 * sizeof(float)) == 0);
+}
+
+TEST_CASE("embedding_forward_bf16 widens exactly the rows it gathers", "[embedding]") {
+  const int64_t V = 13, D = 37, n = 6000;  // enough ids for the parallel path
+  const Vec table = randn(V * D, 3);
+  std::vector<uint16_t> bf(table.size());
+  for (size_t i = 0; i < table.size(); ++i) bf[i] = redco::float_to_bf16(table[i]);
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = (i * 5 + 2) % V;
+  Vec out(size_t(n * D));
+  embedding_forward_bf16(bf.data(), ids.data(), out.data(), n, V, D);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < D; ++d)
+      REQUIRE(out[size_t(i * D + d)] == redco::bf16_to_float(bf[size_t(ids[size_t(i)] * D + d)]));
+  ids[7] = V;
+  CHECK_THROWS_WITH(embedding_forward_bf16(bf.data(), ids.data(), out.data(), n, V, D),
+                    Contains("out of range"));
 }
 
 TEST_CASE("embedding rejects out-of-range ids, naming position and id", "[embedding]") {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 
 namespace redco::cpu {
@@ -41,6 +42,21 @@ void embedding_forward(const float* table, const int64_t* ids, float* out, int64
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const auto& r) {
     for (int64_t i = r.begin(); i < r.end(); ++i) {
       std::memcpy(out + i * D, table + ids[i] * D, static_cast<size_t>(D) * sizeof(float));
+    }
+  });
+}
+
+void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* out, int64_t n,
+                            int64_t V, int64_t D) {
+  check_ids("embedding_forward", ids, n, V);
+  REDCO_CHECK(D >= 0, "embedding_forward: negative width D={}", D);
+  if (n == 0 || D == 0) return;
+  const int64_t grain = std::max<int64_t>(1, kGrainFloats / D);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const auto& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) {
+      const uint16_t* src = table + ids[i] * D;
+      float* dst = out + i * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = bf16_to_float(src[d]);
     }
   });
 }

@@ -8,6 +8,10 @@ namespace redco::cpu {
 // throws redco::Error naming the position and the id.
 void embedding_forward(const float* table, const int64_t* ids, float* out, int64_t n, int64_t V,
                        int64_t D);
+// The same from a bf16 table (inference weights): each row looked up is
+// widened to f32 on the way out.
+void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* out, int64_t n,
+                            int64_t V, int64_t D);
 // dtable[ids[i], :] += dout[i, :]. dtable is accumulated into (caller zeroes it).
 // Deterministic: the result does not depend on thread scheduling.
 void embedding_backward(const float* dout, const int64_t* ids, float* dtable, int64_t n, int64_t V,

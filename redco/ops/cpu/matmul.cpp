@@ -34,6 +34,7 @@
 #include "redco/core/profile.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
+#include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 #include "redco/ops/matmul_batch.hpp"
 
@@ -187,6 +188,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const std::string shape_key = gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N,
                                          g.K, folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
+  if (folds && trans_b && b_in.dtype() == DType::bf16 && a_in.numel() / g.K <= kSkinnyRows) {
+    // Decoding against bf16 weights: read them once as stored (skinny_bf16.hpp).
+    const Tensor a = gemm_operand(a_in);
+    skinny_matmul_bf16(a.data<float>(), g.K, static_cast<const uint16_t*>(b_in.raw()), g.ldb,
+                       c.data<float>(), g.N, a.numel() / g.K, g.N, g.K);
+    return c;
+  }
   if (native_bf16(a_in, b_in, g, bt, c)) return c;
   const Tensor a = gemm_operand(a_in), b = gemm_operand(b_in);
   if (folds) {

@@ -209,9 +209,16 @@ Tensor CpuBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
 
 // ---- embedding and positions -----------------------------------------------------------
 Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
+  REDCO_CHECK(table_in.rank() == 2, "embedding: the table must be [vocab, dim], got {}",
+              table_in.shape());
+  if (table_in.dtype() == DType::bf16) {  // widen only the rows looked up, not the table
+    Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
+    cpu::embedding_forward_bf16(static_cast<const uint16_t*>(table_in.raw()),
+                                ids_of(ids, "embedding"), out.data<float>(), ids.numel(),
+                                table_in.dim(0), table_in.dim(1));
+    return out;
+  }
   Tensor table = f32(table_in, "embedding");
-  REDCO_CHECK(table.rank() == 2, "embedding: the table must be [vocab, dim], got {}",
-              table.shape());
   Tensor out = Tensor::empty(ids.shape().append(table.dim(1)));
   cpu::embedding_forward(table.data<float>(), ids_of(ids, "embedding"), out.data<float>(),
                          ids.numel(), table.dim(0), table.dim(1));

@@ -1,0 +1,117 @@
+#include "redco/ops/cpu/skinny_bf16.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "redco/core/dtype.hpp"
+#include "redco/ops/cpu/parallel.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define REDCO_SKINNY_AVX2 1
+#endif
+
+namespace redco::cpu {
+namespace {
+
+#if REDCO_SKINNY_AVX2
+constexpr int64_t kPrefetchBytes = 4096;
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// 16 bf16 loaded as 8 32-bit lanes: the odd elements already sit in the high
+// halves (an AND makes them f32), the even ones need a shift. No shuffle, so
+// the widening stays off the one shuffle port; x is split into even and odd
+// elements once per call to match (split_rows).
+template <int MB>
+void block(const float* xs, int64_t ldxs, const float* x, int64_t ldx, const uint16_t* w,
+           int64_t ldw, float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K) {
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  const int64_t K16 = K / 16 * 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wr = w + n * ldw;
+    __m256 acc[MB][2];
+    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K16; k += 16) {
+      // The hardware prefetcher alone leaves the stream short of bandwidth.
+      _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes, _MM_HINT_T0);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k));
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+      for (int r = 0; r < MB; ++r) {
+        acc[r][0] = _mm256_fmadd_ps(even, _mm256_loadu_ps(xs + r * ldxs + k), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs + r * ldxs + k + 8), acc[r][1]);
+      }
+    }
+    for (int r = 0; r < MB; ++r) {
+      float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+      for (int64_t t = K16; t < K; ++t) s += x[r * ldx + t] * bf16_to_float(wr[t]);
+      y[r * ldy + n] = s;
+    }
+  }
+}
+
+// Each row of x with every 16 elements reordered as 8 even then 8 odd:
+// xs [M, K16] (the tail past the last whole 16 is read from x itself).
+void split_rows(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<float>& xs) {
+  const int64_t K16 = K / 16 * 16;
+  xs.resize(size_t(std::max<int64_t>(M * K16, 1)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K16; k += 16)
+      for (int j = 0; j < 8; ++j) {
+        xs[size_t(m * K16 + k + j)] = x[m * ldx + k + 2 * j];
+        xs[size_t(m * K16 + k + 8 + j)] = x[m * ldx + k + 2 * j + 1];
+      }
+}
+#else
+template <int MB>
+void block(const float*, int64_t, const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
+           float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int r = 0; r < MB; ++r) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += x[r * ldx + k] * bf16_to_float(w[n * ldw + k]);
+      y[r * ldy + n] = s;
+    }
+}
+void split_rows(const float*, int64_t, int64_t, int64_t, std::vector<float>&) {}
+#endif
+
+}  // namespace
+
+void skinny_matmul_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
+                        int64_t ldy, int64_t M, int64_t N, int64_t K) {
+  thread_local std::vector<float> xs;  // reused: a decoded token allocates nothing
+  split_rows(x, ldx, M, K, xs);
+  // A pointer, not the name: inside the tasks `xs` would be each worker's own.
+  const float* xs_data = xs.data();
+  const int64_t ldxs = K / 16 * 16;
+  // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
+  const int64_t grain = grain_for(int64_t(1) << 15, K);
+  parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; m += 4) {  // rows beyond the first 4 re-read w from cache
+      const float *xm = x + m * ldx, *xsm = xs_data + m * ldxs;
+      float* ym = y + m * ldy;
+      switch (std::min<int64_t>(4, M - m)) {
+        case 4:
+          block<4>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
+          break;
+        case 3:
+          block<3>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
+          break;
+        case 2:
+          block<2>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
+          break;
+        default:
+          block<1>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
+          break;
+      }
+    }
+  });
+}
+
+}  // namespace redco::cpu

@@ -1,0 +1,73 @@
+// The decode GEMM against bf16 weights (redco/ops/cpu/skinny_bf16.hpp): every
+// row count up to kSkinnyRows and ragged K against a double-precision
+// reference on the widened weights, and cpu::matmul routing bf16 weights
+// there with the result of the general path on the widened copy.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "redco/core/dtype.hpp"
+#include "redco/core/tensor.hpp"
+#include "redco/ops/cpu/skinny_bf16.hpp"
+#include "redco/ops/cpu/tensor_ops.hpp"
+
+namespace redco {
+namespace {
+
+// Uniform values in [-1, 1) from a fixed seed, through Tensor's Philox.
+Tensor values(Shape s, uint64_t seed) { return Tensor::uniform(s, seed, 0, -1.f, 1.f); }
+
+// The largest |got - want| over `want`'s scale (sum of |terms| per entry).
+double max_rel_error(const float* got, const Tensor& x, const Tensor& w16, int64_t M, int64_t N,
+                     int64_t K, int64_t ldy) {
+  const Tensor w = w16.to(DType::f32);
+  const float *xp = x.data<float>(), *wp = w.data<float>();
+  double worst = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double sum = 0, scale = 1e-30;
+      for (int64_t k = 0; k < K; ++k) {
+        sum += double(xp[m * K + k]) * double(wp[n * K + k]);
+        scale += std::abs(double(xp[m * K + k]) * double(wp[n * K + k]));
+      }
+      worst = std::max(worst, std::abs(double(got[m * ldy + n]) - sum) / scale);
+    }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("skinny bf16 matmul equals the widened product for every row count",
+          "[cpu][matmul][bf16]") {
+  for (int64_t K : {1, 15, 16, 17, 48, 771}) {
+    for (int64_t M = 1; M <= cpu::kSkinnyRows; ++M) {
+      const int64_t N = 67;
+      const Tensor x = values(Shape{M, K}, uint64_t(K * 100 + M));
+      const Tensor w = values(Shape{N, K}, uint64_t(K)).to(DType::bf16);
+      std::vector<float> y(size_t(M * (N + 3)), -7.f);  // ldy > N: the gaps stay untouched
+      cpu::skinny_matmul_bf16(x.data<float>(), K, static_cast<const uint16_t*>(w.raw()), K,
+                              y.data(), N + 3, M, N, K);
+      INFO("M " << M << " K " << K);
+      CHECK(max_rel_error(y.data(), x, w, M, N, K, N + 3) < 1e-6);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = N; n < N + 3; ++n) REQUIRE(y[size_t(m * (N + 3) + n)] == -7.f);
+    }
+  }
+}
+
+TEST_CASE("cpu matmul sends few rows against bf16 weights to the skinny kernel",
+          "[cpu][matmul][bf16]") {
+  const int64_t K = 200, N = 3000;  // N large enough for several tasks
+  const Tensor w16 = values(Shape{N, K}, 9).to(DType::bf16);
+  for (int64_t rows : {int64_t(1), int64_t(4), cpu::kSkinnyRows, cpu::kSkinnyRows + 1}) {
+    const Tensor x = values(Shape{1, rows, K}, uint64_t(rows));  // leading dims fold into rows
+    const Tensor y = cpu::matmul(x, w16, false, true);
+    const Tensor ref = cpu::matmul(x, w16.to(DType::f32), false, true);
+    REQUIRE(y.shape() == Shape{1, rows, N});
+    INFO("rows " << rows);
+    CHECK(max_rel_error(y.data<float>(), x.view({rows, K}), w16, rows, N, K, N) < 1e-6);
+    CHECK(max_rel_error(ref.data<float>(), x.view({rows, K}), w16, rows, N, K, N) < 1e-6);
+  }
+}
+
+}  // namespace redco

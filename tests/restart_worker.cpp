@@ -3,7 +3,7 @@
 // tests/test_restart.sh and tests/test_netns.sh (redco-run --max-restarts,
 // --hang-timeout):
 //
-//   redco-run -n 2 --max-restarts 1 -- restart_worker --workdir W --steps 8 \
+//   redco-run -n 2 --max-restarts 1 -- restart_worker --workdir W --steps 8
 //       --fail-rank 1 --fail-step 3 --fail-how kill
 //
 // After step --fail-step, rank --fail-rank kills itself (SIGKILL), stops
@@ -70,8 +70,8 @@ void fail_now(const std::string& how) {
   if (how == "kill") raise(SIGKILL);
   if (how == "stop") raise(SIGSTOP);
   if (how == "exit") std::_Exit(3);
-  for (volatile uint64_t spin = 0;; spin = spin + 1) {
-  }
+  std::atomic<uint64_t> spin{0};  // an endless loop the compiler cannot remove
+  for (;;) spin.fetch_add(1, std::memory_order_relaxed);
 }
 
 // Real work for `ms` milliseconds: what a long step looks like to the watchdog.

@@ -65,7 +65,12 @@ struct Args {
   int slow_rank = -1, slow_step = 0, slow_ms = 0;
 };
 
-void fail_now(const std::string& how) {
+// Says when (Unix time, to compare with the launcher's messages), then fails.
+void fail_now(int rank, int step, const std::string& how) {
+  const double t =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  fmt::print(stderr, "restart_worker: rank {} fails ({}) after step {} at {:.3f}\n", rank, how,
+             step, t);
   std::fflush(nullptr);
   if (how == "kill") raise(SIGKILL);
   if (how == "stop") raise(SIGSTOP);
@@ -116,7 +121,7 @@ int main(int argc, char** argv) {
     auto on_step = [&](const train::StepInfo& s) {
       deployer.console() << fmt::format("step {} loss {:.9g}\n", s.step, s.loss) << std::flush;
       step = s.step + 1;
-      if (failing && s.step == a.fail_step) fail_now(a.fail_how);
+      if (failing && s.step == a.fail_step) fail_now(deployer.rank(), a.fail_step, a.fail_how);
     };
     trainer.fit(make_data(96), {.global_batch_size = 8,
                                 .save_every_steps = 1,

@@ -84,11 +84,14 @@ bool HangWatch::begin_round() {
 std::string HangWatch::check(int slot, pid_t pid, int rank) const {
   if (!slots_) return {};
   const heartbeat::Slot& s = slots_[slot];
-  if (s.pid.load(std::memory_order_acquire) != pid) return {};  // not reporting yet
+  // The rank itself, or a process it started in its group (a wrapper script
+  // that did not exec); 0 or another process: not reporting (yet).
+  const auto reporter = pid_t(s.pid.load(std::memory_order_acquire));
+  if (reporter <= 0 || (reporter != pid && getpgid(reporter) != pid)) return {};
   const int64_t now = heartbeat::now_ns();
   const double silent = double(now - s.alive_ns.load(std::memory_order_acquire)) * 1e-9;
   if (silent > timeout_s_) {
-    const bool stopped = process_state(pid) == 'T';
+    const bool stopped = process_state(reporter) == 'T';
     return fmt::format(
         "rank {} hangs: it has not run for {:.1f} s (--hang-timeout {:g}){}", rank, silent,
         timeout_s_,

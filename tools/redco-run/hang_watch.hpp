@@ -39,7 +39,8 @@ class HangWatch {
   // Call once per supervision round, before check(): false when this launcher
   // itself did not run for a while (then the ranks' silence proves nothing).
   bool begin_round();
-  // Why the rank in `slot` (process `pid`, global rank `rank`) is hung, or "".
+  // Why the rank in `slot` (started as process `pid`, the leader of its
+  // process group; global rank `rank`) is hung, or "".
   std::string check(int slot, pid_t pid, int rank) const;
 
  private:

@@ -502,7 +502,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--max-restarts", o.max_restarts,
                  "restart the whole job up to this many times after a rank fails or hangs "
                  "(it resumes from its latest checkpoint)")
-      ->check(redco::cli::non_negative());
+      ->check(redco::cli::at_least(0));
   app.add_option("--hang-timeout", o.hang_timeout_s,
                  "seconds a rank may go without progress in its training loop (or without "
                  "running at all) before it is called hung and the job is stopped; 0: off")
@@ -528,6 +528,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // Ten heartbeat ticks must fit in the timeout, and they come at most every 10 ms.
+    REDCO_CHECK(o.hang_timeout_s == 0 || o.hang_timeout_s >= 0.1,
+                "--hang-timeout {:g}: give at least 0.1 seconds, or 0 to turn hang detection off",
+                o.hang_timeout_s);
     JobPlan plan = make_plan(o);
     install_signal_handlers();
     return run_with_restarts(plan, o);

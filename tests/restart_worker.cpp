@@ -10,15 +10,19 @@
 // itself (SIGSTOP), spins forever in user code (loop) or exits with status 3
 // (exit) — on the first attempt only, unless --fail-always. --slow-rank
 // makes that rank's step --slow-step long but healthy (--slow-ms of matrix
-// products in its loss). Rank 0 prints "restart K" once and "step S loss L"
+// products in its loss). --pid-dir lets a test kill a rank from outside.
+// Rank 0 prints "restart K" once and "step S loss L"
 // per step; the final parameters are in W/ckpt/step-<steps>.
 #include <fmt/format.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "redco/models/gpt2.hpp"
@@ -63,6 +67,8 @@ struct Args {
   std::string fail_how = "kill";
   bool fail_always = false;
   int slow_rank = -1, slow_step = 0, slow_ms = 0;
+  std::string pid_dir;
+  int step_ms = 0;
 };
 
 // Says when (Unix time, to compare with the launcher's messages), then fails.
@@ -102,9 +108,13 @@ int main(int argc, char** argv) {
   app.add_option("--slow-rank", a.slow_rank, "the rank with one long, healthy step");
   app.add_option("--slow-step", a.slow_step, "that step");
   app.add_option("--slow-ms", a.slow_ms, "how long it works on it");
+  app.add_option("--step-ms", a.step_ms, "pause after each step (a floor on the run's length)");
+  app.add_option("--pid-dir", a.pid_dir, "first attempt: write rank R's process id to DIR/R.pid");
   CLI11_PARSE(app, argc, argv);
   try {
     Deployer deployer({.n_model_shards = a.shards, .seed = 3, .workdir = a.workdir, .quiet = true});
+    if (!a.pid_dir.empty() && deployer.restart_count() == 0)
+      std::ofstream(fmt::format("{}/{}.pid", a.pid_dir, deployer.rank())) << getpid() << "\n";
     const bool failing =
         deployer.rank() == a.fail_rank && (a.fail_always || deployer.restart_count() == 0);
     std::atomic<int64_t> step{1};  // the step being taken
@@ -121,6 +131,7 @@ int main(int argc, char** argv) {
     auto on_step = [&](const train::StepInfo& s) {
       deployer.console() << fmt::format("step {} loss {:.9g}\n", s.step, s.loss) << std::flush;
       step = s.step + 1;
+      if (a.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.step_ms));
       if (failing && s.step == a.fail_step) fail_now(deployer.rank(), a.fail_step, a.fail_how);
     };
     trainer.fit(make_data(96), {.global_batch_size = 8,

@@ -5,7 +5,8 @@
 #   1. a random rank is killed (SIGKILL) after a random step, for several
 #      seeds: the job restarts once, resumes from its latest checkpoint and
 #      ends with parameters and optimizer state bitwise equal to the
-#      uninterrupted run's;
+#      uninterrupted run's; and again with the rank killed from outside at a
+#      random moment (mid-step, mid-checkpoint);
 #   2. a rank hangs, stopped by SIGSTOP or spinning in user code: the
 #      launcher names it within the hang timeout, stops the job and
 #      restarts it, again ending bitwise equal;
@@ -58,13 +59,44 @@ restarted_run() {
 }
 
 # --- 1. a random rank killed after a random step ------------------------------------------
-for seed in 1 2 3; do
+# RESTART_SEEDS="1 2 ... 20" tries more.
+for seed in ${RESTART_SEEDS:-1 2 3}; do
   RANDOM=$seed
   rank=$((RANDOM % 2))
   step=$((1 + RANDOM % (STEPS - 1)))
   restarted_run "kill-$seed" "--max-restarts 2" --fail-rank $rank --fail-step $step --fail-how kill
   grep -q "after: rank $rank was killed by signal 9" "$WORK/kill-$seed.log" ||
     fail "kill-$seed: the restart does not name rank $rank" "$WORK/kill-$seed.log"
+done
+
+# --- 1b. a random rank killed from outside at a random moment ------------------------------
+# Mid-step, mid-checkpoint or between: wherever the moment falls (a 25 ms
+# pause per step keeps the job running for at least 150 ms after step 1).
+for seed in 1 2 3; do
+  RANDOM=$((seed + 100))
+  rank=$((RANDOM % 2))
+  delay=$(printf '0.%03d' $((RANDOM % 150)))
+  name="outside-$seed"
+  mkdir -p "$WORK/$name.pids"
+  "$run" -n 2 --output rank0 --max-restarts 1 -- "$worker" --workdir "$WORK/$name" --steps $STEPS \
+    --pid-dir "$WORK/$name.pids" --step-ms 25 >"$WORK/$name.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 500); do grep -q '^step 1 ' "$WORK/$name.log" && break; sleep 0.01; done
+  sleep "$delay"
+  kill -9 "$(cat "$WORK/$name.pids/$rank.pid")" 2>/dev/null ||
+    fail "$name: rank $rank was gone before the kill (the job is too short?)" "$WORK/$name.log"
+  status=0
+  wait $launcher || status=$?
+  [ $status = 0 ] || fail "$name: redco-run exited with status $status" "$WORK/$name.log"
+  grep -q "after: rank $rank was killed by signal 9" "$WORK/$name.log" ||
+    fail "$name: the job was not restarted after rank $rank's death" "$WORK/$name.log"
+  for f in params opt_state; do
+    cmp -s "$(final "$WORK/ref")/$f.safetensors" "$(final "$WORK/$name")/$f.safetensors" ||
+      fail "$name: $f.safetensors differs from the uninterrupted run's" "$WORK/$name.log"
+  done
+  last=$(sed -n '/^restart 1$/q;p' "$WORK/$name.log" | grep '^step ' | tail -n1 | cut -d' ' -f2)
+  echo "$name: rank $rank killed ${delay} s after step 1 (step ${last:-0} was the last printed)," \
+    "restarted, bitwise equal"
 done
 
 # --- 2. a hung rank: stopped, or in an endless loop ---------------------------------------

@@ -138,6 +138,9 @@ std::vector<std::string> child_environ(const JobPlan& p, const Options& o, int l
   env["REDCO_TIMEOUT"] = fmt::format("{}", o.timeout_s);
   env["REDCO_RESTART"] = std::to_string(restart);
   env["REDCO_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  // An outer redco-run's heartbeat slot is not this job's to write.
+  for (const char* k : {"REDCO_HEARTBEAT_FD", "REDCO_HEARTBEAT_SLOT", "REDCO_HANG_TIMEOUT"})
+    env.erase(k);
   watch.export_to(env, local);
   env.erase("REDCO_PORT");  // REDCO_HOST0 already carries the port
   std::vector<std::string> out;

@@ -69,6 +69,7 @@ struct Args {
   int slow_rank = -1, slow_step = 0, slow_ms = 0;
   std::string pid_dir;
   int step_ms = 0;
+  int64_t dim = 16, layers = 2;
 };
 
 // Says when (Unix time, to compare with the launcher's messages), then fails.
@@ -108,6 +109,8 @@ int main(int argc, char** argv) {
   app.add_option("--slow-rank", a.slow_rank, "the rank with one long, healthy step");
   app.add_option("--slow-step", a.slow_step, "that step");
   app.add_option("--slow-ms", a.slow_ms, "how long it works on it");
+  app.add_option("--dim", a.dim, "model width (a larger model: longer checkpoint writes)");
+  app.add_option("--layers", a.layers, "transformer blocks");
   app.add_option("--step-ms", a.step_ms, "pause after each step (a floor on the run's length)");
   app.add_option("--pid-dir", a.pid_dir, "first attempt: write rank R's process id to DIR/R.pid");
   CLI11_PARSE(app, argc, argv);
@@ -123,8 +126,8 @@ int main(int argc, char** argv) {
         busy_with_tensors(a.slow_ms);
       return cross_entropy(model(b.inputs), b.targets);
     };
-    const auto gpt =
-        models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
+    const auto gpt = models::gpt2(
+        {.vocab = kVocab, .context = kT, .dim = a.dim, .layers = a.layers, .heads = 4});
     Trainer trainer(deployer, gpt, collate, loss,
                     optim::adamw(optim::linear(1e-2f, 1e-3f, 10), {.max_grad_norm = 0.5f}));
     deployer.console() << fmt::format("restart {}\n", deployer.restart_count()) << std::flush;

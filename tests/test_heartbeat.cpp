@@ -1,7 +1,8 @@
 // The rank's side of the heartbeat (redco/core/heartbeat.hpp) against a slot
 // this test maps itself, as redco-run would: the thread ticks, tensor
-// allocations count as progress and nothing else does, a message in flight
-// marks the rank as waiting, and the training loop's flag and step arrive.
+// allocations and Busy scopes count as progress and nothing else does, a
+// message in flight marks the rank as waiting, and the training loop's flag
+// and step arrive.
 // (The launcher's rule on top of it is tested end to end by test_restart.sh.)
 #include <sys/mman.h>
 #include <unistd.h>
@@ -61,6 +62,15 @@ TEST_CASE("heartbeat: a rank reports liveness, progress, waiting and its step", 
   // A tensor made: progress moves at the next tick.
   (void)Tensor::empty(Shape{4});
   CHECK(eventually([&] { return s.progress_ns.load() > before; }));
+
+  // A long system call in a Busy scope (an fsync) counts as progress throughout.
+  {
+    heartbeat::Busy busy;
+    const int64_t at = s.progress_ns.load();
+    CHECK(eventually([&] { return s.progress_ns.load() > at; }));
+    const int64_t later = s.progress_ns.load();
+    CHECK(eventually([&] { return s.progress_ns.load() > later; }));
+  }
 
   // A message in flight: waiting from a tick on, cleared after it completes.
   CHECK(s.waiting_since_ns.load() == 0);

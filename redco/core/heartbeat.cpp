@@ -50,7 +50,8 @@ double env_seconds(const char* name, double fallback) {
     std::this_thread::sleep_for(period);
     const int64_t now = now_ns();
     const uint64_t count = detail::g_progress.load(std::memory_order_relaxed);
-    if (count != seen) slot->progress_ns.store(now, std::memory_order_relaxed);
+    if (count != seen || detail::g_busy.load(std::memory_order_relaxed) > 0)
+      slot->progress_ns.store(now, std::memory_order_relaxed);
     seen = count;
     const bool waiting = detail::g_waits.load(std::memory_order_relaxed) > 0;
     if (!waiting) {

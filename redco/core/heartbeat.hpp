@@ -11,9 +11,9 @@
 //   progress  the time of the last tick at which the progress counter had
 //             moved. The counter moves whenever redco does work: a tensor is
 //             allocated (every op's output), a message of a collective
-//             completes, a chunk of a checkpoint is written or read. A long
-//             step keeps it moving; an endless loop or a blocking call in user
-//             code does not;
+//             completes, a chunk of a checkpoint is written or read, and
+//             while a file is synced (Busy). A long step keeps it moving; an
+//             endless loop or a blocking call in user code does not;
 //   waiting   since when the rank has had a message of a collective in
 //             flight (0: none): a rank blocked on a peer is a victim of a
 //             hang, not its cause;
@@ -46,6 +46,7 @@ static_assert(std::atomic<int64_t>::is_always_lock_free);
 namespace detail {
 inline std::atomic<uint64_t> g_progress{0};  // moves whenever redco does work
 inline std::atomic<int64_t> g_waits{0};      // messages of collectives in flight
+inline std::atomic<int64_t> g_busy{0};       // open Busy scopes
 }  // namespace detail
 
 // Something happened: called where redco does work (tensor allocation,
@@ -58,6 +59,21 @@ inline void wait_end() noexcept {
   detail::g_waits.fetch_sub(1, std::memory_order_relaxed);
   progress();
 }
+
+// While one is open (on any thread), the rank counts as making progress: for
+// a system call that is long but bounded and shows nothing while it runs
+// (fsync of a large checkpoint file). A call that never returns is then not
+// called a hang; the peers' communication timeout still ends the job.
+class Busy {
+ public:
+  Busy() noexcept { detail::g_busy.fetch_add(1, std::memory_order_relaxed); }
+  ~Busy() {
+    detail::g_busy.fetch_sub(1, std::memory_order_relaxed);
+    progress();
+  }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+};
 
 // Maps this process's slot and starts the ticking thread, once; does nothing
 // without REDCO_HEARTBEAT_FD. Throws redco::Error when the variables are

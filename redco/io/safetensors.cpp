@@ -439,7 +439,8 @@ void AtomicFile::write(const void* data, size_t size) {
 
 void AtomicFile::commit() {
   REDCO_CHECK(fd_ >= 0, "'{}' was already committed", target_.string());
-  if (::fsync(fd_) != 0) fail("cannot fsync '{}': {}", tmp_.string(), std::strerror(errno));
+  if (heartbeat::Busy busy; ::fsync(fd_) != 0)  // seconds for a large file: not a hang
+    fail("cannot fsync '{}': {}", tmp_.string(), std::strerror(errno));
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) fail("cannot close '{}': {}", tmp_.string(), std::strerror(errno));
@@ -453,7 +454,7 @@ void fsync_directory(const fs::path& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.fd < 0) fail("cannot open folder '{}': {}", dir.string(), std::strerror(errno));
   // Some filesystems cannot fsync a folder (EINVAL); they have nothing to flush.
-  if (::fsync(fd.fd) != 0 && errno != EINVAL)
+  if (heartbeat::Busy busy; ::fsync(fd.fd) != 0 && errno != EINVAL)
     fail("cannot fsync folder '{}': {}", dir.string(), std::strerror(errno));
 }
 
@@ -501,7 +502,8 @@ void SharedSafetensorsFile::write(const std::string& name, const Tensor& t) {
 
 void SharedSafetensorsFile::close() {
   if (fd_ < 0) return;
-  if (::fsync(fd_) != 0) bad(path_, "cannot fsync: {}", std::strerror(errno));
+  if (heartbeat::Busy busy; ::fsync(fd_) != 0)  // seconds for a large file: not a hang
+    bad(path_, "cannot fsync: {}", std::strerror(errno));
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) bad(path_, "cannot close: {}", std::strerror(errno));

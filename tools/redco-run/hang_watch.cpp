@@ -95,7 +95,8 @@ std::string HangWatch::check(int slot, pid_t pid, int rank) const {
     return fmt::format(
         "rank {} hangs: it has not run for {:.1f} s (--hang-timeout {:g}){}", rank, silent,
         timeout_s_,
-        stopped ? ": its process is stopped (SIGSTOP or a debugger)"
+        stopped ? ": its process is stopped (SIGSTOP, or a debugger: --hang-timeout 0 lets one "
+                  "stop it)"
                 : ": its heartbeat thread is not scheduled (frozen, or the machine is overloaded)");
   }
   if (s.watched.load(std::memory_order_acquire) <= 0) return {};

@@ -28,6 +28,8 @@ expect "--n-model-shards: must be an integer >= 1, got 0" "$lm" --n_model_shards
 expect "--n-model-shards: must be an integer >= 1, got 0" "$cls" --n_model_shards=0
 expect "--batch-size: must be an integer >= 1, got 0" "$cls" --batch_size 0
 expect "--grace: must be a number >= 0, got -1" "$run" -n 1 --grace -1 -- true
+expect "--max-restarts: must be an integer >= 0, got -1" "$run" -n 1 --max-restarts -1 -- true
+expect "--hang-timeout 0.05: give at least 0.1 seconds, or 0" "$run" -n 1 --hang-timeout 0.05 -- true
 expect "not expected: --no_such_flag" "$lm" --no_such_flag
 # redco-run: its own underscore flags work; the program's arguments are not rewritten.
 out=$("$run" --nproc_per_node 1 --output rank0 echo --job_id x 2>&1) || {

@@ -5,15 +5,20 @@
 #      the same program run as one process on the same global batch;
 #   2. the rank on "host" B is killed mid-run; the rank on "host" A must stop
 #      with an error naming rank 1, well before its communication timeout
-#      (a dead peer is detected, not waited out).
+#      (a dead peer is detected, not waited out);
+#   3. (with restart_worker) redco-run --max-restarts: a random rank is
+#      killed after a random step, or hangs (SIGSTOP, an endless loop); both
+#      launchers restart the job, which resumes from its checkpoint in the
+#      shared workdir and ends bitwise equal to an uninterrupted run.
 # Needs root (CAP_NET_ADMIN); where network namespaces cannot be made it
 # says why and exits 77, Meson's "skipped".
 #
-#   tests/test_netns.sh build/tools/redco-run build/tests/dist_train_main
+#   tests/test_netns.sh build/tools/redco-run build/tests/dist_train_main [build/tests/restart_worker]
 set -euo pipefail
 
 RUN=$(realpath "$1")
 PROG=$(realpath "$2")
+RESTART_WORKER=${3:+$(realpath "$3")}
 ID="$$$RANDOM"  # unique per run: parallel runs must not share names
 NS_A="redco-a-$ID"
 NS_B="redco-b-$ID"
@@ -55,13 +60,15 @@ TIMEOUT_S=30  # rendezvous and per-message timeout of the ranks
 
 # Starts node $1 (0 = A, 1 = B) of a 2-node job in its namespace, in the
 # background, output to $WORK/$2.$1; the program gets the remaining args.
+# LAUNCH_OPTS (extra redco-run options) and PROG may be set for one call.
 start_node() {
   local node=$1 name=$2 ns veth
   shift 2
   if [ "$node" = 0 ]; then ns=$NS_A veth=$VETH_A; else ns=$NS_B veth=$VETH_B; fi
+  # shellcheck disable=SC2086
   ip netns exec "$ns" env UCX_NET_DEVICES="$veth" timeout 120 "$RUN" --nnodes 2 \
-    --node-rank "$node" --host0 "$HOST0" --job-id "$name" --timeout "$TIMEOUT_S" -n 1 -- \
-    "$PROG" "$@" >"$WORK/$name.$node" 2>&1 &
+    --node-rank "$node" --host0 "$HOST0" --job-id "$name" --timeout "$TIMEOUT_S" -n 1 \
+    ${LAUNCH_OPTS:-} -- "$PROG" "$@" >"$WORK/$name.$node" 2>&1 &
   PIDS+=($!)
 }
 
@@ -123,4 +130,50 @@ if ! awk -v s="$secs" -v t="$TIMEOUT_S" 'BEGIN { exit !(s < t) }'; then
   echo "FAIL: rank 0 took $secs s, as long as its timeout: the death was not detected"
   exit 1
 fi
+
+# --- 3. restarts across the two hosts -----------------------------------------------------
+if [ -z "$RESTART_WORKER" ]; then
+  echo "PASS (restarts not tested: no restart_worker given)"
+  exit 0
+fi
+STEPS=6
+final() { echo "$1/ckpt/step-$(printf %06d $STEPS)"; }
+# The reference: the same 2-rank job, uninterrupted (the collectives are
+# deterministic, so the transport does not change a bit).
+UCX_TLS=tcp,self UCX_NET_DEVICES=all "$RUN" -n 2 --output rank0 -- "$RESTART_WORKER" --workdir "$WORK/ref" \
+  --steps $STEPS >"$WORK/ref.log" 2>&1 || { echo "FAIL: the reference run failed"; tail "$WORK/ref.log"; exit 1; }
+for seed in 1 2 3; do
+  RANDOM=$seed
+  rank=$((RANDOM % 2))
+  step=$((1 + RANDOM % (STEPS - 1)))
+  how=$(echo kill stop loop | cut -d' ' -f$seed)
+  name="restart-$seed"
+  LAUNCH_OPTS="--max-restarts 2 --hang-timeout 3" PROG=$RESTART_WORKER start_node 0 "$name" \
+    --workdir "$WORK/$name" --steps $STEPS --fail-rank $rank --fail-step $step --fail-how $how
+  LAUNCH_OPTS="--max-restarts 2 --hang-timeout 3" PROG=$RESTART_WORKER start_node 1 "$name" \
+    --workdir "$WORK/$name" --steps $STEPS --fail-rank $rank --fail-step $step --fail-how $how
+  status=0
+  wait "${PIDS[0]}" || status=$?
+  wait "${PIDS[1]}" || status=$((status + $?))
+  PIDS=()
+  echo "$name: rank $rank fails ($how) after step $step:"
+  grep -h 'redco-run: ' "$WORK/$name.0" "$WORK/$name.1" | sed 's/^/  /'
+  if [ $status -ne 0 ] || ! grep -q 'restarting the job' "$WORK/$name.0" ||
+    ! grep -q 'restarting the job' "$WORK/$name.1"; then
+    echo "FAIL: $name: both nodes must restart and finish (status $status)"
+    tail -n 20 "$WORK/$name.0" "$WORK/$name.1"
+    exit 1
+  fi
+  if [ "$how" != kill ] && ! grep -q "rank $rank hangs" "$WORK/$name.$rank"; then
+    echo "FAIL: $name: the launcher of rank $rank did not name it as hung"
+    exit 1
+  fi
+  for f in params opt_state; do
+    if ! cmp -s "$(final "$WORK/ref")/$f.safetensors" "$(final "$WORK/$name")/$f.safetensors"; then
+      echo "FAIL: $name: $f.safetensors differs from the uninterrupted run's"
+      exit 1
+    fi
+  done
+  echo "  final parameters and optimizer state bitwise equal to the uninterrupted run's"
+done
 echo "PASS"

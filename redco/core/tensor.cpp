@@ -8,6 +8,7 @@
 #include "redco/autodiff/node.hpp"
 #include "redco/core/allocator.hpp"
 #include "redco/core/device_memory.hpp"
+#include "redco/core/heartbeat.hpp"
 #include "redco/core/philox.hpp"
 
 namespace redco {
@@ -78,6 +79,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
     REDCO_CHECK(d >= 0, "cannot create a tensor of shape {}: -1 is only meaningful in view()",
                 shape);
+  heartbeat::progress();  // every op makes its outputs here: the rank is working
   auto st = std::make_shared<Storage>();
   st->device = device;
   const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);

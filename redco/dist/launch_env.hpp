@@ -16,7 +16,9 @@
 //   REDCO_RANK, REDCO_WORLD_SIZE, REDCO_LOCAL_RANK, REDCO_LOCAL_WORLD_SIZE,
 //   REDCO_NODE_RANK, REDCO_NNODES, REDCO_HOST0 (ADDR:PORT), REDCO_JOB_TOKEN,
 //   REDCO_TIMEOUT (rendezvous timeout in seconds), REDCO_RESTART (how many
-//   times the job has been restarted; 0 for the first run).
+//   times the job has been restarted; 0 for the first run), REDCO_MAX_RESTARTS,
+//   and for hang detection REDCO_HEARTBEAT_FD, REDCO_HEARTBEAT_SLOT and
+//   REDCO_HANG_TIMEOUT (read by core/heartbeat.hpp, not here).
 // Overrides accepted under every source: REDCO_HOST0, REDCO_PORT,
 // REDCO_JOB_TOKEN, REDCO_TIMEOUT.
 #include <map>

@@ -412,6 +412,7 @@ std::unique_ptr<Comm> connect_ucx(Rendezvous& rendezvous, const UcxOptions& opti
   REDCO_CHECK(ro.world_size <= kMaxRanks, "the UCX backend supports up to {} ranks, got {}",
               kMaxRanks, ro.world_size);
   REDCO_CHECK(options.timeout.count() > 0, "connect_ucx: the timeout must be positive");
+  heartbeat::start();  // a launcher watching for hangs hears from this rank from now on
   auto w = std::make_shared<World>();
   w->rank = ro.rank;
   w->size = ro.world_size;

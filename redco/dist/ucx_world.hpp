@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "redco/core/heartbeat.hpp"
 #include "redco/core/tensor.hpp"
 #include "redco/dist/ucx_comm.hpp"
 #include "redco/sched/event.hpp"
@@ -47,9 +48,18 @@ struct World;
 // One posted send or receive. It lives in World::pending until UCX is done
 // with the buffer (`keep` holds the buffer's storage until then, even if the
 // awaiting coroutine gave up on it after a timeout).
+// From construction to completion it counts as a message in flight for the
+// heartbeat: a rank with one is waiting on a peer (see core/heartbeat.hpp).
 struct Op {
   Op(World* w, Tensor k, int p, bool r, size_t n, Clock::time_point d)
-      : world(w), keep(std::move(k)), peer(p), is_recv(r), expect(n), deadline(d) {}
+      : world(w), keep(std::move(k)), peer(p), is_recv(r), expect(n), deadline(d) {
+    heartbeat::wait_begin();
+  }
+  ~Op() {
+    if (!completed) heartbeat::wait_end();
+  }
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
   World* world = nullptr;
   sched::Completion<void> done;
   Tensor keep;
@@ -94,6 +104,7 @@ struct World {
   void finish(const OpPtr& op, std::string why) {
     if (op->completed) return;
     op->completed = true;
+    heartbeat::wait_end();
     (op->then ? chained : to_fire).emplace_back(op, std::move(why));
   }
   // Fails `op` now; a receive is also withdrawn, so no late message lands

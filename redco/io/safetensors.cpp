@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "redco/core/heartbeat.hpp"
+
 // rapidjson's member iterators predate C++20's reversed comparison operators;
 // clang warns on every loop over them although the call is unambiguous.
 #if defined(__clang__)
@@ -106,7 +108,8 @@ void read_exact(int fd, void* dst, uint64_t size, uint64_t offset, const fs::pat
                 std::string_view what) {
   auto* p = static_cast<char*>(dst);
   while (size > 0) {
-    const ssize_t n = ::pread(fd, p, std::min<uint64_t>(size, 1ull << 30), off_t(offset));
+    const ssize_t n = ::pread(fd, p, std::min<uint64_t>(size, 64ull << 20), off_t(offset));
+    heartbeat::progress();  // a long read is progress, not a hang
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) bad(path, "reading {}: {}", what, std::strerror(errno));
     if (n == 0) bad(path, "reading {}: the file ends at byte {} (truncated?)", what, offset);
@@ -330,7 +333,9 @@ std::string header_bytes(const std::string& header) {
 void write_exact(int fd, const void* src, uint64_t size, uint64_t offset, const fs::path& path) {
   const auto* p = static_cast<const char*>(src);
   while (size > 0) {
-    const ssize_t n = ::pwrite(fd, p, std::min<uint64_t>(size, 1ull << 30), off_t(offset));
+    // 64 MiB at a time, each a sign of progress for the hang watchdog.
+    const ssize_t n = ::pwrite(fd, p, std::min<uint64_t>(size, 64ull << 20), off_t(offset));
+    heartbeat::progress();
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) bad(path, "cannot write at byte {}: {}", offset, std::strerror(errno));
     p += n, size -= uint64_t(n), offset += uint64_t(n);
@@ -424,7 +429,8 @@ void AtomicFile::write(const void* data, size_t size) {
   REDCO_CHECK(fd_ >= 0, "'{}' was already committed", target_.string());
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
-    const ssize_t n = ::write(fd_, p, std::min<size_t>(size, 1ull << 30));
+    const ssize_t n = ::write(fd_, p, std::min<size_t>(size, 64ull << 20));
+    heartbeat::progress();  // a long write is progress, not a hang
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail("cannot write '{}': {}", target_.string(), std::strerror(errno));
     p += n, size -= size_t(n);
@@ -433,7 +439,8 @@ void AtomicFile::write(const void* data, size_t size) {
 
 void AtomicFile::commit() {
   REDCO_CHECK(fd_ >= 0, "'{}' was already committed", target_.string());
-  if (::fsync(fd_) != 0) fail("cannot fsync '{}': {}", tmp_.string(), std::strerror(errno));
+  if (heartbeat::Busy busy; ::fsync(fd_) != 0)  // seconds for a large file: not a hang
+    fail("cannot fsync '{}': {}", tmp_.string(), std::strerror(errno));
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) fail("cannot close '{}': {}", tmp_.string(), std::strerror(errno));
@@ -447,7 +454,7 @@ void fsync_directory(const fs::path& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.fd < 0) fail("cannot open folder '{}': {}", dir.string(), std::strerror(errno));
   // Some filesystems cannot fsync a folder (EINVAL); they have nothing to flush.
-  if (::fsync(fd.fd) != 0 && errno != EINVAL)
+  if (heartbeat::Busy busy; ::fsync(fd.fd) != 0 && errno != EINVAL)
     fail("cannot fsync folder '{}': {}", dir.string(), std::strerror(errno));
 }
 
@@ -495,7 +502,8 @@ void SharedSafetensorsFile::write(const std::string& name, const Tensor& t) {
 
 void SharedSafetensorsFile::close() {
   if (fd_ < 0) return;
-  if (::fsync(fd_) != 0) bad(path_, "cannot fsync: {}", std::strerror(errno));
+  if (heartbeat::Busy busy; ::fsync(fd_) != 0)  // seconds for a large file: not a hang
+    bad(path_, "cannot fsync: {}", std::strerror(errno));
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) bad(path_, "cannot close: {}", std::strerror(errno));

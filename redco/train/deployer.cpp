@@ -13,6 +13,7 @@
 #include <streambuf>
 
 #include "redco/core/error.hpp"
+#include "redco/core/heartbeat.hpp"
 #include "redco/dist/launch_env.hpp"
 #include "redco/dist/mesh.hpp"
 #include "redco/dist/threads_comm.hpp"
@@ -57,9 +58,11 @@ class NullBuffer : public std::streambuf {
 Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
   REDCO_CHECK(config_.n_model_shards >= 1, "Deployer: n_model_shards must be >= 1, got {}",
               config_.n_model_shards);
+  heartbeat::start();  // a launcher watching for hangs hears from this rank from now on
   dist::Comm* world = config_.world;
   if (!world) {
     const dist::LaunchEnv env = dist::detect_launch_env();
+    restart_ = env.restart;
     if (env.world_size > 1) {
       connected_ = connect(env);
       world = connected_.get();

@@ -84,6 +84,11 @@ class Deployer {
   uint64_t seed() const { return config_.seed; }
   const std::filesystem::path& workdir() const { return config_.workdir; }
   bool quiet() const { return config_.quiet; }
+  // How many times the launcher has restarted this job (redco-run
+  // --max-restarts exports REDCO_RESTART); 0 on the first run and when the
+  // caller gave the world. A Trainer resumes from its latest checkpoint when
+  // it is > 0.
+  int restart_count() const { return restart_; }
   // The console on the main rank; elsewhere a stream that discards, so a
   // program prints its results once whatever the number of ranks.
   std::ostream& console() const;
@@ -149,6 +154,7 @@ class Deployer {
 
  private:
   DeployerConfig config_;
+  int restart_ = 0;
   std::unique_ptr<io::MetricsLog> log_;
   std::unique_ptr<dist::ThreadsWorld> alone_;  // the world of a single-process run
   std::unique_ptr<dist::Comm> connected_;      // the world from the launch environment

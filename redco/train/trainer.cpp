@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "redco/core/error.hpp"
+#include "redco/core/heartbeat.hpp"
 #include "redco/io/console.hpp"
 #include "redco/io/json.hpp"
 #include "redco/train/fit_driver.hpp"
@@ -26,9 +27,13 @@ FitDriver::FitDriver(Deployer& deployer, FitConfig config)
     bar_ = std::make_unique<io::ProgressBar>(total, "train",
                                              io::ProgressOptions{.out = &deployer_.console()});
   }
+  // From here to the end of fit(), a rank that stops making progress while
+  // not waiting for a peer is hung (see core/heartbeat.hpp).
+  heartbeat::set_step(1);
+  heartbeat::watch_begin();
 }
 
-FitDriver::~FitDriver() = default;
+FitDriver::~FitDriver() { heartbeat::watch_end(); }
 
 void FitDriver::validate() {
   FitConfig& c = config_;
@@ -88,6 +93,7 @@ void FitDriver::say(const std::string& line) {
 
 void FitDriver::step_done(double loss, double lr, double grad_norm, bool skipped) {
   ++pos_.step;
+  heartbeat::set_step(pos_.step + 1);
   epoch_ended_ = ++pos_.step_in_epoch == steps_per_epoch_;
   if (epoch_ended_) pos_ = {pos_.step, pos_.epoch + 1, 0};
   ++window_steps_;
@@ -259,6 +265,7 @@ std::optional<CheckpointData> FitDriver::resume() {
   CheckpointData ck = deployer_.load_checkpoint(latest->dir, plan());
   restore_state(ck.state_json, latest->dir.string());
   last_saved_ = pos_.step;
+  heartbeat::set_step(pos_.step + 1);
   say(fmt::format("resume: {} at step {} (epoch {}, step {} of {})", latest->dir.string(),
                   pos_.step, pos_.epoch, pos_.step_in_epoch, steps_per_epoch_));
   return ck;

@@ -136,7 +136,9 @@ struct FitOptions {
   int64_t save_every_epochs = 0;
   int64_t keep_last = 0;
   bool save_at_end = true;
-  bool resume = false;  // continue from the latest ckpt/step-NNNNNN, if any
+  // Continue from the latest ckpt/step-NNNNNN, if any; always done when
+  // redco-run restarted the job (Deployer::restart_count() > 0).
+  bool resume = false;
   int64_t log_every = 10;
   int64_t max_steps = 0;  // > 0: stop once this many steps are done in total
   // Logged with each train line: <items>_per_s, mfu (when FLOPs and the peak
@@ -253,7 +255,8 @@ class Trainer {
     using Batch = batch_t<Collate, Ex>;
     const int64_t n = int64_t(std::ranges::size(train));
     FitDriver run(*deployer_, fit_config(o, n));
-    if (o.resume) restore(run);
+    // A job the launcher restarted after a failure continues where it stopped.
+    if (o.resume || deployer_->restart_count() > 0) restore(run);
     optim::GradAccumulator acc(run.accumulation());
     while (!run.done()) {
       const Position at = run.position();

@@ -9,9 +9,15 @@
 // with a `[rank r] ` prefix, or rank 0's only. If any rank fails, the others
 // are stopped (SIGTERM, then SIGKILL after --grace seconds) and redco-run exits
 // with the failed rank's status (128 + signal for a signal), because a job
-// with a dead rank can only hang or fail later. One attempt is run_job(); the
-// REDCO_RESTART count it exports lets a later supervisor loop restart the job
-// and the program resume from its checkpoint.
+// with a dead rank can only hang or fail later. A rank that hangs (see
+// hang_watch.hpp; --hang-timeout) is named and stopped the same way.
+//
+// Restarts (--max-restarts N, torchrun's semantics): after a failure the
+// whole job is started again, up to N times, each attempt with REDCO_RESTART
+// = 1, 2, ... (the Trainer then resumes from its latest checkpoint). On
+// several nodes every redco-run restarts its own ranks: a failure anywhere
+// stops the ranks everywhere (peers see the death), so all nodes restart
+// together and meet again at --host0.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -28,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "hang_watch.hpp"
 #include "redco/core/error.hpp"
 #include "redco/dist/launch_env.hpp"
 #include "redco_cli.hpp"
@@ -46,6 +53,8 @@ struct Options {
   std::string output = "all";
   double timeout_s = 300;
   double grace_s = 10;
+  double hang_timeout_s = 60;
+  int max_restarts = 0;
   bool from_env = false;
   std::vector<std::string> command;
 };
@@ -114,7 +123,8 @@ JobPlan make_plan(const Options& o) {
 }
 
 // This process's environment plus the REDCO_* variables of one rank.
-std::vector<std::string> child_environ(const JobPlan& p, const Options& o, int local, int restart) {
+std::vector<std::string> child_environ(const JobPlan& p, const Options& o, int local, int restart,
+                                       const run::HangWatch& watch) {
   dist::Environ env = dist::current_environ();
   std::string host = p.host0.find(':') != std::string::npos ? "[" + p.host0 + "]" : p.host0;
   env["REDCO_RANK"] = std::to_string(p.node_rank * p.nprocs + local);
@@ -127,6 +137,11 @@ std::vector<std::string> child_environ(const JobPlan& p, const Options& o, int l
   env["REDCO_JOB_TOKEN"] = p.token;
   env["REDCO_TIMEOUT"] = fmt::format("{}", o.timeout_s);
   env["REDCO_RESTART"] = std::to_string(restart);
+  env["REDCO_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  // An outer redco-run's heartbeat slot is not this job's to write.
+  for (const char* k : {"REDCO_HEARTBEAT_FD", "REDCO_HEARTBEAT_SLOT", "REDCO_HANG_TIMEOUT"})
+    env.erase(k);
+  watch.export_to(env, local);
   env.erase("REDCO_PORT");  // REDCO_HOST0 already carries the port
   std::vector<std::string> out;
   for (auto& [k, v] : env) out.push_back(k + "=" + v);
@@ -171,6 +186,7 @@ struct Stream {
 
 struct Child {
   int rank = 0;
+  int local = 0;  // index on this node (the heartbeat slot)
   pid_t pid = -1;
   bool running = false;
   bool shown = true;
@@ -227,26 +243,37 @@ int exit_code_of(int status) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
+// How one attempt at the job ended.
+struct Outcome {
+  int code = 0;          // redco-run's exit status for it
+  std::string failure;   // the first failure, e.g. "rank 1 was killed by signal 9 (Killed)"
+  bool by_user = false;  // stopped by a signal to redco-run: not to be restarted
+};
+
 class Supervisor {
  public:
-  Supervisor(std::vector<Child> kids, double grace_s) : kids_(std::move(kids)), grace_(grace_s) {}
-  int run();
+  Supervisor(std::vector<Child> kids, double grace_s, run::HangWatch& watch)
+      : kids_(std::move(kids)), grace_(grace_s), watch_(watch) {}
+  Outcome run();
 
  private:
   void emit(Child& c, Stream& s, std::string_view line);
   void pump(Child& c, Stream& s);
   void on_signals();
   void reap();
+  void check_hangs();
+  void stop_all();
   void signal_all(int sig);
   void print_tail();
   std::vector<pollfd> poll_set() const;
 
   std::vector<Child> kids_;
   double grace_;
+  run::HangWatch& watch_;
   int failed_ = -1;  // index of the first rank that failed
-  int code_ = 0;
+  Outcome out_;
   bool stopping_ = false, killed_ = false;
-  Clock::time_point kill_at_{}, drain_until_{};
+  Clock::time_point kill_at_{}, drain_until_{}, next_check_{};
 };
 
 void Supervisor::emit(Child& c, Stream& s, std::string_view line) {
@@ -307,17 +334,41 @@ void Supervisor::reap() {
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (!failed || failed_ >= 0) continue;
       failed_ = static_cast<int>(i);
-      code_ = exit_code_of(status);
-      std::string msg = fmt::format("redco-run: rank {} {}", c.rank, describe_status(status));
+      out_.code = exit_code_of(status);
+      out_.failure = fmt::format("rank {} {}", c.rank, describe_status(status));
+      std::string msg = "redco-run: " + out_.failure;
       if (!stopping_) msg += "; stopping the other ranks";
       write_all(2, msg + "\n");
-      if (!stopping_) {
-        stopping_ = true;
-        kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(grace_));
-        signal_all(SIGTERM);
-      }
+      if (!stopping_) stop_all();
     }
+  }
+}
+
+// SIGTERM to every rank, SIGKILL to those left after the grace period.
+void Supervisor::stop_all() {
+  stopping_ = true;
+  kill_at_ = Clock::now() +
+             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_));
+  signal_all(SIGTERM);
+}
+
+// A hung rank is killed at once (SIGTERM would wait behind a SIGSTOP), the
+// others are stopped as after a failure; exit status 124, as timeout(1)'s.
+void Supervisor::check_hangs() {
+  if (stopping_ || !watch_.on() || Clock::now() < next_check_) return;
+  next_check_ = Clock::now() + std::chrono::milliseconds(watch_.period_ms());
+  if (!watch_.begin_round()) return;
+  for (std::size_t i = 0; i < kids_.size(); ++i) {
+    Child& c = kids_[i];
+    if (!c.running) continue;
+    const std::string why = watch_.check(c.local, c.pid, c.rank);
+    if (why.empty()) continue;
+    failed_ = static_cast<int>(i);
+    out_ = {124, why, false};
+    write_all(2, "redco-run: " + why + "; stopping the job\n");
+    kill(-c.pid, SIGKILL);
+    stop_all();
+    return;
   }
 }
 
@@ -329,6 +380,7 @@ void Supervisor::on_signals() {
       if (sigs[i] == SIGCHLD) continue;
       // Forward the user's signal; if the ranks ignore it, SIGKILL follows.
       signal_all(sigs[i]);
+      out_.by_user = true;
       if (!stopping_) {
         stopping_ = true;
         kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -347,7 +399,7 @@ std::vector<pollfd> Supervisor::poll_set() const {
   return fds;
 }
 
-int Supervisor::run() {
+Outcome Supervisor::run() {
   reap();  // a rank may have died before the loop started
   for (;;) {
     bool running = false, open = false;
@@ -372,7 +424,7 @@ int Supervisor::run() {
       break;
     }
     std::vector<pollfd> fds = poll_set();
-    int wait_ms = stopping_ || !running ? 100 : 1000;
+    int wait_ms = stopping_ || !running ? 100 : watch_.on() ? watch_.period_ms() : 1000;
     if (poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR)
       fail("poll: {}", std::strerror(errno));
     for (Child& c : kids_)
@@ -381,9 +433,10 @@ int Supervisor::run() {
           if (p.fd == s->fd && s->fd >= 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)))
             pump(c, *s);
     on_signals();
+    check_hangs();
   }
   print_tail();
-  return code_;
+  return out_;
 }
 
 void Supervisor::print_tail() {
@@ -393,22 +446,48 @@ void Supervisor::print_tail() {
 }
 
 // One attempt at the job: start every local rank, supervise until all end.
-int run_job(const JobPlan& plan, const Options& o, int restart) {
+Outcome run_job(const JobPlan& plan, const Options& o, int restart, run::HangWatch& watch) {
+  watch.reset();
   std::vector<Child> kids(plan.nprocs);
   for (int local = 0; local < plan.nprocs; ++local) {
     Child& c = kids[local];
     c.rank = plan.node_rank * plan.nprocs + local;
+    c.local = local;
     c.shown = o.output == "all" || c.rank == 0;
     c.prefixed = o.output == "all";
     try {
-      spawn_child(c, o.command, child_environ(plan, o, local, restart));
+      spawn_child(c, o.command, child_environ(plan, o, local, restart, watch));
     } catch (const Error&) {
       for (const Child& k : kids)
         if (k.pid > 0) kill(-k.pid, SIGKILL);
       throw;
     }
   }
-  return Supervisor(std::move(kids), o.grace_s).run();
+  return Supervisor(std::move(kids), o.grace_s, watch).run();
+}
+
+// Attempts until one succeeds, the user stops the job, or the restarts run out.
+int run_with_restarts(JobPlan plan, const Options& o) {
+  run::HangWatch watch(plan.nprocs, o.hang_timeout_s);
+  for (int restart = 0;; ++restart) {
+    const Outcome out = run_job(plan, o, restart, watch);
+    if (out.code == 0 || out.by_user) return out.code;
+    if (restart >= o.max_restarts) {
+      if (o.max_restarts > 0)
+        write_all(2, fmt::format("redco-run: giving up after {} restart{} (--max-restarts {}); "
+                                 "the last failure: {}\n",
+                                 restart, restart == 1 ? "" : "s", o.max_restarts, out.failure));
+      return out.code;
+    }
+    write_all(2, fmt::format("redco-run: restarting the job (restart {} of {}) after: {}\n",
+                             restart + 1, o.max_restarts, out.failure));
+    // A job of this node alone meets on a fresh port, under a fresh token, so
+    // no straggler of the last attempt can join the new one.
+    if (plan.nnodes == 1 && o.host0.empty() && !o.from_env) {
+      plan.port = free_local_port();
+      plan.token = dist::random_job_token();
+    }
+  }
 }
 
 void add_options(CLI::App& app, Options& o) {
@@ -422,6 +501,14 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--timeout", o.timeout_s, "seconds the ranks wait for each other to connect")
       ->check(redco::cli::positive());
   app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping")
+      ->check(redco::cli::non_negative());
+  app.add_option("--max-restarts", o.max_restarts,
+                 "restart the whole job up to this many times after a rank fails or hangs "
+                 "(it resumes from its latest checkpoint)")
+      ->check(redco::cli::at_least(0));
+  app.add_option("--hang-timeout", o.hang_timeout_s,
+                 "seconds a rank may go without progress in its training loop (or without "
+                 "running at all) before it is called hung and the job is stopped; 0: off")
       ->check(redco::cli::non_negative());
   app.add_flag("--from-env", o.from_env,
                "take nnodes, node rank and host0 from Slurm/Open MPI (one redco-run per node)");
@@ -444,9 +531,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // Ten heartbeat ticks must fit in the timeout, and they come at most every 10 ms.
+    REDCO_CHECK(o.hang_timeout_s == 0 || o.hang_timeout_s >= 0.1,
+                "--hang-timeout {:g}: give at least 0.1 seconds, or 0 to turn hang detection off",
+                o.hang_timeout_s);
     JobPlan plan = make_plan(o);
     install_signal_handlers();
-    return run_job(plan, o, 0);
+    return run_with_restarts(plan, o);
   } catch (const Error& e) {
     std::fprintf(stderr, "redco-run: error: %s\n", e.what());
     return 2;

@@ -184,6 +184,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
     Tensor logits = detail::run_step(step, ctx, cache, s == 0 ? ids : next, appended,
                                      s == 0 ? logit_rows : Tensor());
     const int64_t V = logits.dim(1);
+    if (s == 0) check(c, V);  // the ids against the model's vocabulary
     float* lp = logits.data<float>();
     for (int64_t r = 0; r < R; ++r) {
       std::span<float> row(lp + r * V, size_t(V));
@@ -194,7 +195,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
     for (int64_t p = 0; p < P; ++p) select(st, p, lp + p * K * V, V, c, src, tok, score);
     advance_beams(st, src, tok, score);
     if (std::all_of(st.done.begin(), st.done.end(), [](bool d) { return d; })) break;
-    cache.reorder(src);
+    cache.reorder(src, true);  // beams stay with their prompt: its encoder rows stay too
     std::copy(tok.begin(), tok.end(), next.data<int64_t>());
     std::fill(appended.begin(), appended.end(), 1);
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "redco/core/philox.hpp"
 #include "redco/generation/logits_process.hpp"
@@ -73,6 +74,7 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
     Tensor logits = detail::run_step(step, ctx, cache, s == 0 ? ids : next, appended,
                                      s == 0 ? logit_rows : Tensor());
     const int64_t V = logits.dim(1);
+    if (s == 0) check(c, V);  // the ids against the model's vocabulary
     bool all_done = true;
     for (int64_t r = 0; r < R; ++r) {
       int64_t tok = c.pad_token_id;
@@ -110,6 +112,17 @@ Generated generate(const StepFn& step, const Prompts& prompts, const GenerationC
   if (c.max_new_tokens == 0) return {Prompts(prompts.size() * size_t(c.num_return_sequences)), {}};
   if (c.num_beams > 1) return beam_search(step, prompts, c, std::move(ctx));
   return sample_or_greedy(step, prompts, c, std::move(ctx), on_token);
+}
+
+Generated generate_seq2seq(const StepFn& step, const Prompts& sources, const GenerationConfig& c,
+                           nn::Ctx ctx, const OnToken& on_token) {
+  REDCO_CHECK(!sources.empty(), "generate_seq2seq: no sources");
+  REDCO_CHECK(c.decoder_start_token_id >= 0,
+              "generate_seq2seq: set decoder_start_token_id, the decoder's first input (the "
+              "checkpoint's: models::generation_config(dir); T5 starts from its pad id)");
+  std::tie(ctx.source, ctx.source_mask) = detail::source_batch(sources, c.pad_token_id);
+  return generate(step, Prompts(sources.size(), {c.decoder_start_token_id}), c, std::move(ctx),
+                  on_token);
 }
 
 }  // namespace redco::generation

@@ -75,17 +75,21 @@ void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vect
 }
 }  // namespace
 
-void KVCache::reorder(const std::vector<int64_t>& rows) {
+void KVCache::reorder(const std::vector<int64_t>& rows, bool same_source) {
   REDCO_CHECK(!in_step_ && int64_t(rows.size()) == batch_,
               "KVCache::reorder: {} rows for a batch of {} (between steps)", rows.size(), batch_);
   for (int64_t r : rows) REDCO_CHECK(r >= 0 && r < batch_, "KVCache::reorder: no row {}", r);
-  for (auto* slots : {&self_, &cross_})
+  for (auto* slots : {&self_, &cross_}) {
+    if (slots == &cross_ && same_source) continue;
     for (auto& [path, s] : *slots) {
       gather_rows(s.k, scratch_, rows);
       gather_rows(s.v, scratch_, rows);
     }
-  gather_rows(memory, scratch_, rows);
-  gather_rows(memory_mask, scratch_, rows);
+  }
+  if (!same_source) {
+    gather_rows(memory, scratch_, rows);
+    gather_rows(memory_mask, scratch_, rows);
+  }
   std::vector<int64_t> len(length_.size());
   for (size_t r = 0; r < rows.size(); ++r) len[r] = length_[size_t(rows[r])];
   length_ = std::move(len);
@@ -95,6 +99,7 @@ void KVCache::reorder(const std::vector<int64_t>& rows) {
 
 namespace redco::nn {
 const Tensor& cached_memory(const KVCache& cache) { return cache.memory; }
+const Tensor& cached_memory_mask(const KVCache& cache) { return cache.memory_mask; }
 void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask) {
   cache.memory = memory, cache.memory_mask = mask;
 }

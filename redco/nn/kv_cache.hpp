@@ -40,7 +40,10 @@ class KVCache {
   bool in_step() const { return in_step_; }
   // Keeps only the rows listed, in that order (beam search): row i becomes old
   // row rows[i]. Runs without allocating when the batch size is unchanged.
-  void reorder(const std::vector<int64_t>& rows);
+  // same_source: each row i and rows[i] have the same encoder input (beams
+  // of one prompt), so the cross-attention slots and the encoder output,
+  // equal on those rows, are left as they are instead of copied.
+  void reorder(const std::vector<int64_t>& rows, bool same_source = false);
   // Forgets every row's tokens (the buffers stay for the next batch).
   void reset();
 

@@ -1,0 +1,183 @@
+// Generation for encoder-decoders (T5, flan-T5, BART) with the KV cache:
+// the same tokens as transformers.generate (greedy, penalties, forced ids,
+// beam search, a right-padded batch: tests/fixtures/hf/{t5,flan_t5,bart}/
+// generation.json from tests/python/make_generation_goldens.py), as the
+// uncached loop, alone or in any batch, on 1 or 2 model shards.
+#include <catch2/catch.hpp>
+
+#include "generation_goldens.hpp"
+#include "redco/dist/threads_comm.hpp"
+#include "redco/generation/generate.hpp"
+#include "redco/models/hf_generation.hpp"
+#include "redco/models/pretrained.hpp"
+#include "redco/nn/generate.hpp"
+
+using namespace redco;
+using generation::GenerationConfig;
+using Sources = std::vector<std::vector<int64_t>>;
+using test::config_of;
+using test::ints;
+
+namespace {
+
+const Sources kSources{{5, 17, 33, 40, 2}, {60, 4}, {9, 9, 41, 70, 12, 3, 88, 21}, {11}};
+
+template <typename M>
+void check_goldens(const std::string& name) {
+  INFO("fixture " << name);
+  const auto p = models::from_pretrained<M>(test::hf_fixture(name));
+  const io::Json cases = test::generation_cases(name);
+  REQUIRE(cases.size() > 0);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const io::Json& k = cases.at(i);
+    INFO("case " << i << ": " << k.at("config").dump());
+    const GenerationConfig c = config_of(k.at("config"));
+    if (k.as_object().count("batch_tokens")) {  // one right-padded batch
+      Sources sources;
+      for (const io::Json& s : k.at("sources").as_array()) sources.push_back(ints(s));
+      const auto out = generation::generate_seq2seq(p.model, p.params, sources, c);
+      REQUIRE(out.sequences.size() == sources.size());
+      for (size_t r = 0; r < sources.size(); ++r)
+        CHECK(out.sequences[r] == ints(k.at("batch_tokens").at(r)));
+      continue;
+    }
+    const auto out = generation::generate_seq2seq(p.model, p.params, {ints(k.at("source"))}, c);
+    if (c.num_beams == 1) {
+      REQUIRE(out.sequences.size() == 1);
+      CHECK(out.sequences[0] == ints(k.at("tokens")));
+      continue;
+    }
+    REQUIRE(int64_t(out.sequences.size()) == c.num_return_sequences);
+    for (size_t s = 0; s < out.sequences.size(); ++s) {
+      CHECK(out.sequences[s] == test::until_eos(ints(k.at("sequences").at(s)), c));
+      CHECK(std::abs(out.scores[s] - float(k.at("scores").at(s).as_double())) < 1e-4f);
+    }
+  }
+}
+
+// The uncached loop: the whole decoder sequence through the model each step.
+template <typename M>
+std::vector<int64_t> uncached_greedy(const models::Pretrained<M>& p,
+                                     const std::vector<int64_t>& source, int64_t start,
+                                     int64_t max_new) {
+  const Tensor src =
+      Tensor::from<int64_t>(std::span<const int64_t>(source), {1, int64_t(source.size())});
+  const nn::LogitsFn logits = [&](const Tensor& ids) {
+    nn::Ctx ctx;
+    ctx.source = src;
+    return nn::apply(p.model, p.params, ids, ctx);
+  };
+  const Tensor first = Tensor::full({1, 1}, float(start)).to(DType::i64);
+  const std::vector<int64_t> all =
+      nn::generate(logits, first, {.max_new = max_new, .greedy = true}).values<int64_t>();
+  return {all.begin() + 1, all.end()};
+}
+
+template <typename M>
+void check_cached_and_batched(const std::string& name) {
+  INFO("fixture " << name);
+  const auto p = models::from_pretrained<M>(test::hf_fixture(name));
+  GenerationConfig c = models::generation_config(test::hf_fixture(name));
+  c.max_new_tokens = 10, c.eos_token_ids = {}, c.forced_eos_token_id = -1;
+  const auto batched = generation::generate_seq2seq(p.model, p.params, kSources, c);
+  GenerationConfig beams = c;
+  beams.num_beams = 3, beams.num_return_sequences = 2,
+  beams.eos_token_ids = {batched.sequences[0][3]};
+  const auto batched_beams = generation::generate_seq2seq(p.model, p.params, kSources, beams);
+  for (size_t i = 0; i < kSources.size(); ++i) {
+    INFO("source " << i);
+    const auto alone = generation::generate_seq2seq(p.model, p.params, {kSources[i]}, c);
+    CHECK(alone.sequences[0] == batched.sequences[i]);
+    CHECK(uncached_greedy(p, kSources[i], c.decoder_start_token_id, 10) == batched.sequences[i]);
+    const auto alone_beams = generation::generate_seq2seq(p.model, p.params, {kSources[i]}, beams);
+    for (size_t s = 0; s < 2; ++s) {
+      CHECK(alone_beams.sequences[s] == batched_beams.sequences[2 * i + s]);
+      CHECK(std::abs(alone_beams.scores[s] - batched_beams.scores[2 * i + s]) < 1e-5f);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("encoder-decoders: greedy, forced ids and beams equal transformers.generate",
+          "[generation][seq2seq]") {
+  check_goldens<models::T5>("t5");
+  check_goldens<models::T5>("flan_t5");
+  check_goldens<models::Bart>("bart");
+}
+
+TEST_CASE("encoder-decoders: cached equals uncached; a padded batch equals one by one",
+          "[generation][seq2seq]") {
+  check_cached_and_batched<models::T5>("t5");
+  check_cached_and_batched<models::T5>("flan_t5");
+  check_cached_and_batched<models::Bart>("bart");
+}
+
+TEST_CASE("encoder-decoders on 2 model shards give the 1-shard tokens", "[generation][seq2seq]") {
+  for (const char* name : {"t5", "flan_t5", "bart"}) {
+    INFO(name);
+    std::visit(
+        [&](const auto& whole) {
+          using M = std::decay_t<decltype(whole.model)>;
+          GenerationConfig greedy = models::generation_config(test::hf_fixture(name));
+          greedy.max_new_tokens = 8;
+          GenerationConfig beams = greedy;
+          beams.num_beams = 3;
+          const auto want =
+              generation::generate_seq2seq(whole.model, whole.params, kSources, greedy);
+          const auto want_beams =
+              generation::generate_seq2seq(whole.model, whole.params, kSources, beams);
+          std::vector<generation::Generated> got(2), got_beams(2);
+          dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+            const auto part = models::from_pretrained<M>(test::hf_fixture(name),
+                                                         {.n_shards = 2, .rank = comm.rank()});
+            nn::Ctx ctx;
+            ctx.mp = &comm;
+            got[size_t(comm.rank())] =
+                generation::generate_seq2seq(part.model, part.params, kSources, greedy, ctx);
+            got_beams[size_t(comm.rank())] =
+                generation::generate_seq2seq(part.model, part.params, kSources, beams, ctx);
+          });
+          for (int r = 0; r < 2; ++r) {
+            CHECK(got[size_t(r)].sequences == want.sequences);
+            CHECK(got_beams[size_t(r)].sequences == want_beams.sequences);
+          }
+        },
+        models::from_pretrained_any(test::hf_fixture(name)));
+  }
+}
+
+TEST_CASE("a checkpoint's generation settings as transformers reads them",
+          "[generation][seq2seq]") {
+  const GenerationConfig bart = models::generation_config(test::hf_fixture("bart"));
+  CHECK(bart.decoder_start_token_id == 2);
+  CHECK(bart.pad_token_id == 1);
+  CHECK(bart.eos_token_ids == std::vector<int64_t>{2});
+  CHECK(bart.forced_eos_token_id == 2);
+  CHECK(bart.forced_bos_token_id == -1);
+  const GenerationConfig t5 = models::generation_config(test::hf_fixture("t5"));
+  CHECK(t5.decoder_start_token_id == 0);
+  CHECK(t5.pad_token_id == 0);
+  CHECK(t5.eos_token_ids == std::vector<int64_t>{1});
+  CHECK(t5.forced_eos_token_id == -1);
+  // A folder without generation_config.json: config.json's ids.
+  test::TempDir dir("gencfg");
+  std::filesystem::copy_file(test::hf_fixture("bart") / "config.json", dir.path / "config.json");
+  CHECK(models::generation_config(dir.path).decoder_start_token_id == 2);
+}
+
+TEST_CASE("encoder-decoder generation refuses bad input with one message",
+          "[generation][seq2seq]") {
+  using Catch::Matchers::Contains;
+  const auto p = models::from_pretrained<models::T5>(test::hf_fixture("t5"));
+  GenerationConfig c{.max_new_tokens = 4};
+  CHECK_THROWS_WITH(generation::generate_seq2seq(p.model, p.params, {{5, 6}}, c),
+                    Contains("decoder_start_token_id"));
+  c.decoder_start_token_id = 0;
+  CHECK_THROWS_WITH(generation::generate_seq2seq(p.model, p.params, {{5}, {}}, c),
+                    Contains("source 1 is empty"));
+  CHECK_THROWS_WITH(generation::generate_seq2seq(p.model, p.params, {}, c), Contains("no sources"));
+  c.forced_bos_token_id = 500;
+  CHECK_THROWS_WITH(generation::generate_seq2seq(p.model, p.params, {{5}}, c),
+                    Contains("forced_bos_token_id"));
+}

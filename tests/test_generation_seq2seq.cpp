@@ -55,22 +55,26 @@ void check_goldens(const std::string& name) {
   }
 }
 
-// The uncached loop: the whole decoder sequence through the model each step.
+Tensor ids_tensor(const std::vector<int64_t>& ids) {
+  return Tensor::from<int64_t>(std::span<const int64_t>(ids), {1, int64_t(ids.size())});
+}
+
+// The uncached loop: the whole decoder sequence (from `prompt`) through the
+// model each step.
 template <typename M>
 std::vector<int64_t> uncached_greedy(const models::Pretrained<M>& p,
-                                     const std::vector<int64_t>& source, int64_t start,
-                                     int64_t max_new) {
-  const Tensor src =
-      Tensor::from<int64_t>(std::span<const int64_t>(source), {1, int64_t(source.size())});
+                                     const std::vector<int64_t>& source,
+                                     const std::vector<int64_t>& prompt, int64_t max_new) {
+  const Tensor src = ids_tensor(source);
   const nn::LogitsFn logits = [&](const Tensor& ids) {
     nn::Ctx ctx;
     ctx.source = src;
     return nn::apply(p.model, p.params, ids, ctx);
   };
-  const Tensor first = Tensor::full({1, 1}, float(start)).to(DType::i64);
   const std::vector<int64_t> all =
-      nn::generate(logits, first, {.max_new = max_new, .greedy = true}).values<int64_t>();
-  return {all.begin() + 1, all.end()};
+      nn::generate(logits, ids_tensor(prompt), {.max_new = max_new, .greedy = true})
+          .values<int64_t>();
+  return {all.begin() + int64_t(prompt.size()), all.end()};
 }
 
 template <typename M>
@@ -88,7 +92,7 @@ void check_cached_and_batched(const std::string& name) {
     INFO("source " << i);
     const auto alone = generation::generate_seq2seq(p.model, p.params, {kSources[i]}, c);
     CHECK(alone.sequences[0] == batched.sequences[i]);
-    CHECK(uncached_greedy(p, kSources[i], c.decoder_start_token_id, 10) == batched.sequences[i]);
+    CHECK(uncached_greedy(p, kSources[i], {c.decoder_start_token_id}, 10) == batched.sequences[i]);
     const auto alone_beams = generation::generate_seq2seq(p.model, p.params, {kSources[i]}, beams);
     for (size_t s = 0; s < 2; ++s) {
       CHECK(alone_beams.sequences[s] == batched_beams.sequences[2 * i + s]);
@@ -111,6 +115,41 @@ TEST_CASE("encoder-decoders: cached equals uncached; a padded batch equals one b
   check_cached_and_batched<models::T5>("t5");
   check_cached_and_batched<models::T5>("flan_t5");
   check_cached_and_batched<models::Bart>("bart");
+}
+
+// Decoder prompts of different lengths: each cache row's queries at their
+// own positions (T5's relative position bias per row, BART's positions).
+template <typename M>
+void check_decoder_prompts(const std::string& name) {
+  INFO("fixture " << name);
+  const auto p = models::from_pretrained<M>(test::hf_fixture(name));
+  GenerationConfig c = models::generation_config(test::hf_fixture(name));
+  c.max_new_tokens = 8, c.eos_token_ids = {}, c.forced_eos_token_id = -1;
+  const int64_t s = c.decoder_start_token_id;
+  const Sources prompts{{s}, {s, 42, 77, 3}, {s, 20}, {s, 5, 6, 7, 8, 9}};
+  // The sources right-padded behind their mask, as generate_seq2seq pads them.
+  const int64_t Ts = 8;
+  Tensor src = Tensor::full({4, Ts}, float(c.pad_token_id)).to(DType::i64);
+  Tensor mask = Tensor::zeros({4, Ts});
+  for (int64_t r = 0; r < 4; ++r)
+    for (size_t t = 0; t < kSources[size_t(r)].size(); ++t) {
+      src.data<int64_t>()[r * Ts + int64_t(t)] = kSources[size_t(r)][t];
+      mask.data<float>()[r * Ts + int64_t(t)] = 1.f;
+    }
+  nn::Ctx ctx;
+  ctx.source = src, ctx.source_mask = mask;
+  const auto batched = generation::generate(p.model, p.params, prompts, c, ctx);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("row " << i);
+    CHECK(uncached_greedy(p, kSources[i], prompts[i], 8) == batched.sequences[i]);
+  }
+}
+
+TEST_CASE("encoder-decoders: decoder prompts of different lengths in one batch",
+          "[generation][seq2seq]") {
+  check_decoder_prompts<models::T5>("t5");
+  check_decoder_prompts<models::T5>("flan_t5");
+  check_decoder_prompts<models::Bart>("bart");
 }
 
 TEST_CASE("encoder-decoders on 2 model shards give the 1-shard tokens", "[generation][seq2seq]") {

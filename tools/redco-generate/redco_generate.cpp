@@ -158,7 +158,8 @@ int main(int argc, char** argv) try {
           std::tuple{"--forced-eos", &c.forced_eos_token_id, f.forced_eos_token_id},
           std::tuple{"--pad", &c.pad_token_id, f.pad_token_id}})
       if (app.count(flag) == 0) *mine = theirs;
-    if (app.count("--eos") == 0) c.eos_token_ids = f.eos_token_ids;
+    // --bench generates max_new_tokens whatever the random sources give.
+    if (app.count("--eos") == 0 && !bench) c.eos_token_ids = f.eos_token_ids;
   }
   auto any = models::from_pretrained_any(dir, load);
   nn::Ctx ctx;

@@ -170,10 +170,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
     if (r % K) st.score[size_t(r)] = -1e9f;  // one live beam to start: no duplicates
   }
   nn::KVCache cache(R, longest + c.max_new_tokens);
-  nn::Ctx base = ctx;
-  ctx.cache = &cache;
-  ctx.source = detail::repeat_rows(base.source, K);
-  ctx.source_mask = detail::repeat_rows(base.source_mask, K);
+  ctx.cache = &cache;  // its K rows per prompt share the prompt's encoder row
   auto [ids, logit_rows] = detail::prefill_input(rows, longest, c.pad_token_id);
   std::vector<int64_t> appended(static_cast<size_t>(R)), src(static_cast<size_t>(R)),
       tok(static_cast<size_t>(R));

@@ -8,20 +8,6 @@
 
 namespace redco::generation::detail {
 
-// ctx.source / source_mask rows repeated `copies` times each (one per beam).
-Tensor repeat_rows(const Tensor& t, int64_t copies) {
-  if (!t.defined() || copies == 1) return t;
-  const Tensor src = t.to(Device::cpu());
-  Shape shape = src.shape();
-  shape[0] *= copies;
-  Tensor out = Tensor::empty(shape, src.dtype());
-  const size_t row = size_t(src.numel() / src.dim(0)) * dtype_size(src.dtype());
-  for (int64_t r = 0; r < shape[0]; ++r)
-    std::memcpy(static_cast<char*>(out.raw()) + size_t(r) * row,
-                static_cast<const char*>(src.raw()) + size_t(r / copies) * row, row);
-  return t.device().is_cpu() ? out : out.to(t.device());
-}
-
 // The prefill input: rows right-padded to the longest, and each row's last position.
 std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, int64_t pad) {
   const auto R = int64_t(rows.size());

@@ -9,8 +9,6 @@ namespace redco::generation::detail {
 
 using Prompts = std::vector<std::vector<int64_t>>;
 
-// t's rows (dim 0) repeated `copies` times each: the encoder input per beam.
-Tensor repeat_rows(const Tensor& t, int64_t copies);
 // The prefill input: rows right-padded with `pad` to `longest` [R, longest],
 // and each row's last position [R] (whose logits are wanted).
 std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, int64_t pad);

@@ -26,6 +26,9 @@ Tensor apply_child(const C& child, const Params& p, const Tensor& x, Ctx& ctx);
 // The encoder output a KV cache holds (undefined before the first step).
 const Tensor& cached_memory(const KVCache& cache);
 const Tensor& cached_memory_mask(const KVCache& cache);
+// Keeps the encoder output [S, Ts, d] and mask [S, Ts] for the cache's rows:
+// each source serves batch / S consecutive rows (beams, return sequences),
+// so the encoder runs once per source.
 void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask);
 
 template <Layer... Ls>
@@ -168,7 +171,10 @@ struct EncoderDecoder {
       ctx.cache = nullptr;
       ctx.memory = whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
       ctx.cache = cache, ctx.memory_mask = ctx.source_mask;
-      if (cache) cache_memory(*cache, ctx.memory, ctx.source_mask);
+      if (cache) {  // repeated for the rows each source serves
+        cache_memory(*cache, ctx.memory, ctx.source_mask);
+        ctx.memory = cached_memory(*cache), ctx.memory_mask = cached_memory_mask(*cache);
+      }
     }
     ctx.mask = target_mask;
     Tensor y = apply_child(decoder, p, x, ctx);

@@ -14,8 +14,10 @@
 //   cache.commit();          // length(b) += appended[b]
 // Inputs past a row's real ones (right padding of a ragged prefill) write
 // slots that the row's next tokens overwrite; they are never attended to.
-// Cross-attention (encoder-decoder) keeps the encoder's keys and values,
-// computed on the first step.
+// Encoder-decoders: the encoder runs once, on the first step, over one row
+// per source; its output (memory) is kept repeated for the cache rows each
+// source serves (beams, return sequences: consecutive rows), and each
+// cross-attention layer keeps the keys and values it projects from it then.
 #include <map>
 #include <string>
 #include <vector>

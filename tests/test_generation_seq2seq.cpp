@@ -186,6 +186,35 @@ TEST_CASE("encoder-decoders on 2 model shards give the 1-shard tokens", "[genera
   }
 }
 
+TEST_CASE("encoder-decoders: sampling draws a source's tokens in any batch",
+          "[generation][seq2seq]") {
+  const auto p = models::from_pretrained<models::Bart>(test::hf_fixture("bart"));
+  GenerationConfig c = models::generation_config(test::hf_fixture("bart"));
+  c.max_new_tokens = 10, c.do_sample = true, c.top_k = 20, c.seed = 3;
+  const auto batched = generation::generate_seq2seq(p.model, p.params, kSources, c);
+  const auto alone = generation::generate_seq2seq(p.model, p.params, {kSources[2]}, c);
+  CHECK(alone.sequences[0] == batched.sequences[2]);
+  // Return sequences: 3 rows per source, each source's encoder row serving its 3.
+  c.num_return_sequences = 3;
+  const auto three = generation::generate_seq2seq(p.model, p.params, kSources, c);
+  const auto three_alone = generation::generate_seq2seq(p.model, p.params, {kSources[2]}, c);
+  REQUIRE(three.sequences.size() == 3 * kSources.size());
+  for (size_t i = 0; i < 3; ++i) CHECK(three.sequences[6 + i] == three_alone.sequences[i]);
+  CHECK(three_alone.sequences[0] != three_alone.sequences[1]);
+  // The draws follow the source (padding left out): under flat logits, where
+  // only the draws pick the tokens, two sources differ and each is the same
+  // alone as in the padded batch.
+  const generation::StepFn flat = [](const Tensor& ids, nn::Ctx&) {
+    return Tensor::zeros({ids.dim(0), 1, 96});
+  };
+  c.num_return_sequences = 1, c.top_k = 0, c.eos_token_ids = {}, c.forced_eos_token_id = -1;
+  const auto flat_batch = generation::generate_seq2seq(flat, kSources, c);
+  CHECK(flat_batch.sequences[0] != flat_batch.sequences[1]);
+  for (size_t i = 0; i < kSources.size(); ++i)
+    CHECK(generation::generate_seq2seq(flat, {kSources[i]}, c).sequences[0] ==
+          flat_batch.sequences[i]);
+}
+
 TEST_CASE("a checkpoint's generation settings as transformers reads them",
           "[generation][seq2seq]") {
   const GenerationConfig bart = models::generation_config(test::hf_fixture("bart"));

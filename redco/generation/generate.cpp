@@ -42,6 +42,21 @@ uint64_t row_stream(const std::vector<int64_t>& prompt, int64_t copy) {
   return h;
 }
 
+// An encoder-decoder row's source tokens (padding left out): its random
+// stream follows them too, so different sources draw differently and a
+// source draws the same alone or in any batch. Empty without ctx.source.
+std::vector<int64_t> source_tokens(const Tensor& source, const Tensor& mask, int64_t row) {
+  if (!source.defined()) return {};
+  const Tensor ids = source.to(Device::cpu()).to(DType::i64);
+  const Tensor m = mask.defined() ? mask.to(Device::cpu()).to(DType::f32) : Tensor();
+  const int64_t T = ids.dim(1);
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < T; ++t)
+    if (!m.defined() || m.data<float>()[row * T + t] != 0.f)
+      out.push_back(ids.data<int64_t>()[row * T + t]);
+  return out;
+}
+
 bool is_eos(const GenerationConfig& c, int64_t t) {
   return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), t) != c.eos_token_ids.end();
 }
@@ -60,7 +75,12 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
     for (int64_t t : b.rows[size_t(r)]) hist[size_t(r)].push(t, false);
     hist[size_t(r)].prompt_length = int64_t(b.rows[size_t(r)].size());
     appended[size_t(r)] = hist[size_t(r)].prompt_length;
-    streams[size_t(r)] = row_stream(b.rows[size_t(r)], r % copies);
+    std::vector<int64_t> key = b.rows[size_t(r)];
+    if (c.do_sample && ctx.source.defined()) {  // one source row per prompt, or per row
+      const int64_t src_row = ctx.source.dim(0) == R ? r : r / copies;
+      for (int64_t t : source_tokens(ctx.source, ctx.source_mask, src_row)) key.push_back(t);
+    }
+    streams[size_t(r)] = row_stream(key, r % copies);
   }
   Generated out;
   out.sequences.resize(static_cast<size_t>(R));

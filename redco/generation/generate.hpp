@@ -8,7 +8,8 @@
 //
 // Prompts have their own lengths: no padding, every row's positions are its
 // own, so a prompt gets the same tokens alone or in any batch (greedy and
-// beams exactly; sampling too, its draws keyed by the prompt). Under tensor
+// beams exactly; sampling too, its draws keyed by the prompt and, for an
+// encoder-decoder, its source's tokens). Under tensor
 // parallelism pass ctx.mp: each rank caches its heads and every rank returns
 // the same tokens.
 //

@@ -14,6 +14,7 @@
 #include "redco/io/safetensors.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/llama.hpp"
+#include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/models/t5.hpp"
 #include "redco/models/vision.hpp"

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "hf_fixtures.hpp"
+#include "generation_goldens.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/io/json.hpp"
@@ -24,46 +24,15 @@ using Prompts = std::vector<std::vector<int64_t>>;
 namespace {
 
 fs::path fixture(const std::string& name) { return test::hf_fixture(name); }
-
-std::vector<int64_t> ints(const io::Json& j) {
-  std::vector<int64_t> v;
-  for (const io::Json& x : j.as_array()) v.push_back(x.as_int());
-  return v;
-}
-
-GenerationConfig config_of(const io::Json& j) {
-  GenerationConfig c{.max_new_tokens = 12};
-  const auto& o = j.as_object();
-  auto num = [&](const char* k, double d) { return o.count(k) ? o.at(k).as_double() : d; };
-  c.eos_token_ids = ints(o.at("eos_token_ids"));
-  c.repetition_penalty = float(num("repetition_penalty", 1));
-  c.no_repeat_ngram_size = int64_t(num("no_repeat_ngram_size", 0));
-  c.min_new_tokens = int64_t(num("min_new_tokens", 0));
-  c.num_beams = int64_t(num("num_beams", 1));
-  c.length_penalty = float(num("length_penalty", 1));
-  c.early_stopping = o.count("early_stopping") && o.at("early_stopping").as_bool();
-  c.num_return_sequences = int64_t(num("num_return_sequences", 1));
-  return c;
-}
-
-// transformers pads finished beams: cut after the first end-of-sequence id.
-std::vector<int64_t> until_eos(std::vector<int64_t> t, const GenerationConfig& c) {
-  for (size_t i = 0; i < t.size(); ++i)
-    if (std::count(c.eos_token_ids.begin(), c.eos_token_ids.end(), t[i])) {
-      t.resize(i + 1);
-      break;
-    }
-  return t;
-}
+using test::config_of;
+using test::ints;
+using test::until_eos;
 
 template <typename M>
 void check_goldens(const std::string& name) {
   INFO("fixture " << name);
   const auto p = models::from_pretrained<M>(fixture(name));
-  std::ifstream in(fixture(name) / "generation.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const io::Json cases = io::Json::parse(ss.str(), name);
+  const io::Json cases = test::generation_cases(name);
   for (size_t i = 0; i < cases.size(); ++i) {
     const io::Json& k = cases.at(i);
     INFO("case " << i << ": " << k.at("config").dump());

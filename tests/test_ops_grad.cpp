@@ -368,6 +368,7 @@ TEST_CASE("attention over padded rows with a score bias equals the composition",
     bool causal, bias;
     std::vector<int64_t> lo, hi;  // per batch row: right padding, left padding, an empty row
     std::vector<int64_t> off{};   // per-row causal offsets (a KV cache), or none
+    bool row_bias = false;        // a bias per batch row [B, Hq, Tq, Tk]
   };
   // 130 keys span three 64-key tiles: whole tiles are skipped and others cut.
   for (const Case& c : {Case{130, 130, true, false, {0, 70, 9}, {100, 130, 9}},
@@ -376,15 +377,19 @@ TEST_CASE("attention over padded rows with a score bias equals the composition",
                         Case{7, 9, false, true, {2, 0, 0}, {9, 4, 9}},
                         // A cache of 130 slots: rows filled to 3, 67 and 127 slots, 3 new queries.
                         Case{3, 130, true, true, {0, 0, 0}, {3, 67, 127}, {0, 64, 124}},
+                        Case{3, 130, true, true, {0, 0, 0}, {3, 67, 127}, {0, 64, 124}, true},
+                        Case{7, 9, false, true, {2, 0, 0}, {9, 4, 9}, {}, true},
                         Case{1, 130, true, false, {0, 5, 0}, {1, 100, 130}, {0, 99, 129}}}) {
-    INFO("Tq " << c.Tq << " Tk " << c.Tk << " causal " << c.causal << " bias " << c.bias);
+    INFO("Tq " << c.Tq << " Tk " << c.Tk << " causal " << c.causal << " bias " << c.bias
+               << " per row " << c.row_bias);
     AttentionExtras x = ranges(c.lo, c.hi);
     if (!c.off.empty())
       x.causal_offset =
           Tensor::from<int64_t>(std::span<const int64_t>(c.off), {int64_t(c.off.size())});
     TensorList in{randn({3, 4, c.Tq, 8}, 60), randn({3, 2, c.Tk, 8}, 61),
                   randn({3, 2, c.Tk, 8}, 62)};
-    if (c.bias) in.push_back(randn({4, c.Tq, c.Tk}, 63));
+    if (c.bias)
+      in.push_back(c.row_bias ? randn({3, 4, c.Tq, c.Tk}, 63) : randn({4, c.Tq, c.Tk}, 63));
     for (auto& t : in) t.set_requires_grad(true);
     auto with = [&](const TensorList& t) {
       AttentionExtras y = x;

@@ -170,10 +170,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
     if (r % K) st.score[size_t(r)] = -1e9f;  // one live beam to start: no duplicates
   }
   nn::KVCache cache(R, longest + c.max_new_tokens);
-  nn::Ctx base = ctx;
-  ctx.cache = &cache;
-  ctx.source = detail::repeat_rows(base.source, K);
-  ctx.source_mask = detail::repeat_rows(base.source_mask, K);
+  ctx.cache = &cache;  // its K rows per prompt share the prompt's encoder row
   auto [ids, logit_rows] = detail::prefill_input(rows, longest, c.pad_token_id);
   std::vector<int64_t> appended(static_cast<size_t>(R)), src(static_cast<size_t>(R)),
       tok(static_cast<size_t>(R));
@@ -184,6 +181,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
     Tensor logits = detail::run_step(step, ctx, cache, s == 0 ? ids : next, appended,
                                      s == 0 ? logit_rows : Tensor());
     const int64_t V = logits.dim(1);
+    if (s == 0) check(c, V);  // the ids against the model's vocabulary
     float* lp = logits.data<float>();
     for (int64_t r = 0; r < R; ++r) {
       std::span<float> row(lp + r * V, size_t(V));
@@ -194,7 +192,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
     for (int64_t p = 0; p < P; ++p) select(st, p, lp + p * K * V, V, c, src, tok, score);
     advance_beams(st, src, tok, score);
     if (std::all_of(st.done.begin(), st.done.end(), [](bool d) { return d; })) break;
-    cache.reorder(src);
+    cache.reorder(src, true);  // beams stay with their prompt: its encoder rows stay too
     std::copy(tok.begin(), tok.end(), next.data<int64_t>());
     std::fill(appended.begin(), appended.end(), 1);
   }

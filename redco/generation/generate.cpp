@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "redco/core/philox.hpp"
 #include "redco/generation/logits_process.hpp"
@@ -41,6 +42,21 @@ uint64_t row_stream(const std::vector<int64_t>& prompt, int64_t copy) {
   return h;
 }
 
+// An encoder-decoder row's source tokens (padding left out): its random
+// stream follows them too, so different sources draw differently and a
+// source draws the same alone or in any batch. Empty without ctx.source.
+std::vector<int64_t> source_tokens(const Tensor& source, const Tensor& mask, int64_t row) {
+  if (!source.defined()) return {};
+  const Tensor ids = source.to(Device::cpu()).to(DType::i64);
+  const Tensor m = mask.defined() ? mask.to(Device::cpu()).to(DType::f32) : Tensor();
+  const int64_t T = ids.dim(1);
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < T; ++t)
+    if (!m.defined() || m.data<float>()[row * T + t] != 0.f)
+      out.push_back(ids.data<int64_t>()[row * T + t]);
+  return out;
+}
+
 bool is_eos(const GenerationConfig& c, int64_t t) {
   return std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), t) != c.eos_token_ids.end();
 }
@@ -50,8 +66,6 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
   const int64_t copies = c.do_sample ? c.num_return_sequences : 1;
   const Batch b = expand(prompts, copies);
   const auto R = int64_t(b.rows.size());
-  ctx.source = detail::repeat_rows(ctx.source, copies);
-  ctx.source_mask = detail::repeat_rows(ctx.source_mask, copies);
   nn::KVCache cache(R, b.longest + std::max<int64_t>(c.max_new_tokens, 1));
   ctx.cache = &cache;
   std::vector<RowHistory> hist(static_cast<size_t>(R));
@@ -61,7 +75,12 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
     for (int64_t t : b.rows[size_t(r)]) hist[size_t(r)].push(t, false);
     hist[size_t(r)].prompt_length = int64_t(b.rows[size_t(r)].size());
     appended[size_t(r)] = hist[size_t(r)].prompt_length;
-    streams[size_t(r)] = row_stream(b.rows[size_t(r)], r % copies);
+    std::vector<int64_t> key = b.rows[size_t(r)];
+    if (c.do_sample && ctx.source.defined()) {  // one source row per prompt, or per row
+      const int64_t src_row = ctx.source.dim(0) == R ? r : r / copies;
+      for (int64_t t : source_tokens(ctx.source, ctx.source_mask, src_row)) key.push_back(t);
+    }
+    streams[size_t(r)] = row_stream(key, r % copies);
   }
   Generated out;
   out.sequences.resize(static_cast<size_t>(R));
@@ -73,6 +92,7 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
     Tensor logits = detail::run_step(step, ctx, cache, s == 0 ? ids : next, appended,
                                      s == 0 ? logit_rows : Tensor());
     const int64_t V = logits.dim(1);
+    if (s == 0) check(c, V);  // the ids against the model's vocabulary
     bool all_done = true;
     for (int64_t r = 0; r < R; ++r) {
       int64_t tok = c.pad_token_id;
@@ -110,6 +130,17 @@ Generated generate(const StepFn& step, const Prompts& prompts, const GenerationC
   if (c.max_new_tokens == 0) return {Prompts(prompts.size() * size_t(c.num_return_sequences)), {}};
   if (c.num_beams > 1) return beam_search(step, prompts, c, std::move(ctx));
   return sample_or_greedy(step, prompts, c, std::move(ctx), on_token);
+}
+
+Generated generate_seq2seq(const StepFn& step, const Prompts& sources, const GenerationConfig& c,
+                           nn::Ctx ctx, const OnToken& on_token) {
+  REDCO_CHECK(!sources.empty(), "generate_seq2seq: no sources");
+  REDCO_CHECK(c.decoder_start_token_id >= 0,
+              "generate_seq2seq: set decoder_start_token_id, the decoder's first input (the "
+              "checkpoint's: models::generation_config(dir); T5 starts from its pad id)");
+  std::tie(ctx.source, ctx.source_mask) = detail::source_batch(sources, c.pad_token_id);
+  return generate(step, Prompts(sources.size(), {c.decoder_start_token_id}), c, std::move(ctx),
+                  on_token);
 }
 
 }  // namespace redco::generation

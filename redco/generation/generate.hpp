@@ -8,10 +8,21 @@
 //
 // Prompts have their own lengths: no padding, every row's positions are its
 // own, so a prompt gets the same tokens alone or in any batch (greedy and
-// beams exactly; sampling too, its draws keyed by the prompt). Under tensor
+// beams exactly; sampling too, its draws keyed by the prompt and, for an
+// encoder-decoder, its source's tokens). Under tensor
 // parallelism pass ctx.mp: each rank caches its heads and every rank returns
-// the same tokens. Encoder-decoders: set ctx.source (and ctx.source_mask) to
-// the encoder's input; the prompts are then the decoder's start tokens.
+// the same tokens.
+//
+// Encoder-decoders (T5, BART): generate_seq2seq takes the sources (encoder
+// input ids, each its own length) and returns each one's generated ids:
+//
+//   auto cfg = models::generation_config(dir);  // decoder start, eos, pad, forced ids
+//   auto out = generation::generate_seq2seq(t5.model, t5.params, {{37, 1}, {8, 9, 1}}, cfg);
+//
+// The encoder runs once per batch on the sources right-padded behind a mask;
+// each cross-attention layer projects its keys and values once into the
+// cache; the decoder starts from config.decoder_start_token_id. (generate
+// with ctx.source set is the same, with the decoder's prompts given.)
 #include <functional>
 #include <vector>
 
@@ -46,6 +57,24 @@ Generated generate(const L& model, const nn::ParamTree& params,
     return nn::apply(model, params, ids, c);
   };
   return generate(step, prompts, config, std::move(ctx), on_token);
+}
+
+// sources: encoder input ids per row (own lengths, padded here with
+// config.pad_token_id); out.sequences: the ids generated after the decoder
+// start token, row-major as generate's.
+Generated generate_seq2seq(const StepFn& step, const std::vector<std::vector<int64_t>>& sources,
+                           const GenerationConfig& config, nn::Ctx ctx = {},
+                           const OnToken& on_token = {});
+
+template <nn::Layer L>
+Generated generate_seq2seq(const L& model, const nn::ParamTree& params,
+                           const std::vector<std::vector<int64_t>>& sources,
+                           const GenerationConfig& config, nn::Ctx ctx = {},
+                           const OnToken& on_token = {}) {
+  const StepFn step = [&](const Tensor& ids, nn::Ctx& c) {
+    return nn::apply(model, params, ids, c);
+  };
+  return generate_seq2seq(step, sources, config, std::move(ctx), on_token);
 }
 
 }  // namespace redco::generation

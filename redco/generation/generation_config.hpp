@@ -12,6 +12,15 @@ struct GenerationConfig {
   int64_t min_new_tokens = 0;            // end-of-sequence ids are banned before this many
   std::vector<int64_t> eos_token_ids{};  // a row stops after emitting one of them
   int64_t pad_token_id = 0;              // fills finished rows of a batch and beams
+  // ---- forced tokens, as transformers' ForcedBOS/ForcedEOSTokenLogitsProcessor
+  // (-1: off): the token after a one-token decoder input (an encoder-decoder's
+  // first generated token, BART-large's bos), and the last token a row can
+  // generate (its max_new_tokens-th)
+  int64_t forced_bos_token_id = -1;
+  int64_t forced_eos_token_id = -1;
+  // ---- encoder-decoders (generate_seq2seq): the decoder's first input
+  // (T5: the pad id; BART: eos, its decoder_start_token_id); -1: unset
+  int64_t decoder_start_token_id = -1;
   // ---- sampling (greedy when off)
   bool do_sample = false;
   float temperature = 1.f;

@@ -33,6 +33,12 @@ void check(const GenerationConfig& c, int64_t vocab) {
   for (int64_t e : c.eos_token_ids)
     REDCO_CHECK(e >= 0 && (vocab == 0 || e < vocab),
                 "generation config: eos token id {} is not in the vocabulary [0, {})", e, vocab);
+  for (auto [name, id] : {std::pair{"forced_bos_token_id", c.forced_bos_token_id},
+                          std::pair{"forced_eos_token_id", c.forced_eos_token_id},
+                          std::pair{"decoder_start_token_id", c.decoder_start_token_id}})
+    REDCO_CHECK(id >= -1 && (vocab == 0 || id < vocab),
+                "generation config: {} {} is not in the vocabulary [0, {}) (-1: unset)", name, id,
+                vocab);
 }
 
 void RowHistory::push(int64_t token, bool generated) {
@@ -68,6 +74,16 @@ void apply_processors(std::span<float> row, const RowHistory& h, const Generatio
   if (h.generated() < c.min_new_tokens)
     for (int64_t e : c.eos_token_ids)
       if (e < V) row[size_t(e)] = kNegInf;
+  // transformers forces by the input's length: bos after a one-token input,
+  // eos when one more token reaches max_length (= input + max_new_tokens).
+  int64_t forced = -1;
+  if (c.forced_bos_token_id >= 0 && h.tokens.size() == 1) forced = c.forced_bos_token_id;
+  if (c.forced_eos_token_id >= 0 && h.generated() == c.max_new_tokens - 1)
+    forced = c.forced_eos_token_id;
+  if (forced >= 0 && forced < V) {
+    std::fill(row.begin(), row.end(), kNegInf);
+    row[size_t(forced)] = 0.f;
+  }
 }
 
 int64_t first_argmax(std::span<const float> row) {

@@ -1,25 +1,12 @@
 // The pieces every decoding loop shares (steps.hpp).
 #include "redco/generation/steps.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "redco/core/error.hpp"
 
 namespace redco::generation::detail {
-
-// ctx.source / source_mask rows repeated `copies` times each (one per beam).
-Tensor repeat_rows(const Tensor& t, int64_t copies) {
-  if (!t.defined() || copies == 1) return t;
-  const Tensor src = t.to(Device::cpu());
-  Shape shape = src.shape();
-  shape[0] *= copies;
-  Tensor out = Tensor::empty(shape, src.dtype());
-  const size_t row = size_t(src.numel() / src.dim(0)) * dtype_size(src.dtype());
-  for (int64_t r = 0; r < shape[0]; ++r)
-    std::memcpy(static_cast<char*>(out.raw()) + size_t(r) * row,
-                static_cast<const char*>(src.raw()) + size_t(r / copies) * row, row);
-  return t.device().is_cpu() ? out : out.to(t.device());
-}
 
 // The prefill input: rows right-padded to the longest, and each row's last position.
 std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, int64_t pad) {
@@ -33,6 +20,20 @@ std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, in
     last.data<int64_t>()[r] = int64_t(p.size()) - 1;
   }
   return {ids, last};
+}
+
+std::pair<Tensor, Tensor> source_batch(const Prompts& sources, int64_t pad) {
+  int64_t longest = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    REDCO_CHECK(!sources[i].empty(), "generate_seq2seq: source {} is empty (it needs a token)", i);
+    longest = std::max(longest, int64_t(sources[i].size()));
+  }
+  const auto R = int64_t(sources.size());
+  Tensor ids = prefill_input(sources, longest, pad).first;  // [R, longest]
+  Tensor mask = Tensor::zeros({R, longest});                // [R, longest]
+  for (int64_t r = 0; r < R; ++r)
+    std::fill_n(mask.data<float>() + r * longest, sources[size_t(r)].size(), 1.f);
+  return {ids, mask};
 }
 
 // Runs one step: the cache takes appended[r] of row r's inputs; logits [R, V] (f32, CPU).

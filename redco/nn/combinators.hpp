@@ -25,6 +25,10 @@ Tensor apply_child(const C& child, const Params& p, const Tensor& x, Ctx& ctx);
 
 // The encoder output a KV cache holds (undefined before the first step).
 const Tensor& cached_memory(const KVCache& cache);
+const Tensor& cached_memory_mask(const KVCache& cache);
+// Keeps the encoder output [S, Ts, d] and mask [S, Ts] for the cache's rows:
+// each source serves batch / S consecutive rows (beams, return sequences),
+// so the encoder runs once per source.
 void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask);
 
 template <Layer... Ls>
@@ -155,12 +159,24 @@ struct EncoderDecoder {
     ctx.split_features = false;  // the encoder reads ids
     const Tensor target_mask = ctx.mask;
     ctx.mask = ctx.source_mask;
-    // Generation runs the encoder once and keeps its output with the cache.
-    const bool cached = ctx.cache && cached_memory(*ctx.cache).defined();
-    ctx.memory = cached ? cached_memory(*ctx.cache)
-                        : whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
-    if (ctx.cache && !cached) cache_memory(*ctx.cache, ctx.memory, ctx.source_mask);
-    ctx.mask = target_mask, ctx.memory_mask = ctx.source_mask;
+    // Generation runs the encoder once, on whole sources (without the cache,
+    // which is the decoder's), and keeps its output and mask with the cache.
+    KVCache* cache = ctx.cache;
+    const bool cached = cache && cached_memory(*cache).defined();
+    if (cached) {
+      ctx.memory = cached_memory(*cache), ctx.memory_mask = cached_memory_mask(*cache);
+      // Parameter names are scoped in child order: step past the encoder's.
+      p.template child<Named<"encoder", E>>([](const Params&) { return 0; });
+    } else {
+      ctx.cache = nullptr;
+      ctx.memory = whole_features(apply_child(encoder, p, ctx.source, ctx), ctx);
+      ctx.cache = cache, ctx.memory_mask = ctx.source_mask;
+      if (cache) {  // repeated for the rows each source serves
+        cache_memory(*cache, ctx.memory, ctx.source_mask);
+        ctx.memory = cached_memory(*cache), ctx.memory_mask = cached_memory_mask(*cache);
+      }
+    }
+    ctx.mask = target_mask;
     Tensor y = apply_child(decoder, p, x, ctx);
     ctx.memory = Tensor(), ctx.memory_mask = Tensor();
     return y;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "redco/nn/kv_cache.hpp"
+
 namespace redco::nn {
 
 Tensor relative_position_buckets(int64_t tq, int64_t tk, int64_t buckets, int64_t max_distance,
@@ -37,17 +39,45 @@ Tensor relative_position_buckets(int64_t tq, int64_t tk, int64_t buckets, int64_
   return out;
 }
 
+namespace {
+// Generation: row b's queries sit at positions length(b) + t among its cache
+// slots, so each row gets its own bias over all the slots, keyed by the
+// causal distance (query - key; keys after the query share bucket 0):
+// ids [B, Tq, capacity] into the table.
+Tensor cached_bucket_ids(const KVCache& cache, int64_t tq, int64_t buckets, int64_t max_distance) {
+  const int64_t B = cache.batch(), cap = cache.capacity();
+  // bucket of each distance 0 .. cap + tq - 1: query d against key 0.
+  const Tensor by_distance = relative_position_buckets(cap + tq, 1, buckets, max_distance, false);
+  const int64_t* bd = by_distance.data<int64_t>();
+  Tensor ids = Tensor::empty({B, tq, cap}, DType::i64);  // [B, Tq, capacity]
+  int64_t* o = ids.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < tq; ++t) {
+      const int64_t pos = cache.length(b) + t;
+      for (int64_t j = 0; j < cap; ++j) *o++ = j <= pos ? bd[pos - j] : bd[0];
+    }
+  return ids;
+}
+}  // namespace
+
 Tensor RelativePositionBias::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
   REDCO_CHECK(x.rank() >= 2, "{}: expected input [batch, seq, ...], got {}", p.path().view(),
               x.shape());
-  REDCO_CHECK(!ctx.cache,
-              "{}: T5's relative position bias is not implemented for generation with a KV "
-              "cache; run the model on whole sequences (nn::apply) instead",
+  REDCO_CHECK(!ctx.cache || !bidirectional,
+              "{}: a bidirectional (encoder) relative position bias has no KV cache; the "
+              "encoder runs on whole sources",
               p.path().view());
   const Tensor& table = p["weight"];  // [buckets, heads] or this rank's heads of it
   const Name name = p.path().dot("weight");
   shard_dim(table, Shape{buckets, heads}, {1}, ctx, name.view());
   const int64_t t = x.dim(1);
+  if (ctx.cache) {  // [B, heads here, Tq, capacity]: each row at its own positions
+    REDCO_CHECK(x.dim(0) == ctx.cache->batch(), "{}: input {} for a KV cache of batch {}",
+                p.path().view(), x.shape(), ctx.cache->batch());
+    const Tensor ids = cached_bucket_ids(*ctx.cache, t, buckets, max_distance);
+    ctx.score_bias = permute(embedding(table, ids.to(table.device())), {0, 3, 1, 2});
+    return x;
+  }
   const Tensor ids =
       relative_position_buckets(t, t, buckets, max_distance, bidirectional).to(table.device());
   ctx.score_bias = permute(embedding(table, ids), {2, 0, 1});  // [heads here, Tq, Tk]

@@ -19,7 +19,9 @@ namespace redco::nn {
 // causal decoder) keys after the query share bucket 0. Half of each side's
 // buckets are exact distances, the rest logarithmic up to max_distance.
 // Tensor-parallel: the table is split by heads (Role::head_table), so each
-// rank computes the bias of the heads its attention layers hold.
+// rank computes the bias of the heads its attention layers hold. With a KV
+// cache (generation, causal only) each row's queries sit at their own
+// positions: the bias is [B, heads, Tq, cache capacity], one per row.
 struct RelativePositionBias {
   static constexpr bool kTransparent = false;
   static constexpr std::string_view kName = "relative_attention_bias";

@@ -75,17 +75,21 @@ void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vect
 }
 }  // namespace
 
-void KVCache::reorder(const std::vector<int64_t>& rows) {
+void KVCache::reorder(const std::vector<int64_t>& rows, bool same_source) {
   REDCO_CHECK(!in_step_ && int64_t(rows.size()) == batch_,
               "KVCache::reorder: {} rows for a batch of {} (between steps)", rows.size(), batch_);
   for (int64_t r : rows) REDCO_CHECK(r >= 0 && r < batch_, "KVCache::reorder: no row {}", r);
-  for (auto* slots : {&self_, &cross_})
+  for (auto* slots : {&self_, &cross_}) {
+    if (slots == &cross_ && same_source) continue;
     for (auto& [path, s] : *slots) {
       gather_rows(s.k, scratch_, rows);
       gather_rows(s.v, scratch_, rows);
     }
-  gather_rows(memory, scratch_, rows);
-  gather_rows(memory_mask, scratch_, rows);
+  }
+  if (!same_source) {
+    gather_rows(memory, scratch_, rows);
+    gather_rows(memory_mask, scratch_, rows);
+  }
   std::vector<int64_t> len(length_.size());
   for (size_t r = 0; r < rows.size(); ++r) len[r] = length_[size_t(rows[r])];
   length_ = std::move(len);
@@ -94,8 +98,32 @@ void KVCache::reorder(const std::vector<int64_t>& rows) {
 }  // namespace redco::nn
 
 namespace redco::nn {
+namespace {
+// t's rows (dim 0) repeated `copies` times each, consecutively.
+Tensor repeat_rows(const Tensor& t, int64_t copies) {
+  if (!t.defined() || copies == 1) return t;
+  const Tensor src = t.to(Device::cpu());
+  Shape shape = src.shape();
+  shape[0] *= copies;
+  Tensor out = Tensor::empty(shape, src.dtype());
+  const size_t row = size_t(src.numel() / src.dim(0)) * dtype_size(src.dtype());
+  for (int64_t r = 0; r < shape[0]; ++r)
+    std::memcpy(static_cast<char*>(out.raw()) + size_t(r) * row,
+                static_cast<const char*>(src.raw()) + size_t(r / copies) * row, row);
+  return t.device().is_cpu() ? out : out.to(t.device());
+}
+}  // namespace
+
 const Tensor& cached_memory(const KVCache& cache) { return cache.memory; }
+const Tensor& cached_memory_mask(const KVCache& cache) { return cache.memory_mask; }
 void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask) {
-  cache.memory = memory, cache.memory_mask = mask;
+  const int64_t sources = memory.dim(0);
+  REDCO_CHECK(sources > 0 && cache.batch() % sources == 0,
+              "encoder_decoder: {} sources for a KV cache of {} rows; each source needs the same "
+              "number of rows (1, or its beams / return sequences, consecutive)",
+              sources, cache.batch());
+  CachingAllocator::LongLivedScope long_lived;  // lives as long as the generation
+  cache.memory = repeat_rows(memory, cache.batch() / sources);
+  cache.memory_mask = repeat_rows(mask, cache.batch() / sources);
 }
 }  // namespace redco::nn

@@ -14,8 +14,10 @@
 //   cache.commit();          // length(b) += appended[b]
 // Inputs past a row's real ones (right padding of a ragged prefill) write
 // slots that the row's next tokens overwrite; they are never attended to.
-// Cross-attention (encoder-decoder) keeps the encoder's keys and values,
-// computed on the first step.
+// Encoder-decoders: the encoder runs once, on the first step, over one row
+// per source; its output (memory) is kept repeated for the cache rows each
+// source serves (beams, return sequences: consecutive rows), and each
+// cross-attention layer keeps the keys and values it projects from it then.
 #include <map>
 #include <string>
 #include <vector>
@@ -40,7 +42,10 @@ class KVCache {
   bool in_step() const { return in_step_; }
   // Keeps only the rows listed, in that order (beam search): row i becomes old
   // row rows[i]. Runs without allocating when the batch size is unchanged.
-  void reorder(const std::vector<int64_t>& rows);
+  // same_source: each row i and rows[i] have the same encoder input (beams
+  // of one prompt), so the cross-attention slots and the encoder output,
+  // equal on those rows, are left as they are instead of copied.
+  void reorder(const std::vector<int64_t>& rows, bool same_source = false);
   // Forgets every row's tokens (the buffers stay for the next batch).
   void reset();
 

@@ -316,10 +316,6 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
                                              Ctx& ctx) const {
   KVCache& cache = *ctx.cache;
   const std::string path(p.path().view());
-  REDCO_CHECK(!score_bias,
-              "{}: a score bias (T5's relative position bias) is not implemented "
-              "with a KV cache",
-              path);
   REDCO_CHECK(cache.in_step() && in.dim(0) == cache.batch(),
               "{}: the KV cache (batch {}) must be in a step (KVCache::begin) for this input {}",
               path, cache.batch(), in.shape());
@@ -355,6 +351,13 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
     extras.key_begin = Tensor::zeros({cache.batch()}, DType::i64);
     extras.key_end = cache.key_end();
     extras.causal_offset = cache.causal_offset();
+    if (score_bias) {  // one per row, over every slot (RelativePositionBias)
+      REDCO_CHECK(ctx.score_bias.shape() == (Shape{q.dim(0), q.dim(1), q.dim(2), s.k.dim(2)}),
+                  "{}: the score bias is {} but the cached scores are [{} rows, {} heads, {} "
+                  "queries, {} slots] (put an nn::RelativePositionBias before the layers)",
+                  path, ctx.score_bias.shape(), q.dim(0), q.dim(1), q.dim(2), s.k.dim(2));
+      extras.bias = ctx.score_bias;
+    }
     return attention_merged_heads(q, s.k, s.v, true, logit_scale(ctx), extras);
   }
 }

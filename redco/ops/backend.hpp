@@ -42,7 +42,7 @@ struct AttentionExtras {
   // i64 [B] on the CPU, or undefined (Tk - Tq): with causal, query i of row b
   // sees keys j <= i + causal_offset[b] (a KV cache's rows of other lengths).
   Tensor causal_offset;
-  Tensor bias;                // f32 [Hq, Tq, Tk], or undefined
+  Tensor bias;                // f32 [Hq, Tq, Tk], [B, Hq, Tq, Tk] (per row), or undefined
 };
 
 struct LayerNormSaved {
@@ -105,8 +105,8 @@ class Backend {
                                     const Tensor& into) = 0;
   virtual Tensor rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) = 0;
   // q [B,Hq,Tq,D], k/v [B,Hkv,Tk,D] -> o [B,Hq,Tq,D], lse [B,Hq,Tq]. The
-  // backward returns {dq, dk, dv}, and dbias [Hq, Tq, Tk] after them when
-  // extras.bias is defined.
+  // backward returns {dq, dk, dv}, and dbias (extras.bias's shape) after them
+  // when extras.bias is defined.
   virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                            float scale, Tensor& lse, const AttentionExtras& extras) = 0;
   virtual TensorList attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,

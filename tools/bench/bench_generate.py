@@ -8,6 +8,11 @@ quote (the machine is shared).
 
   .venv/bin/python tools/bench/bench_generate.py --redco build/tools/redco-generate \
       --model gpt2 --prompt 512 --new 128 --batch 1 --rounds 2
+
+Encoder-decoders (--model t5-small or bart-base, random weights at those
+sizes): the prompt is the encoder's source; prefill is the encoder plus the
+first decoder step, decode the decoder's steps with cached self- and
+cross-attention.
 """
 import argparse
 import json
@@ -29,6 +34,12 @@ def checkpoint(kind, root):
     torch.manual_seed(0)
     if kind == "gpt2":
         model = tf.GPT2LMHeadModel(tf.GPT2Config())
+    elif kind == "t5-small":  # t5-small's sizes (60M)
+        model = tf.T5ForConditionalGeneration(tf.T5Config(decoder_start_token_id=0))
+    elif kind == "bart-base":  # bart-base's sizes (140M)
+        model = tf.BartForConditionalGeneration(tf.BartConfig(
+            d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+            decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072))
     else:  # a LLaMA of ~1B parameters
         model = tf.LlamaForCausalLM(tf.LlamaConfig(
             vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
@@ -62,7 +73,7 @@ def redco_run(exe, d, batch, prompt, new):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--redco", default="build/tools/redco-generate")
-    ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama1b"])
+    ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama1b", "t5-small", "bart-base"])
     ap.add_argument("--root", default="/tmp/redco-bench-generate")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
@@ -72,7 +83,10 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     d = checkpoint(a.model, a.root)
-    model = tf.AutoModelForCausalLM.from_pretrained(d).eval()
+    auto = tf.AutoModelForSeq2SeqLM if a.model in ("t5-small", "bart-base") else tf.AutoModelForCausalLM
+    model = auto.from_pretrained(d).eval()
+    print(f"{a.model}: batch {a.batch}, prompt {a.prompt}, new {a.new}, {a.threads} threads; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     rows = []
     for r in range(a.rounds):
         h = hf_run(model, a.batch, a.prompt, a.new)
@@ -81,7 +95,8 @@ def main():
         print(f"round {r}: transformers prefill {h['prefill_tok_s']:.1f} tok/s decode "
               f"{h['decode_tok_s']:.2f} tok/s | redco prefill {x['prefill_tok_s']:.1f} decode "
               f"{x['decode_tok_s']:.2f} | decode ratio {x['decode_tok_s'] / h['decode_tok_s']:.2f} "
-              f"prefill ratio {x['prefill_tok_s'] / h['prefill_tok_s']:.2f}", flush=True)
+              f"prefill ratio {x['prefill_tok_s'] / h['prefill_tok_s']:.2f} "
+              f"(load {os.getloadavg()[0]:.2f})", flush=True)
 
 
 if __name__ == "__main__":

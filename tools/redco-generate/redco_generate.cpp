@@ -8,16 +8,22 @@
 //
 // Prompts are token ids (comma- or space-separated). Every rank computes;
 // the main one prints. --bench times prefill and decode on random prompts and
-// prints one JSON line.
+// prints one JSON line. For an encoder-decoder (T5, BART) a prompt is the
+// encoder's source and the output its generated ids; the decoder start, end,
+// pad and forced ids come from the folder's generation_config.json unless
+// given. --bench's prefill is then the encoder and the first decoder step.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <iostream>
 #include <sstream>
+#include <tuple>
+#include <type_traits>
 
 #include "redco/core/philox.hpp"
-#include "redco/generation/generate.hpp"
-#include "redco/models/pretrained.hpp"
 #include "redco/dist/mesh.hpp"
+#include "redco/generation/generate.hpp"
+#include "redco/models/hf_generation.hpp"
+#include "redco/models/pretrained.hpp"
 #include "redco/train/deployer.hpp"
 
 using namespace redco;
@@ -61,19 +67,24 @@ struct Timing {
 };
 
 template <typename M>
+constexpr bool kSeq2seq = std::is_same_v<M, models::T5> || std::is_same_v<M, models::Bart>;
+
+template <typename M>
 void run(const models::Pretrained<M>& m, const Prompts& prompts,
          const generation::GenerationConfig& config, nn::Ctx ctx, bool bench, bool print) {
   Timing t;
   t.start = Clock::now();
   const bool stream = print && !bench && prompts.size() == 1 && config.num_beams == 1;
-  const auto out = generation::generate(
-      m.model, m.params, prompts, config, ctx, [&](int64_t, int64_t tok) {
-        const auto now = Clock::now();
-        if (t.tokens++ == 0) t.first = now;
-        t.last = now;
-        if (stream) std::cout << tok << ' ' << std::flush;
-        return true;
-      });
+  const generation::OnToken on_token = [&](int64_t, int64_t tok) {
+    const auto now = Clock::now();
+    if (t.tokens++ == 0) t.first = now;
+    t.last = now;
+    if (stream) std::cout << tok << ' ' << std::flush;
+    return true;
+  };
+  const auto out =
+      kSeq2seq<M> ? generation::generate_seq2seq(m.model, m.params, prompts, config, ctx, on_token)
+                  : generation::generate(m.model, m.params, prompts, config, ctx, on_token);
   if (!print) return;
   if (bench) {
     const double prefill = std::chrono::duration<double>(t.first - t.start).count();
@@ -102,11 +113,16 @@ int main(int argc, char** argv) try {
   bool bench = false;
   int64_t batch = 1, prompt_length = 512;
   app.add_option("model", dir, "checkpoint folder (config.json + safetensors)")->required();
-  app.add_option("--prompt", prompt_args, "token ids, e.g. 15496,11,995 (repeatable; default: stdin)");
+  app.add_option("--prompt", prompt_args,
+                 "token ids, e.g. 15496,11,995 (repeatable; default: stdin)");
   app.add_option("--max-new-tokens", c.max_new_tokens)->check(CLI::NonNegativeNumber);
   app.add_option("--min-new-tokens", c.min_new_tokens)->check(CLI::NonNegativeNumber);
   app.add_option("--eos", c.eos_token_ids, "end-of-sequence ids");
   app.add_option("--pad", c.pad_token_id);
+  app.add_option("--decoder-start", c.decoder_start_token_id,
+                 "encoder-decoders: the decoder's first input (default: the checkpoint's)");
+  app.add_option("--forced-bos", c.forced_bos_token_id, "the first generated token");
+  app.add_option("--forced-eos", c.forced_eos_token_id, "the token at max_new_tokens");
   app.add_flag("--do-sample", c.do_sample);
   app.add_option("--temperature", c.temperature);
   app.add_option("--top-k", c.top_k);
@@ -130,11 +146,21 @@ int main(int argc, char** argv) try {
   train::Deployer deployer({.n_model_shards = shards, .quiet = true});
   const models::hf::LoadOptions load{.n_shards = shards, .rank = deployer.mp_rank()};
   const std::string type = models::hf::Config(dir).model_type();
-  REDCO_CHECK(type != "t5" && type != "bart" && type != "bert" && type != "roberta",
-              "redco-generate: '{}' holds a '{}' model; this tool runs decoder-only language "
-              "models (an encoder-decoder needs its source: call generation::generate with "
-              "ctx.source set)",
+  REDCO_CHECK(type != "bert" && type != "roberta",
+              "redco-generate: '{}' holds a '{}' model, an encoder without a decoder; this tool "
+              "runs language models and encoder-decoders (T5, BART)",
               dir, type);
+  if (type == "t5" || type == "bart") {  // the checkpoint's ids where no flag gives them
+    const generation::GenerationConfig f = models::generation_config(dir);
+    for (auto [flag, mine, theirs] :
+         {std::tuple{"--decoder-start", &c.decoder_start_token_id, f.decoder_start_token_id},
+          std::tuple{"--forced-bos", &c.forced_bos_token_id, f.forced_bos_token_id},
+          std::tuple{"--forced-eos", &c.forced_eos_token_id, f.forced_eos_token_id},
+          std::tuple{"--pad", &c.pad_token_id, f.pad_token_id}})
+      if (app.count(flag) == 0) *mine = theirs;
+    // --bench generates max_new_tokens whatever the random sources give.
+    if (app.count("--eos") == 0 && !bench) c.eos_token_ids = f.eos_token_ids;
+  }
   auto any = models::from_pretrained_any(dir, load);
   nn::Ctx ctx;
   ctx.mp = &deployer.mesh().mp_comm();
@@ -146,7 +172,8 @@ int main(int argc, char** argv) try {
         if (prompts.empty())
           for (std::string line; std::getline(std::cin, line);)
             if (!parse_ids(line).empty()) prompts.push_back(parse_ids(line));
-        REDCO_CHECK(!prompts.empty(), "redco-generate: no prompts (give --prompt or lines on stdin)");
+        REDCO_CHECK(!prompts.empty(),
+                    "redco-generate: no prompts (give --prompt or lines on stdin)");
         if (bench) run(m, prompts, c, ctx, true, false);  // warm-up: buffers and caches
         run(m, prompts, c, ctx, bench, deployer.is_main());
       },

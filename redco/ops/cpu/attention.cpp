@@ -24,10 +24,11 @@
 //
 // Padding: batch row b may see only keys [key_begin[b], key_end[b]) (left
 // or right padding), and its queries may sit anywhere among the keys
-// (causal_offset[b]: a KV cache's rows of different lengths); tiles outside the range are skipped like causal ones and
-// cut ones exponentiate only the visible span. A bias [Hq, Tq, Tk] (T5's
-// relative positions) is added to the scaled scores of the visible span; its
-// gradient is dS itself, written per batch row and summed by the caller.
+// (causal_offset[b]: a KV cache's rows of different lengths); tiles outside the range are skipped
+// like causal ones and cut ones exponentiate only the visible span. A bias [Hq, Tq, Tk] (T5's
+// relative positions; [B, Hq, Tq, Tk] when each batch row has its own) is added to the scaled
+// scores of the visible span; its gradient is dS itself, written per batch row and summed by the
+// caller.
 //
 // Tile products go through redco::cpu::sgemm (oneDNN underneath); at 64x64x64
 // it beat Eigen's GEMM on mapped tiles (tools/bench/README.md, ## Attention).
@@ -74,7 +75,6 @@ void check_shape(const char* op, const AttentionShape& s) {
               s.Hkv);
   REDCO_CHECK(std::isfinite(s.scale), "{}: scale must be finite, got {}", op, s.scale);
 }
-
 
 // The keys one batch row may see at all (padding), [begin, end), and its
 // causal offset: query i sees keys j <= i + off (Tk - Tq: the queries are the
@@ -311,7 +311,8 @@ void flash_attention_forward(const AttentionShape& s, const float* q, const floa
       const int64_t bh = u / q_tiles, b = bh / s.Hq, h = bh % s.Hq;
       const int64_t i0 = u % q_tiles * kBr, i1 = std::min(s.Tq, i0 + kBr);
       const int64_t kvh = b * s.Hkv + h / group;
-      const float* bias_h = s.bias ? s.bias + h * s.Tq * s.Tk : nullptr;
+      const int64_t bias_head = s.bias_per_row ? bh : h;
+      const float* bias_h = s.bias ? s.bias + bias_head * s.Tq * s.Tk : nullptr;
       forward_tile(s, keys_of(s, b), bias_h, q + bh * s.Tq * D, k + kvh * s.Tk * D,
                    v + kvh * s.Tk * D, o + bh * s.Tq * D, lse + bh * s.Tq, i0, i1, w);
     }
@@ -348,7 +349,7 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
                          lse + bh * s.Tq,
                          delta.data() + bh * s.Tq,
                          dq_acc + bh * s.Tq * D,
-                         s.bias ? s.bias + h * bias_elems : nullptr,
+                         s.bias ? s.bias + (s.bias_per_row ? bh : h) * bias_elems : nullptr,
                          s.bias ? dbias + bh * bias_elems : nullptr};
       }
       const KvHead kv{k + bg * s.Tk * D, v + bg * s.Tk * D, dk + bg * s.Tk * D, dv + bg * s.Tk * D,

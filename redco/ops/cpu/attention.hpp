@@ -23,8 +23,11 @@ struct AttentionShape {
   // Optional: query i of batch row b sees keys j <= i + causal_offset[b]
   // (null: Tk - Tq, the queries being the last Tq positions).
   const int64_t* causal_offset = nullptr;
-  // Optional: [Hq, Tq, Tk] added to the scaled scores (T5's position bias).
+  // Optional: [Hq, Tq, Tk] added to the scaled scores (T5's position bias),
+  // or [B, Hq, Tq, Tk] with bias_per_row (a KV cache's rows at their own
+  // positions).
   const float* bias = nullptr;
+  bool bias_per_row = false;
 };
 
 void flash_attention_forward(const AttentionShape& s, const float* q, const float* k,

@@ -290,9 +290,11 @@ void attach_extras(cpu::AttentionShape& s, const AttentionExtras& x, Tensor& bia
   }
   if (x.bias.defined()) {
     bias = f32(x.bias, "attention bias");
-    REDCO_CHECK(bias.shape() == (Shape{s.Hq, s.Tq, s.Tk}),
-                "attention: the bias must be [Hq, Tq, Tk] = [{}, {}, {}], got {}", s.Hq, s.Tq, s.Tk,
-                bias.shape());
+    s.bias_per_row = bias.shape() == (Shape{s.B, s.Hq, s.Tq, s.Tk});
+    REDCO_CHECK(s.bias_per_row || bias.shape() == (Shape{s.Hq, s.Tq, s.Tk}),
+                "attention: the bias must be [Hq, Tq, Tk] = [{}, {}, {}] or one per batch row "
+                "[{}, {}, {}, {}], got {}",
+                s.Hq, s.Tq, s.Tk, s.B, s.Hq, s.Tq, s.Tk, bias.shape());
     s.bias = bias.data<float>();
   }
 }
@@ -328,6 +330,7 @@ TensorList CpuBackend::attention_backward(const Tensor& q_in, const Tensor& k_in
                                 dq.data<float>(), dk.data<float>(), dv.data<float>(),
                                 bias.defined() ? dbias_rows.data<float>() : nullptr);
   if (!bias.defined()) return {dq, dk, dv};
+  if (s.bias_per_row) return {dq, dk, dv, dbias_rows};
   const int axes[] = {0};
   return {dq, dk, dv, reduce(ReduceOp::sum, dbias_rows, axes).view({s.Hq, s.Tq, s.Tk})};
 }

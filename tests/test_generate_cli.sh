@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# redco-generate on the encoder-decoder fixtures: sources in (one per line),
+# generated ids out, equal to transformers.generate on the same right-padded
+# batch (the "batch_tokens" case of tests/fixtures/hf/{t5,bart}/generation.json,
+# made by tests/python/make_generation_goldens.py), the decoder start, end and
+# forced ids taken from the checkpoint's generation_config.json.
+#   test_generate_cli.sh <redco-generate> <tests/fixtures/hf>
+set -uo pipefail
+gen=$1 hf=$2
+bad=0
+sources=$'5 17 33 40 2\n60 4\n9 9 41 70 12 3 88 21'
+# check <fixture> <expected lines> <flags...>
+check() {
+  local fixture=$1 want=$2 out
+  shift 2
+  out=$(printf '%s\n' "$sources" | "$gen" "$hf/$fixture" --max-new-tokens 12 "$@" 2>&1)
+  if [[ "$out" != "$want" ]]; then
+    echo "FAIL: redco-generate $fixture $*:"; echo "$out"; echo "expected:"; echo "$want"; bad=1
+  fi
+}
+check t5 $'42 77 77 77 77 77 77 77 77 77 77 77\n20 20 20 20 20 20 20 20 20 20 20 20\n42 10 77 64 77 77 77 77 77 77 77 42'
+check bart $'41 41 41 41 41 41 41 41 41 41 41 2\n25 25 25 25 25 25 25 25 25 25 25 2\n13 13 13 62 62 62 88 88 88 88 88 2'
+# A flag overrides the checkpoint: no forced end id, and a forced first token.
+check bart $'7 41 41 41 41 41 41 41 41 41 41 41\n7 25 25 25 25 25 25 25 25 25 25 25\n7 62 62 62 62 62 62 62 62 62 62 62' --forced-eos -1 --forced-bos 7
+out=$("$gen" "$hf/bert" --prompt 1 2>&1) && { echo "FAIL: a BERT folder was accepted"; bad=1; }
+[[ "$out" == *"an encoder without a decoder"* ]] || { echo "FAIL: BERT refusal: $out"; bad=1; }
+exit $bad

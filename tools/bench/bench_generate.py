@@ -7,7 +7,7 @@ Prefill tokens/s and decode tokens/s per contender; the ratios are what to
 quote (the machine is shared).
 
   .venv/bin/python tools/bench/bench_generate.py --redco build/tools/redco-generate \
-      --model gpt2 --prompt 512 --new 128 --batch 1 --rounds 2
+      --model gpt2 --prompt 512 --new 128 --batch 1 --rounds 2 [--bf16]
 
 Encoder-decoders (--model t5-small or bart-base, random weights at those
 sizes): the prompt is the encoder's source; prefill is the encoder plus the
@@ -64,9 +64,10 @@ def hf_run(model, batch, prompt, new):
             "decode_tok_s": batch * (new - 1) / ((t2 - t1) - prefill)}
 
 
-def redco_run(exe, d, batch, prompt, new):
+def redco_run(exe, d, batch, prompt, new, dtype="f32"):
     out = subprocess.run([exe, d, "--bench", "--batch", str(batch), "--prompt-length", str(prompt),
-                          "--max-new-tokens", str(new)], check=True, capture_output=True, text=True)
+                          "--max-new-tokens", str(new), "--dtype", dtype],
+                         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -80,6 +81,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true", help="also redco with bf16 weights (--dtype bf16)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     d = checkpoint(a.model, a.root)
@@ -97,6 +99,11 @@ def main():
               f"{x['decode_tok_s']:.2f} | decode ratio {x['decode_tok_s'] / h['decode_tok_s']:.2f} "
               f"prefill ratio {x['prefill_tok_s'] / h['prefill_tok_s']:.2f} "
               f"(load {os.getloadavg()[0]:.2f})", flush=True)
+        if a.bf16:
+            y = redco_run(a.redco, d, a.batch, a.prompt, a.new, "bf16")
+            print(f"round {r}: redco bf16 weights prefill {y['prefill_tok_s']:.1f} decode "
+                  f"{y['decode_tok_s']:.2f} | bf16 / f32 decode {y['decode_tok_s'] / x['decode_tok_s']:.2f} "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ int main(int argc, char** argv) try {
   int shards = 1;
   bool bench = false;
   int64_t batch = 1, prompt_length = 512;
+  std::string dtype = "f32";
   app.add_option("model", dir, "checkpoint folder (config.json + safetensors)")->required();
   app.add_option("--prompt", prompt_args,
                  "token ids, e.g. 15496,11,995 (repeatable; default: stdin)");
@@ -138,13 +139,17 @@ int main(int argc, char** argv) try {
   app.add_option("--num-return-sequences", c.num_return_sequences);
   app.add_option("--seed", c.seed);
   app.add_option("--n-model-shards,--n_model_shards", shards, "tensor-parallel shards");
+  app.add_option("--dtype", dtype, "weights in memory (bf16: decoding reads half the bytes)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--bench", bench, "time prefill and decode on random prompts (JSON line)");
   app.add_option("--batch", batch, "--bench: prompts per batch");
   app.add_option("--prompt-length", prompt_length, "--bench: tokens per prompt");
   CLI11_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = shards, .quiet = true});
-  const models::hf::LoadOptions load{.n_shards = shards, .rank = deployer.mp_rank()};
+  const models::hf::LoadOptions load{.dtype = dtype == "bf16" ? DType::bf16 : DType::f32,
+                                     .n_shards = shards,
+                                     .rank = deployer.mp_rank()};
   const std::string type = models::hf::Config(dir).model_type();
   REDCO_CHECK(type != "bert" && type != "roberta",
               "redco-generate: '{}' holds a '{}' model, an encoder without a decoder; this tool "

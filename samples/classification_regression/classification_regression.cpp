@@ -88,8 +88,9 @@ template <typename Model>
 int run(const Options& o, train::Deployer& deployer, const Task& task, const Model& model,
         const data::TextEncoder& enc, std::optional<nn::ParamTree> init) {
   auto collate = [&](std::span<const Example> ex) {
-    std::vector<std::string> texts;
     const auto B = int64_t(ex.size());
+    std::vector<std::string> texts;
+    texts.reserve(ex.size());
     Batch b{{}, Tensor::empty({B}, DType::i64), Tensor::empty({B})};
     for (int64_t i = 0; i < B; ++i) {
       texts.push_back(ex[size_t(i)].text);
@@ -111,9 +112,11 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
   auto metric = [&](std::span<const Example> ex, std::span<const float> pred) {
     std::vector<int64_t> labels, classes;
     std::vector<float> targets;
-    for (size_t i = 0; i < ex.size(); ++i)
-      labels.push_back(ex[i].label), classes.push_back(int64_t(pred[i])),
-          targets.push_back(ex[i].target);
+    for (size_t i = 0; i < ex.size(); ++i) {
+      labels.push_back(ex[i].label);
+      classes.push_back(int64_t(pred[i]));
+      targets.push_back(ex[i].target);
+    }
     return regression ? io::Metrics{{"mse", train::mean_squared_error(targets, pred)}}
                       : train::classification_metrics(labels, classes, task.labels);
   };

@@ -52,7 +52,8 @@ Task fortune_categories(const Options& o) {
   const data::Fortunes f =
       data::read_fortunes(o.fortunes, {.min_per_category = o.min_per_category});
   const data::FortuneSplit split = data::holdout(f, 10);
-  Task t{.labels = int64_t(f.categories.size())};
+  Task t;
+  t.labels = int64_t(f.categories.size());
   for (const auto& e : split.train) t.train.push_back({e.text, e.category});
   for (const auto& e : split.valid) t.valid.push_back({e.text, e.category});
   return t;

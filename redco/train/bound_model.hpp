@@ -19,6 +19,14 @@ class BoundModel {
   // model applied twice in a loss draws different dropout masks each time
   // (ctx.dropout_calls counts them), and the same ones on every rerun.
   Tensor operator()(const Tensor& x) { return nn::apply(*layer_, *params_, x, ctx_); }
+  // A padded batch: `mask` [B, T] is 1 for a token and 0 for padding (Hugging
+  // Face's attention_mask; data::TextBatch::mask), for this call only.
+  Tensor operator()(const Tensor& x, const Tensor& mask) {
+    ctx_.mask = mask;
+    Tensor y = nn::apply(*layer_, *params_, x, ctx_);
+    ctx_.mask = Tensor();
+    return y;
+  }
 
   // For library code that needs the pieces (generation, encoder-decoder
   // inputs through ctx().source).

@@ -1,0 +1,64 @@
+#pragma once
+// Metrics of classification and regression predictions, for the metric
+// functions given to Trainer::fit's `evaluate`.
+//
+//   auto metric = [&](std::span<const Ex> ex, std::span<const int64_t> pred) {
+//     return train::classification_metrics(labels_of(ex), pred, n_classes);  // accuracy, macro_f1
+//   };
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "redco/core/error.hpp"
+#include "redco/io/events.hpp"
+
+namespace redco::train {
+
+// "accuracy", and "macro_f1": the mean over the classes that occur in the
+// labels or the predictions of F1 = 2 TP / (2 TP + FP + FN), as
+// scikit-learn's f1_score(average="macro") computes it.
+inline io::Metrics classification_metrics(std::span<const int64_t> labels,
+                                          std::span<const int64_t> predictions, int64_t n_classes) {
+  REDCO_CHECK(labels.size() == predictions.size() && !labels.empty(),
+              "classification_metrics: {} labels but {} predictions", labels.size(),
+              predictions.size());
+  std::vector<int64_t> tp(size_t(n_classes), 0), fp(size_t(n_classes), 0), fn(size_t(n_classes), 0);
+  int64_t correct = 0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const int64_t y = labels[i], p = predictions[i];
+    REDCO_CHECK(y >= 0 && y < n_classes && p >= 0 && p < n_classes,
+                "classification_metrics: example {} has label {} and prediction {}; classes are "
+                "0..{}",
+                i, y, p, n_classes - 1);
+    if (y == p) {
+      ++correct, ++tp[size_t(y)];
+    } else {
+      ++fn[size_t(y)], ++fp[size_t(p)];
+    }
+  }
+  double f1 = 0;
+  int64_t present = 0;
+  for (size_t c = 0; c < size_t(n_classes); ++c) {
+    if (tp[c] + fp[c] + fn[c] == 0) continue;
+    f1 += 2.0 * double(tp[c]) / double(2 * tp[c] + fp[c] + fn[c]);
+    ++present;
+  }
+  return {{"accuracy", double(correct) / double(labels.size())},
+          {"macro_f1", f1 / double(present)}};
+}
+
+// The mean of (prediction - target)^2.
+inline double mean_squared_error(std::span<const float> targets,
+                                 std::span<const float> predictions) {
+  REDCO_CHECK(targets.size() == predictions.size() && !targets.empty(),
+              "mean_squared_error: {} targets but {} predictions", targets.size(),
+              predictions.size());
+  double s = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const double d = double(predictions[i]) - double(targets[i]);
+    s += d * d;
+  }
+  return s / double(targets.size());
+}
+
+}  // namespace redco::train

@@ -24,8 +24,20 @@ std::string group_name(const std::string& part) { return part.empty() ? "all" : 
 
 }  // namespace
 
+ParamGroups::Group ParamGroups::make(std::string name, ParamFilter match,
+                                     std::optional<optim::Optimizer> optimizer, bool checkpoint) {
+  Group g;
+  g.name = std::move(name), g.match = std::move(match), g.optimizer = std::move(optimizer);
+  g.checkpoint = checkpoint;
+  return g;
+}
+
+namespace {
+
+}  // namespace
+
 ParamGroups::ParamGroups(optim::Optimizer optimizer) {
-  add({.name = "all", .match = prefix_filter(""), .optimizer = std::move(optimizer)});
+  add(make("all", prefix_filter(""), std::move(optimizer), true));
 }
 
 ParamGroups& ParamGroups::add(Group g) {
@@ -40,21 +52,17 @@ ParamGroups& ParamGroups::add(Group g) {
 }
 
 ParamGroups& ParamGroups::train(std::string part, optim::Optimizer optimizer) & {
-  return add(
-      {.name = group_name(part), .match = prefix_filter(part), .optimizer = std::move(optimizer)});
+  return add(make(group_name(part), prefix_filter(part), std::move(optimizer), true));
 }
 ParamGroups& ParamGroups::train(std::string name, ParamFilter filter,
                                 optim::Optimizer optimizer) & {
-  return add(
-      {.name = std::move(name), .match = std::move(filter), .optimizer = std::move(optimizer)});
+  return add(make(std::move(name), std::move(filter), std::move(optimizer), true));
 }
 ParamGroups& ParamGroups::freeze(std::string part, FreezeOptions options) & {
-  return add(
-      {.name = group_name(part), .match = prefix_filter(part), .checkpoint = options.checkpoint});
+  return add(make(group_name(part), prefix_filter(part), std::nullopt, options.checkpoint));
 }
 ParamGroups& ParamGroups::freeze(std::string name, ParamFilter filter, FreezeOptions options) & {
-  return add(
-      {.name = std::move(name), .match = std::move(filter), .checkpoint = options.checkpoint});
+  return add(make(std::move(name), std::move(filter), std::nullopt, options.checkpoint));
 }
 ParamGroups& ParamGroups::polyak(std::string target, std::string source, float tau) & {
   REDCO_CHECK(tau >= 0.f && tau <= 1.f,

@@ -135,6 +135,8 @@ class ParamGroups {
     float tau = 0;
     std::vector<std::pair<std::string, std::string>> pairs;  // (target, source) parameters
   };
+  static Group make(std::string name, ParamFilter match, std::optional<optim::Optimizer> optimizer,
+                    bool checkpoint);
   ParamGroups& add(Group g);
   const Group* group_of(const std::string& param) const;
   std::string step_key(size_t trained_index) const;

@@ -15,6 +15,7 @@
 
 #include "redco/dist/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
+#include "redco/models/gpt2.hpp"
 #include "redco/train/trainer.hpp"
 
 using namespace redco;
@@ -596,4 +597,103 @@ TEST_CASE("custom step: MAML's second-order meta-gradient through the Trainer", 
   double gap = 0;
   for (size_t i = 0; i < th.size(); ++i) gap = std::max(gap, std::abs(full[i] - first[i]));
   CHECK(gap > 1e-4);
+}
+
+namespace {
+
+// ---- a language model and its polyak target on dp x mp meshes of threads --------------------
+
+constexpr int64_t kT = 8, kVocab = 32;
+struct Seq {
+  std::vector<int64_t> ids;  // kT + 1 tokens
+};
+struct LmBatch {
+  Tensor inputs, targets;
+};
+std::vector<Seq> make_seqs(int64_t n) {
+  std::mt19937_64 rng(5);
+  std::vector<Seq> out(static_cast<size_t>(n));
+  for (Seq& s : out) {
+    const auto k = int64_t(rng() % 4);
+    s.ids.push_back(int64_t(rng() % kVocab));
+    for (int64_t t = 0; t < kT; ++t) s.ids.push_back((3 * s.ids.back() + k) % kVocab);
+  }
+  return out;
+}
+LmBatch lm_collate(std::span<const Seq> ex) {
+  const auto n = int64_t(ex.size());
+  LmBatch b{Tensor::empty({n, kT}, DType::i64), Tensor::empty({n, kT}, DType::i64)};
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(ex[size_t(i)].ids.begin(), kT, b.inputs.data<int64_t>() + i * kT);
+    std::copy_n(ex[size_t(i)].ids.begin() + 1, kT, b.targets.data<int64_t>() + i * kT);
+  }
+  return b;
+}
+
+struct MeshResult {
+  std::vector<double> losses;
+  ParamTree params;
+};
+
+MeshResult run_lm_pair(int world, int mp) {
+  const auto gpt = models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
+  const auto pair = nn::parts(nn::named<"lm">(gpt), nn::named<"target">(gpt));
+  const auto loss = [](auto& m, const LmBatch& b, Rng) {
+    return cross_entropy(part<"lm">(m)(b.inputs), b.targets) +
+           cross_entropy(part<"target">(m)(b.inputs), b.targets) * 0.1f;
+  };
+  const std::vector<Seq> data = make_seqs(64);
+  std::vector<MeshResult> per_rank(static_cast<size_t>(world));
+  auto body = [&](dist::Comm* comm, int rank) {
+    Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = comm});
+    Trainer trainer(d, pair, lm_collate, loss,
+                    ParamGroups()
+                        .freeze("target")
+                        .freeze("positions", [](const std::string& n) { return n == "lm.wpe.weight"; })
+                        .train("lm", optim::adamw(optim::constant(1e-2f), {.max_grad_norm = 0.5f}))
+                        .polyak("target", "lm", 0.2f));
+    MeshResult& r = per_rank[size_t(rank)];
+    trainer.fit(data, {.global_batch_size = 8, .n_epochs = 1, .max_steps = 5,
+                       .on_step = [&](const StepInfo& s) { r.losses.push_back(s.loss); }});
+    r.params = trainer.whole_params();
+  };
+  if (world == 1) {
+    body(nullptr, 0);
+  } else {
+    dist::ThreadsWorld w(world);
+    w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+  }
+  for (const MeshResult& r : per_rank) CHECK(bitwise_equal(r.params, per_rank[0].params));
+  return per_rank[0];
+}
+
+}  // namespace
+
+TEST_CASE("parts, groups and polyak on every dp x mp mesh match one device", "[pipelines]") {
+  const MeshResult one = run_lm_pair(1, 1);
+  REQUIRE(one.losses.size() == 5);
+  CHECK(one.losses.back() < one.losses.front());
+  const ParamTree init = nn::init_params(
+      nn::parts(nn::named<"lm">(models::gpt2(
+          {.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4}))),
+      3);
+  CHECK(std::memcmp(one.params.at("lm.wpe.weight").raw(), init.at("lm.wpe.weight").raw(),
+                    init.at("lm.wpe.weight").nbytes()) == 0);
+  for (auto [world, mp] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}}) {
+    INFO("world " << world << ", n_model_shards " << mp);
+    const MeshResult r = run_lm_pair(world, mp);
+    REQUIRE(r.losses.size() == one.losses.size());
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      CHECK(std::abs(r.losses[i] - one.losses[i]) <= 1e-5 * std::abs(one.losses[i]));
+    CHECK(std::memcmp(r.params.at("lm.wpe.weight").raw(), init.at("lm.wpe.weight").raw(),
+                      init.at("lm.wpe.weight").nbytes()) == 0);
+    for (const auto& [name, t] : one.params) {
+      INFO(name);
+      const Tensor& u = r.params.at(name);
+      double worst = 0;
+      for (int64_t i = 0; i < t.numel(); ++i)
+        worst = std::max(worst, double(std::abs(u.data<float>()[i] - t.data<float>()[i])));
+      CHECK(worst <= 1e-4);
+    }
+  }
 }

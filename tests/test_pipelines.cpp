@@ -110,8 +110,8 @@ ParamTree clone(const ParamTree& p) {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / fmt::format("redco-pipelines-{}-{}", ::getpid(),
-                                                   std::random_device{}());
+    path = fs::temp_directory_path() /
+           fmt::format("redco-pipelines-{}-{}", ::getpid(), std::random_device{}());
     fs::create_directories(path);
   }
   ~TempDir() {
@@ -135,8 +135,8 @@ using ActorCritic = decltype(nn::parts(
     nn::named<"critic">(nn::linear(4, 8) | nn::relu() | nn::linear(8, 8) | nn::linear(8, 1))));
 constexpr auto ac_plan = shard::plan_v<ActorCritic>;
 static_assert(ac_plan.split("actor.fc_1.weight") == 0 && ac_plan.split("actor.fc_2.weight") == 1);
-static_assert(ac_plan.split("critic.fc_1.weight") == 0 && ac_plan.split("critic.fc_2.weight") == 1 &&
-              ac_plan.split("critic.fc_3.weight") == 0);
+static_assert(ac_plan.split("critic.fc_1.weight") == 0 &&
+              ac_plan.split("critic.fc_2.weight") == 1 && ac_plan.split("critic.fc_3.weight") == 0);
 
 TEST_CASE("parts: names under each part, per-part plans from the two rules", "[pipelines]") {
   const auto ac = nn::parts(nn::named<"actor">(nn::linear(4, 8) | nn::relu() | nn::linear(8, 2)),
@@ -225,8 +225,11 @@ TEST_CASE("adapter-only checkpoints leave the frozen part out and resume bit for
   auto run = [&](const fs::path& dir, int64_t max_steps, bool resume) {
     Deployer d({.seed = 7, .workdir = dir, .quiet = true});
     Trainer trainer(d, three, collate, sum_loss, groups());
-    trainer.fit(data, {.global_batch_size = 4, .n_epochs = 2, .save_every_steps = 3,
-                       .resume = resume, .max_steps = max_steps});
+    trainer.fit(data, {.global_batch_size = 4,
+                       .n_epochs = 2,
+                       .save_every_steps = 3,
+                       .resume = resume,
+                       .max_steps = max_steps});
     return clone(trainer.params());
   };
   TempDir whole, parts;
@@ -259,9 +262,7 @@ TEST_CASE("a polyak target is the tau-mix of its source after every step", "[pip
   for (const auto& [n, t] : trainer.params())
     if (n.starts_with("target.")) want.emplace(n, t.clone());
   REQUIRE(want.size() == 4);
-  trainer.fit(data, {.global_batch_size = 4,
-                     .n_epochs = 1,
-                     .on_step = [&](const StepInfo&) {
+  trainer.fit(data, {.global_batch_size = 4, .n_epochs = 1, .on_step = [&](const StepInfo&) {
                        for (auto& [n, t] : want) {
                          const Tensor& s = trainer.params().at("online" + n.substr(6));
                          for (int64_t i = 0; i < t.numel(); ++i)
@@ -300,10 +301,13 @@ TEST_CASE("per-epoch examples from the current model resume bit for bit", "[pipe
   auto run = [&](const fs::path& dir, int64_t max_steps, bool resume) {
     calls.clear();
     Deployer d({.seed = 11, .workdir = dir, .quiet = true});
-    Trainer trainer(d, net, collate, [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
-                    optim::adam(optim::constant(0.02f)));
-    trainer.fit(per_epoch(12, examples), {.global_batch_size = 4, .n_epochs = 4,
-                                          .save_every_steps = 2, .resume = resume,
+    Trainer trainer(
+        d, net, collate, [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
+        optim::adam(optim::constant(0.02f)));
+    trainer.fit(per_epoch(12, examples), {.global_batch_size = 4,
+                                          .n_epochs = 4,
+                                          .save_every_steps = 2,
+                                          .resume = resume,
                                           .max_steps = max_steps});
     return clone(trainer.params());
   };
@@ -318,9 +322,9 @@ TEST_CASE("per-epoch examples from the current model resume bit for bit", "[pipe
 
 TEST_CASE("per-epoch examples: a wrong count is one clear error", "[pipelines]") {
   Deployer d({.seed = 11, .quiet = true});
-  Trainer trainer(d, nn::linear(kIn, 1), collate,
-                  [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
-                  optim::sgd(optim::constant(0.1f)));
+  Trainer trainer(
+      d, nn::linear(kIn, 1), collate, [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
+      optim::sgd(optim::constant(0.1f)));
   auto fit = [&] {
     trainer.fit(per_epoch(8, [](int64_t epoch) { return make_points(epoch == 0 ? 8 : 6, 1); }),
                 {.global_batch_size = 4, .n_epochs = 2});
@@ -405,9 +409,10 @@ TEST_CASE("custom step: FedAvg equals the hand-computed average on 1 and 2 repli
     std::vector<Vec> got(static_cast<size_t>(world));
     auto body = [&](dist::Comm* comm, int rank) {
       Deployer d({.seed = 13, .quiet = true, .world = comm});
-      Trainer trainer(d, model, collate_clients,
-                      [](auto& m, const Clients& b, Rng) { return mse(m(b.data[0].x), b.data[0].y); },
-                      optim::sgd(optim::constant(1.f)));
+      Trainer trainer(
+          d, model, collate_clients,
+          [](auto& m, const Clients& b, Rng) { return mse(m(b.data[0].x), b.data[0].y); },
+          optim::sgd(optim::constant(1.f)));
       trainer.fit(clients, {.global_batch_size = 4, .n_epochs = 1, .shuffle = false}, fedavg_step);
       got[size_t(rank)] = weights(trainer.params(), "");
     };
@@ -423,8 +428,9 @@ TEST_CASE("custom step: FedAvg equals the hand-computed average on 1 and 2 repli
 
 TEST_CASE("custom step: a wrong gradient tree is one clear error", "[pipelines]") {
   Deployer d({.seed = 13, .quiet = true});
-  Trainer trainer(d, three, collate, sum_loss,
-                  ParamGroups().train("a", optim::sgd(optim::constant(0.1f))).freeze("b").freeze("frozen"));
+  Trainer trainer(
+      d, three, collate, sum_loss,
+      ParamGroups().train("a", optim::sgd(optim::constant(0.1f))).freeze("b").freeze("frozen"));
   auto step = [](auto& s, const Batch& b, Rng) {
     auto [loss, g] = s.value_and_grad([&](auto& m) { return sum_loss(m, b, Rng{}); });
     CHECK(g.size() == 2);  // the trained part only: a.weight, a.bias
@@ -468,8 +474,9 @@ TEST_CASE("custom step: DP-style per-example clipping with noise equals the refe
     return StepResult{loss, sum};
   };
   Deployer d({.seed = 17, .quiet = true});
-  Trainer trainer(d, model, collate, [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
-                  optim::sgd(optim::constant(kLr)));
+  Trainer trainer(
+      d, model, collate, [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
+      optim::sgd(optim::constant(kLr)));
   Vec th = weights(trainer.params(), "");
   trainer.fit(data, {.global_batch_size = 3, .n_epochs = 1, .shuffle = false}, step);
   REQUIRE(noise.size() == 2);
@@ -483,8 +490,7 @@ TEST_CASE("custom step: DP-style per-example clipping with noise equals the refe
       CHECK(scale < 1.0);  // the clipping is exercised
       for (size_t k = 0; k < g.size(); ++k) g[k] += gi[k] * scale;
     }
-    for (int64_t k = 0; k < kIn; ++k)
-      g[size_t(k)] += noise[st].at("weight").data<float>()[k];
+    for (int64_t k = 0; k < kIn; ++k) g[size_t(k)] += noise[st].at("weight").data<float>()[k];
     g[kIn] += noise[st].at("bias").data<float>()[0];
     for (size_t k = 0; k < g.size(); ++k) th[k] -= kLr * g[k] / 3.0;
   }
@@ -503,7 +509,8 @@ struct Tasks {
 };
 Tasks collate_tasks(std::span<const Task> ts) {
   Tasks out;
-  for (const Task& t : ts) out.support.push_back(collate(t.support)), out.query.push_back(collate(t.query));
+  for (const Task& t : ts)
+    out.support.push_back(collate(t.support)), out.query.push_back(collate(t.query));
   return out;
 }
 // New tasks every epoch: a random linear target per task.
@@ -533,13 +540,15 @@ constexpr float kInnerLr = 0.1f;
 const auto maml_step = [](auto& s, const Tasks& b, Rng) {
   const float inv = 1.f / float(b.support.size());
   return std::apply(
-      [](Tensor l, ParamTree g) { return StepResult{l, g}; },
+      [](Tensor l, ParamTree g) {
+        return StepResult{l, g};
+      },
       s.value_and_grad([&](auto&, const ParamTree& theta) {
         Tensor total = Tensor::zeros({});
         for (size_t t = 0; t < b.support.size(); ++t) {
           const Batch& sup = b.support[t];
-          auto [ls, g] = s.value_and_grad_at(
-              theta, [&](auto& m) { return mse(m(sup.x), sup.y); }, {.create_graph = true});
+          auto [ls, g] = s.value_and_grad_at(theta, [&](auto& m) { return mse(m(sup.x), sup.y); },
+                                             {.create_graph = true});
           ParamTree adapted;
           for (const auto& [n, p] : theta) adapted.emplace(n, p - g.at(n) * kInnerLr);
           auto fast = s.bind(adapted);
@@ -579,9 +588,10 @@ TEST_CASE("custom step: MAML's second-order meta-gradient through the Trainer", 
   constexpr float kMetaLr = 0.05f;
   const auto model = nn::linear(kIn, 1);
   Deployer d({.seed = 19, .quiet = true});
-  Trainer trainer(d, model, collate_tasks,
-                  [](auto& m, const Tasks& b, Rng) { return mse(m(b.query[0].x), b.query[0].y); },
-                  optim::sgd(optim::constant(kMetaLr)));
+  Trainer trainer(
+      d, model, collate_tasks,
+      [](auto& m, const Tasks& b, Rng) { return mse(m(b.query[0].x), b.query[0].y); },
+      optim::sgd(optim::constant(kMetaLr)));
   const Vec th = weights(trainer.params(), "");
   trainer.fit(per_epoch(4, [](int64_t epoch) { return sample_tasks(epoch, 4); }),
               {.global_batch_size = 4, .n_epochs = 1, .shuffle = false}, maml_step);
@@ -589,7 +599,8 @@ TEST_CASE("custom step: MAML's second-order meta-gradient through the Trainer", 
   Vec full = th, first = th;
   for (const Task& t : tasks) {
     const Vec g2 = maml_by_hand(th, t, true), g1 = maml_by_hand(th, t, false);
-    for (size_t i = 0; i < th.size(); ++i) full[i] -= kMetaLr * g2[i] / 4, first[i] -= kMetaLr * g1[i] / 4;
+    for (size_t i = 0; i < th.size(); ++i)
+      full[i] -= kMetaLr * g2[i] / 4, first[i] -= kMetaLr * g1[i] / 4;
   }
   const Vec got = weights(trainer.params(), "");
   check_vec(got, full, 2e-6);
@@ -636,7 +647,8 @@ struct MeshResult {
 };
 
 MeshResult run_lm_pair(int world, int mp) {
-  const auto gpt = models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
+  const auto gpt =
+      models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
   const auto pair = nn::parts(nn::named<"lm">(gpt), nn::named<"target">(gpt));
   const auto loss = [](auto& m, const LmBatch& b, Rng) {
     return cross_entropy(part<"lm">(m)(b.inputs), b.targets) +
@@ -646,14 +658,17 @@ MeshResult run_lm_pair(int world, int mp) {
   std::vector<MeshResult> per_rank(static_cast<size_t>(world));
   auto body = [&](dist::Comm* comm, int rank) {
     Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = comm});
-    Trainer trainer(d, pair, lm_collate, loss,
-                    ParamGroups()
-                        .freeze("target")
-                        .freeze("positions", [](const std::string& n) { return n == "lm.wpe.weight"; })
-                        .train("lm", optim::adamw(optim::constant(1e-2f), {.max_grad_norm = 0.5f}))
-                        .polyak("target", "lm", 0.2f));
+    Trainer trainer(
+        d, pair, lm_collate, loss,
+        ParamGroups()
+            .freeze("target")
+            .freeze("positions", [](const std::string& n) { return n == "lm.wpe.weight"; })
+            .train("lm", optim::adamw(optim::constant(1e-2f), {.max_grad_norm = 0.5f}))
+            .polyak("target", "lm", 0.2f));
     MeshResult& r = per_rank[size_t(rank)];
-    trainer.fit(data, {.global_batch_size = 8, .n_epochs = 1, .max_steps = 5,
+    trainer.fit(data, {.global_batch_size = 8,
+                       .n_epochs = 1,
+                       .max_steps = 5,
                        .on_step = [&](const StepInfo& s) { r.losses.push_back(s.loss); }});
     r.params = trainer.whole_params();
   };
@@ -674,8 +689,8 @@ TEST_CASE("parts, groups and polyak on every dp x mp mesh match one device", "[p
   REQUIRE(one.losses.size() == 5);
   CHECK(one.losses.back() < one.losses.front());
   const ParamTree init = nn::init_params(
-      nn::parts(nn::named<"lm">(models::gpt2(
-          {.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4}))),
+      nn::parts(nn::named<"lm">(
+          models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4}))),
       3);
   CHECK(std::memcmp(one.params.at("lm.wpe.weight").raw(), init.at("lm.wpe.weight").raw(),
                     init.at("lm.wpe.weight").nbytes()) == 0);

@@ -32,9 +32,7 @@ ParamGroups::Group ParamGroups::make(std::string name, ParamFilter match,
   return g;
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 ParamGroups::ParamGroups(optim::Optimizer optimizer) {
   add(make("all", prefix_filter(""), std::move(optimizer), true));

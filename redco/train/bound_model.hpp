@@ -16,6 +16,16 @@
 
 namespace redco::train {
 
+#define REDCO_NOT_PARTS_MESSAGE \
+  "redco: part<\"name\">(model) needs a model built with nn::parts(nn::named<\"name\">(...), ...)"
+#define REDCO_NO_PART_MESSAGE "redco: part<\"name\">(model): the model has no part of that name"
+
+// What part<N>() returns after its compile error, so that one error is all
+// the compiler reports.
+struct NoPart {
+  Tensor operator()(const Tensor&) const { return {}; }
+};
+
 template <nn::Layer L>
 class BoundModel {
  public:
@@ -33,12 +43,21 @@ class BoundModel {
     return nn::apply_at(*layer_, *params_, root_, x, ctx());
   }
 
-  // Part N of a collection (nn::parts), bound to the same parameters and context.
+  // Part N of a collection (nn::parts), bound to the same parameters and
+  // context. A model that is not a collection, or a name that is not a part,
+  // is one compile error naming the mistake.
   template <nn::Literal N>
-  auto part() requires nn::is_parts<L>::value {
-    static_assert(L::template has<N>, "redco: model.part<\"name\">(): the model has no such part");
-    using P = std::remove_cvref_t<decltype(layer_->template get<N>())>;
-    return BoundModel<P>(layer_->template get<N>(), *params_, root_.dot(N.view()), ctx());
+  auto part() {
+    if constexpr (!nn::is_parts<L>::value) {
+      static_assert(nn::is_parts<L>::value, REDCO_NOT_PARTS_MESSAGE);
+      return NoPart{};
+    } else if constexpr (!L::template has<N>) {
+      static_assert(L::template has<N>, REDCO_NO_PART_MESSAGE);
+      return NoPart{};
+    } else {
+      using P = std::remove_cvref_t<decltype(layer_->template get<N>())>;
+      return BoundModel<P>(layer_->template get<N>(), *params_, root_.dot(N.view()), ctx());
+    }
   }
   // This model bound to `params` (the same names), sharing the context.
   BoundModel with(const nn::ParamTree& params) { return BoundModel(*layer_, params, root_, ctx()); }

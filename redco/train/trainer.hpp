@@ -41,6 +41,15 @@
 // Collation of the next micro-batch runs on the oneTBB pool while the current
 // one is computed, so collate must be safe to call concurrently with loss
 // (it usually only reads the examples).
+//
+// Beyond one model and one loss (docs/pipelines.md): the model may be a
+// collection of parts (nn::parts; the loss picks them with part<"name">(m)),
+// the optimizer a ParamGroups (per-part optimizers, frozen parameters,
+// adapter-only checkpoints, polyak targets), the examples per_epoch(n, fn)
+// (made afresh each epoch; resuming stays exact), and fit(train, options,
+// step) replaces the default step by a custom one (StepContext, StepResult:
+// FedAvg, DP-SGD, MAML with second-order gradients). With a plain optimizer
+// and fixed examples the default step runs exactly as before.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -712,3 +712,68 @@ TEST_CASE("parts, groups and polyak on every dp x mp mesh match one device", "[p
     }
   }
 }
+
+TEST_CASE("per-epoch examples from the model and a custom step on a dp x mp mesh match one device",
+          "[pipelines]") {
+  const auto gpt =
+      models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
+  const auto lm_loss = [](auto& m, const LmBatch& b, Rng) {
+    return cross_entropy(m(b.inputs), b.targets);
+  };
+  // Each epoch's sequences start at the token the model predicts after a
+  // fixed prompt, offset by the epoch's Rng: the examples depend on the model.
+  auto examples = [](int64_t epoch, auto& model, Rng rng) {
+    std::vector<Seq> seqs = make_seqs(16);
+    const LmBatch b = lm_collate(seqs);
+    const Tensor next = argmax(reshape(model(b.inputs), {16 * kT, kVocab}), 1);  // whole in eval
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto k = int64_t(rng.bits(i) % 4);
+      seqs[i].ids[0] = (next.data<int64_t>()[int64_t(i) * kT + kT - 1] + epoch) % kVocab;
+      for (int64_t t = 1; t <= kT; ++t)
+        seqs[i].ids[size_t(t)] = (3 * seqs[i].ids[size_t(t - 1)] + k) % kVocab;
+    }
+    return seqs;
+  };
+  // The default step written as a custom one, with its gradient halved and
+  // the learning rate doubled: halving is exact, so the updates are the
+  // default step's bit for bit.
+  auto step = [&](auto& s, const LmBatch& b, Rng rng) {
+    auto [loss, g] = s.value_and_grad([&](auto& m) { return lm_loss(m, b, rng); });
+    for (auto& [n, t] : g) t = t * 0.5f;
+    return StepResult{loss, g};
+  };
+  auto run = [&](int world, int mp, bool custom = true) {
+    std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+    auto body = [&](dist::Comm* comm, int rank) {
+      Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = comm});
+      Trainer trainer(d, gpt, lm_collate, lm_loss,
+                      optim::sgd(optim::constant(custom ? 0.2f : 0.1f)));
+      const FitOptions<Seq> o{
+          .global_batch_size = 8, .n_epochs = 3, .on_step = [&](const StepInfo& s) {
+            losses[size_t(rank)].push_back(s.loss);
+          }};
+      if (custom) {
+        trainer.fit(per_epoch(16, examples), o, step);
+      } else {
+        trainer.fit(per_epoch(16, examples), o);
+      }
+    };
+    if (world == 1) {
+      body(nullptr, 0);
+    } else {
+      dist::ThreadsWorld w(world);
+      w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+    }
+    for (const auto& l : losses) CHECK(l == losses[0]);
+    return losses[0];
+  };
+  const std::vector<double> one = run(1, 1);
+  REQUIRE(one.size() == 6);
+  CHECK(run(1, 1, false) == one);
+  for (auto [world, mp] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    INFO("world " << world << ", n_model_shards " << mp);
+    const std::vector<double> r = run(world, mp);
+    REQUIRE(r.size() == one.size());
+    for (size_t i = 0; i < r.size(); ++i) CHECK(std::abs(r[i] - one[i]) <= 1e-5 * std::abs(one[i]));
+  }
+}

@@ -212,6 +212,8 @@ TEST_CASE("parameter groups: a clear error for an unclaimed parameter or an unkn
               ParamGroups().train("actor", optim::sgd(optim::constant(0.1f))).freeze(""));
   };
   CHECK_THROWS_WITH(unknown(), Catch::Contains("'actor' claims no parameter"));
+  auto all_frozen = [&] { Trainer t(d, three, collate, sum_loss, ParamGroups().freeze("")); };
+  CHECK_THROWS_WITH(all_frozen(), Catch::Contains("every parameter group is frozen"));
 }
 
 TEST_CASE("adapter-only checkpoints leave the frozen part out and resume bit for bit",

@@ -111,6 +111,9 @@ void ParamGroups::bind(const ShardPlan& plan) {
                 groups_[i].name);
     if (groups_[i].optimizer) trained_.push_back(i);
   }
+  REDCO_CHECK(!trained_.empty(),
+              "Trainer: every parameter group is frozen, so there is nothing to train; give at "
+              "least one group an optimizer with .train(part, optimizer)");
   for (Polyak& p : polyak_) {
     p.pairs.clear();
     const ParamFilter in_target = prefix_filter(p.target), in_source = prefix_filter(p.source);

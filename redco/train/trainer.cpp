@@ -168,8 +168,7 @@ bool FitDriver::eval_due() const {
          (config_.eval_every_steps > 0 && pos_.step % config_.eval_every_steps == 0);
 }
 
-void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params,
-                          const ParamGroups& opt) {
+void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params, const ParamGroups& opt) {
   deployer_.log(pos_.step, "eval", metrics);
   std::string line = fmt::format("eval  step {}", pos_.step);
   for (const auto& [name, value] : metrics)

@@ -18,10 +18,14 @@ Name Params::next_scope_name() const {
 }
 
 const Tensor& Params::operator[](std::string_view leaf) const {
-  return at_root(path_.dot(leaf).view());
+  return lookup(path_.dot(leaf).view());
 }
 
 const Tensor& Params::at_root(std::string_view name) const {
+  return root_.size() == 0 ? lookup(name) : lookup(root_.dot(name).view());
+}
+
+const Tensor& Params::lookup(std::string_view name) const {
   auto it = tree_->find(std::string(name));
   REDCO_CHECK(it != tree_->end(),
               "parameter '{}' is missing from the parameter tree ({} entries); build it with "

@@ -263,6 +263,9 @@ using ParamTree = std::map<std::string, Tensor>;
 class Params {
  public:
   explicit Params(const ParamTree& tree) : tree_(&tree) {}
+  // A model whose parameters sit under `root` in `tree` (a part of
+  // nn::parts: "actor.0.weight"); at_root names resolve under it too.
+  Params(const ParamTree& tree, const Name& root) : tree_(&tree), path_(root), root_(root) {}
   const Tensor& operator[](std::string_view leaf) const;
   const Tensor& at_root(std::string_view name) const;  // e.g. a tied embedding
   const Name& path() const { return path_; }
@@ -298,8 +301,10 @@ class Params {
 
  private:
   Name next_scope_name() const;
+  const Tensor& lookup(std::string_view full_name) const;
   const ParamTree* tree_;
   Name path_;
+  Name root_;  // empty: the model is the whole tree
   const Name* scope_ = nullptr;
   size_t scope_size_ = 0;
   std::shared_ptr<size_t> pos_ = std::make_shared<size_t>(0);

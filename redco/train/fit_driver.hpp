@@ -4,6 +4,7 @@
 // state.json, best and periodic checkpoints, resuming, the progress bar.
 // Compiled once in trainer.cpp instead of in every program's fit().
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco/train/param_groups.hpp"
 
 namespace redco::io {
 class ProgressBar;
@@ -57,6 +59,14 @@ struct Throughput {
   double peak_flops = 0;      // of the hardware in use; 0: MFU is not reported
 };
 
+// Where a run is: optimizer steps done, and the epoch and step within it that
+// come next. The end of an epoch is (epoch + 1, 0).
+struct Position {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+};
+
 struct FitConfig {
   int64_t per_device_batch_size = 8;
   int64_t global_batch_size = 0;
@@ -76,15 +86,10 @@ struct FitConfig {
   // How the parameters the Trainer passes in are split over the model shards
   // (checkpoints gather and slice by it); nullptr: they are whole.
   const ShardPlan* plan = nullptr;
+  // Adds tensors to a checkpoint's optimizer state as it is written (at the
+  // position it is written at); the Trainer keeps per-epoch state there.
+  std::function<void(const Position&, ParamTree&)> extra_state = {};
   NonFinite on_non_finite = NonFinite::stop;
-};
-
-// Where a run is: optimizer steps done, and the epoch and step within it that
-// come next. The end of an epoch is (epoch + 1, 0).
-struct Position {
-  int64_t step = 0;
-  int64_t epoch = 0;
-  int64_t step_in_epoch = 0;
 };
 
 class FitDriver {
@@ -127,15 +132,15 @@ class FitDriver {
   // Evaluation is due at the end of an epoch and every eval_every_steps.
   bool eval_due() const;
   // Logs and prints the metrics and saves best/<metric> for each improved best-by metric.
-  void eval_done(const Metrics& metrics, const ParamTree& params, const optim::Optimizer& opt);
+  void eval_done(const Metrics& metrics, const ParamTree& params, const ParamGroups& opt);
   bool save_due() const;
   // ckpt/step-NNNNNN, then keeps the newest keep_last.
-  void save(const ParamTree& params, const optim::Optimizer& opt);
+  void save(const ParamTree& params, const ParamGroups& opt);
   // The end-of-fit checkpoint (save_at_end) and the progress bar's last line.
-  void finish(const ParamTree& params, const optim::Optimizer& opt);
+  void finish(const ParamTree& params, const ParamGroups& opt);
 
   // state.json for the current position (public for tests and tools).
-  std::string state_json(const optim::Optimizer& opt) const;
+  std::string state_json(const ParamGroups& opt) const;
 
  private:
   struct Best {

@@ -18,7 +18,7 @@
 namespace redco::train {
 
 // Stream ids the library itself uses, apart from anything a user derives.
-enum class Purpose : uint64_t { train = 1, eval = 2, predict = 3, shuffle = 4 };
+enum class Purpose : uint64_t { train = 1, eval = 2, predict = 3, shuffle = 4, examples = 5 };
 
 struct Rng {
   uint64_t seed = 0;    // the run's seed (Deployer)

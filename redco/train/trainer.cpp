@@ -174,8 +174,7 @@ bool FitDriver::eval_due() const {
          (config_.eval_every_steps > 0 && pos_.step % config_.eval_every_steps == 0);
 }
 
-void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params,
-                          const optim::Optimizer& opt) {
+void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params, const ParamGroups& opt) {
   deployer_.log(pos_.step, "eval", metrics);
   std::string line = fmt::format("eval  step {}", pos_.step);
   for (const auto& [name, value] : metrics)
@@ -210,20 +209,21 @@ bool FitDriver::save_due() const {
   return by_steps || by_epochs;
 }
 
-void FitDriver::save(const ParamTree& params, const optim::Optimizer& opt) {
+void FitDriver::save(const ParamTree& params, const ParamGroups& opt) {
   if (!can_save() || last_saved_ == pos_.step) return;
-  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, opt.state(), state_json(opt),
-                            plan());
+  ParamTree state = opt.state();
+  if (config_.extra_state) config_.extra_state(pos_, state);
+  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, state, state_json(opt), plan());
   last_saved_ = pos_.step;
   deployer_.keep_last(config_.keep_last);
 }
 
-void FitDriver::finish(const ParamTree& params, const optim::Optimizer& opt) {
+void FitDriver::finish(const ParamTree& params, const ParamGroups& opt) {
   if (config_.save_at_end && pos_.step > 0) save(params, opt);
   if (bar_) bar_->finish();
 }
 
-std::string FitDriver::state_json(const optim::Optimizer& opt) const {
+std::string FitDriver::state_json(const ParamGroups& opt) const {
   io::Json s = io::Json::object();
   s["version"] = 1;
   s["step"] = pos_.step;

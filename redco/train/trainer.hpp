@@ -41,6 +41,15 @@
 // Collation of the next micro-batch runs on the oneTBB pool while the current
 // one is computed, so collate must be safe to call concurrently with loss
 // (it usually only reads the examples).
+//
+// Beyond one model and one loss (docs/pipelines.md): the model may be a
+// collection of parts (nn::parts; the loss picks them with part<"name">(m)),
+// the optimizer a ParamGroups (per-part optimizers, frozen parameters,
+// adapter-only checkpoints, polyak targets), the examples per_epoch(n, fn)
+// (made afresh each epoch; resuming stays exact), and fit(train, options,
+// step) replaces the default step by a custom one (StepContext, StepResult:
+// FedAvg, DP-SGD, MAML with second-order gradients). With a plain optimizer
+// and fixed examples the default step runs exactly as before.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -59,126 +68,39 @@
 #include "redco/sched/task.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/concepts.hpp"
+#include "redco/train/custom_step.hpp"
 #include "redco/train/data_parallel.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/fit_driver.hpp"
+#include "redco/train/fit_options.hpp"
 #include "redco/train/parallel.hpp"
+#include "redco/train/param_groups.hpp"
+#include "redco/train/per_epoch.hpp"
 #include "redco/train/pipeline.hpp"
 #include "redco/train/predictor.hpp"
 #include "redco/train/sharded_checkpoint.hpp"
 
 namespace redco::train {
 
-// Evaluation beyond the loss: a Predictor and a metric over its outputs,
-// metric(std::span<const Example>, std::span<const Value>) -> named numbers.
-// The predictor is copied, so a temporary is fine.
-template <typename Example>
-class Evaluation {
- public:
-  Evaluation() = default;
-  template <typename P, typename M>
-  requires(!std::is_pointer_v<P>)
-      Evaluation(const P& predictor, M metric) {  // NOLINT(google-explicit-constructor)
-    if constexpr (P::template check<Example>()) {
-      using V = typename P::template value_type<Example>;
-      static_assert(MetricFn<M, Example, V>, REDCO_METRIC_MESSAGE);
-      if constexpr (MetricFn<M, Example, V>) {
-        fn_ = [p = std::make_shared<const P>(predictor), m = std::move(metric)](
-                  std::span<const Example> ex, int64_t batch, const ParamTree& params) mutable {
-          const std::vector<V> preds = p->predict(ex, batch, params);
-          return to_metrics(m(ex, std::span<const V>(preds)));
-        };
-      }
-    }
-  }
-  template <typename P, typename M>
-  Evaluation(const P* predictor, M metric)  // NOLINT(google-explicit-constructor)
-      : Evaluation(*predictor, std::move(metric)) {}
-
-  explicit operator bool() const { return bool(fn_); }
-  Metrics operator()(std::span<const Example> examples, int64_t per_device_batch_size,
-                     const ParamTree& params) const {
-    return fn_(examples, per_device_batch_size, params);
-  }
-
- private:
-  std::function<Metrics(std::span<const Example>, int64_t, const ParamTree&)> fn_;
-};
-
-// What on_step sees after each optimizer step.
-struct StepInfo {
-  int64_t step = 0;  // optimizer steps done, this one included
-  int64_t epoch = 0;
-  double loss = 0;       // mean over the step's micro-batches and the data-parallel replicas
-  double lr = 0;         // the rate this step used
-  bool skipped = false;  // the loss or a gradient was not finite (NonFinite::skip_step)
-};
-
-template <typename Example>
-struct FitOptions {
-  int64_t per_device_batch_size = 0;  // 0: global_batch_size / dp_size()
-  int64_t global_batch_size = 0;      // 0: per_device_batch_size × dp_size() (no accumulation)
-  int64_t n_epochs = 1;
-  bool shuffle = true;
-  // Evaluation: loss over these (split "eval", metric "loss") plus `evaluate`'s metrics,
-  // after every epoch and every eval_every_steps steps.
-  std::span<const Example> eval_examples = {};
-  Evaluation<Example> evaluate = {};
-  int64_t eval_per_device_batch_size = 0;  // 0: per_device_batch_size
-  int64_t eval_every_steps = 0;
-  // Checkpoints in deployer.workdir(): the best by each save_best_by metric
-  // (ckpt/best-<metric>: parameters and state.json, no optimizer state),
-  // periodic ones (ckpt/step-NNNNNN; the newest keep_last are kept, 0 keeps
-  // all) and one at the end of fit() when save_at_end (also when max_steps
-  // stops it), so a later fit() with .resume = true continues from there.
-  std::vector<BestBy> save_best_by = {};
-  int64_t save_every_steps = 0;
-  int64_t save_every_epochs = 0;
-  int64_t keep_last = 0;
-  bool save_at_end = true;
-  // Continue from the latest ckpt/step-NNNNNN, if any; always done when
-  // redco-run restarted the job (Deployer::restart_count() > 0).
-  bool resume = false;
-  int64_t log_every = 10;
-  int64_t max_steps = 0;  // > 0: stop once this many steps are done in total
-  // Logged with each train line: <items>_per_s, mfu (when FLOPs and the peak
-  // are given), the allocator's peak bytes and the process's peak RSS.
-  Throughput throughput = {};
-  std::function<void(const StepInfo&)> on_step = {};
-  // A NaN or infinite loss or gradient: stop with an error naming the step
-  // and the tensor (default), or skip the update (see NonFinite).
-  NonFinite on_non_finite = NonFinite::stop;
-};
-
-namespace detail {
-struct NotExamples {};  // lets fit() name FitOptions for any argument, then explain
-template <typename R>
-struct example_of {
-  using type = NotExamples;
-};
-template <ExampleRange R>
-struct example_of<R> {
-  using type = example_t<R>;
-};
-}  // namespace detail
-template <typename R>
-using fit_options_t = FitOptions<typename detail::example_of<R>::type>;
-
 template <nn::Layer L, typename Collate, typename Loss>
 class Trainer {
  public:
   // Parameters start from nn::init_params(model, deployer.seed()) unless
-  // given (whole tensors); each rank keeps only its shards of them.
-  Trainer(Deployer& deployer, L model, Collate collate, Loss loss, optim::Optimizer optimizer,
+  // given (whole tensors); each rank keeps only its shards of them. One
+  // optimizer trains every parameter, or ParamGroups say which optimizer
+  // trains which part and which parts stay frozen.
+  Trainer(Deployer& deployer, L model, Collate collate, Loss loss, ParamGroups optimizer,
           std::optional<ParamTree> params = std::nullopt)
       : deployer_(&deployer),
         model_(std::move(model)),
         collate_(std::move(collate)),
         loss_(std::move(loss)),
-        opt_(std::move(optimizer)),
+        groups_(std::move(optimizer)),
         plan_(shard::resolve(model_, deployer.n_model_shards())),
-        order_(param_order(plan_)),
         params_(initial_params(std::move(params))) {
+    groups_.bind(plan_);
+    order_ = groups_.trained_only(param_order(plan_));
+    saved_plan_ = groups_.saved_plan(plan_);
     if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
   }
 
@@ -193,14 +115,28 @@ class Trainer {
     }
   }
 
-  // Trains on `train` (a random-access range of examples). Each call starts
-  // at step 0 of epoch 0 with the current parameters and optimizer state,
-  // unless .resume finds a checkpoint in the workdir. Collective.
   template <typename R>
-  void fit(const R& train, const fit_options_t<R>& options) {
-    static_assert(ExampleRange<R>, REDCO_EXAMPLES_MESSAGE);
-    if constexpr (ExampleRange<R>) {
-      if constexpr (check<example_t<R>>()) fit_checked(train, options);
+  using options_t = FitOptions<typename detail::example_of<R, L>::type>;
+
+  // Trains on `train`: a random-access range of examples, or
+  // per_epoch(n, examples) for examples that change every epoch (see
+  // per_epoch.hpp). Each call starts at step 0 of epoch 0 with the current
+  // parameters and optimizer state, unless .resume finds a checkpoint in the
+  // workdir. `step`: a custom step (see custom_step.hpp) instead of the
+  // default one. Collective.
+  template <typename R, typename Step = DefaultStep>
+  void fit(const R& train, const options_t<R>& options, Step step = {}) {
+    if constexpr (is_per_epoch<R>::value) {
+      using Examples = epoch_result_t<decltype(train.fn), L>;
+      static_assert(ExampleRange<Examples>, REDCO_PER_EPOCH_MESSAGE);
+      if constexpr (ExampleRange<Examples>) {
+        if constexpr (check_all<example_t<Examples>, Step>()) fit_checked(train, options, step);
+      }
+    } else {
+      static_assert(ExampleRange<R>, REDCO_EXAMPLES_MESSAGE);
+      if constexpr (ExampleRange<R>) {
+        if constexpr (check_all<example_t<R>, Step>()) fit_checked(train, options, step);
+      }
     }
   }
 
@@ -228,7 +164,8 @@ class Trainer {
     return out;
   }
   const ShardPlan& plan() const { return plan_; }
-  optim::Optimizer& optimizer() { return opt_; }
+  optim::Optimizer& optimizer() { return groups_.optimizer(); }  // the first trained group's
+  ParamGroups& groups() { return groups_; }
   const L& model() const { return model_; }
   Deployer& deployer() const { return *deployer_; }
 
@@ -249,17 +186,37 @@ class Trainer {
     return nn::Ctx{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
   }
 
-  template <typename R>
-  void fit_checked(const R& train, const fit_options_t<R>& o) {
-    using Ex = example_t<R>;
+  template <typename Ex, typename Step>
+  static constexpr bool check_all() {
+    if constexpr (!check<Ex>()) {
+      return false;
+    } else if constexpr (std::is_same_v<Step, DefaultStep>) {
+      return true;
+    } else {
+      static_assert(StepFn<Step, L, batch_t<Collate, Ex>>, REDCO_STEP_MESSAGE);
+      return StepFn<Step, L, batch_t<Collate, Ex>>;
+    }
+  }
+
+  template <typename Source, typename Opts, typename Step>
+  void fit_checked(const Source& source, const Opts& o, Step& step_fn) {
+    using Ex = typename detail::example_of<Source, L>::type;
     using Batch = batch_t<Collate, Ex>;
-    const int64_t n = int64_t(std::ranges::size(train));
+    constexpr bool custom = !std::is_same_v<Step, DefaultStep>;
+    const int64_t n = examples_size(source);
     FitDriver run(*deployer_, fit_config(o, n));
+    REDCO_CHECK(!custom || run.accumulation() == 1,
+                "fit: a custom step takes no gradient accumulation, but global_batch_size {} is "
+                "{} micro-batches of {} on {} replicas; set global_batch_size = "
+                "per_device_batch_size x replicas",
+                run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
     // A job the launcher restarted after a failure continues where it stopped.
     if (o.resume || deployer_->restart_count() > 0) restore(run);
     optim::GradAccumulator acc(run.accumulation());
+    std::optional<detail::epoch_storage_t<Source, L>> fresh;  // this epoch's examples (per_epoch)
     while (!run.done()) {
       const Position at = run.position();
+      const auto& train = examples_at(source, at, fresh);
       const std::vector<int64_t> order = deployer_->epoch_order(at.epoch, n, o.shuffle);
       const int64_t micro = run.micro_batch(), first = at.step_in_epoch * run.accumulation();
       const int64_t n_micro = run.steps_per_epoch() * run.accumulation() - first;
@@ -275,13 +232,65 @@ class Trainer {
       double loss_sum = 0;
       auto use = [&](int64_t i, const Batch& batch) {
         const int64_t m = (first + i) % run.accumulation();
-        const float lr = opt_.lr();
-        const std::optional<StepOutcome> s = micro_step(batch, run, m, acc, loss_sum);
+        const float lr = groups_.lr();
+        std::optional<StepOutcome> s;
+        if constexpr (custom) {
+          s = custom_step(step_fn, batch, run);
+        } else {
+          s = micro_step(batch, run, m, acc, loss_sum);
+        }
         return s ? after_step(run, o, *s, lr) : true;
       };
       detail::pipelined<Batch>(n_micro, make, use);
     }
-    run.finish(params_, opt_);
+    run.finish(saved_params(), groups_);
+  }
+
+  // ---- per-epoch examples -----------------------------------------------------------------
+
+  template <typename Source>
+  static int64_t examples_size(const Source& s) {
+    if constexpr (is_per_epoch<Source>::value) {
+      REDCO_CHECK(s.n > 0, "fit: per_epoch(n, ...) needs n > 0 examples per epoch, got {}", s.n);
+      return s.n;
+    } else {
+      return int64_t(std::ranges::size(s));
+    }
+  }
+
+  // The examples of the epoch at `at`: the range itself, or the per-epoch
+  // function's result, made at the start of the epoch (and again after a
+  // resume inside it, from the parameters the epoch started with).
+  template <typename Source, typename Store>
+  const auto& examples_at(const Source& source, const Position& at, std::optional<Store>& fresh) {
+    if constexpr (!is_per_epoch<Source>::value) {
+      return source;
+    } else {
+      if (at.step_in_epoch != 0 && fresh) return *fresh;
+      auto& fn = const_cast<Source&>(source).fn;  // stateful functions are the user's business
+      if constexpr (EpochOnlyFn<decltype(source.fn)>) {
+        fresh.emplace(fn(at.epoch));
+      } else {
+        keep_epoch_start_ = true;
+        if (at.step_in_epoch == 0) {
+          epoch_start_.clear();
+          for (const auto& [name, t] : params_) epoch_start_.emplace(name, t.clone());
+        }
+        REDCO_CHECK(!epoch_start_.empty(),
+                    "fit: resuming inside epoch {} of per-epoch examples needs the parameters "
+                    "the epoch started with, which the checkpoint does not hold; resume from a "
+                    "checkpoint written by a per_epoch fit",
+                    at.epoch);
+        NoGradGuard no_grad;
+        BoundModel<L> bound(model_, epoch_start_, ctx(false, uint64_t(at.epoch)));
+        fresh.emplace(fn(at.epoch, bound, deployer_->rng(Purpose::examples, uint64_t(at.epoch))));
+      }
+      REDCO_CHECK(int64_t(std::ranges::size(*fresh)) == source.n,
+                  "fit: the per-epoch examples of epoch {} are {}, but per_epoch(n, ...) said n = "
+                  "{}; return the same number every epoch",
+                  at.epoch, std::ranges::size(*fresh), source.n);
+      return *fresh;
+    }
   }
 
   struct StepOutcome {
@@ -301,15 +310,18 @@ class Trainer {
     const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
     const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
     const Rng rng = deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j));
-    auto [loss, grads] = value_and_grad(
-        [&](const ParamTree& p) {
-          // Watched parameters hand each gradient to its bucket as backward
-          // finalises it, so the all-reduces overlap the rest of backward.
-          const ParamTree watched = dp_ ? dp_->watch(p, order_) : ParamTree{};
-          BoundModel<L> bound(model_, dp_ ? watched : p, c);
-          return Tensor(loss_(bound, batch, rng));
-        },
-        params_);
+    auto [loss, grads] = groups_.single() ? value_and_grad(
+                                                [&](const ParamTree& p) {
+                                                  // Watched parameters hand each gradient to its
+                                                  // bucket as backward finalises it, so the
+                                                  // all-reduces overlap the rest of backward.
+                                                  const ParamTree watched =
+                                                      dp_ ? dp_->watch(p, order_) : ParamTree{};
+                                                  BoundModel<L> bound(model_, dp_ ? watched : p, c);
+                                                  return Tensor(loss_(bound, batch, rng));
+                                                },
+                                                params_)
+                                          : grouped_value_and_grad(batch, c, rng);
     if (dp_) dp_->finish(grads);
     loss_sum += double(loss.item());
     // Accumulation: the k-th add completes a step (no averaging buffers when k is 1).
@@ -322,6 +334,59 @@ class Trainer {
     return StepOutcome{mean, !applied};
   }
 
+  // With frozen parameters: gradients of the trained ones only, the frozen
+  // ones joined in as constants.
+  template <typename Batch>
+  std::pair<Tensor, ParamTree> grouped_value_and_grad(const Batch& batch, const nn::Ctx& c,
+                                                      const Rng& rng) {
+    return value_and_grad(
+        [&](const ParamTree& p) {
+          ParamTree all = params_;
+          const ParamTree watched = dp_ ? dp_->watch(p, order_) : ParamTree{};
+          for (const auto& [name, t] : dp_ ? watched : p) all.insert_or_assign(name, t);
+          BoundModel<L> bound(model_, all, c);
+          return Tensor(loss_(bound, batch, rng));
+        },
+        groups_.trained_of(params_));
+  }
+
+  // A custom step on one micro-batch: its gradients averaged over the
+  // replicas, then the same update as the default step.
+  template <typename Step, typename Batch>
+  std::optional<StepOutcome> custom_step(Step& step_fn, const Batch& batch, FitDriver& run) {
+    const int64_t step = run.position().step;
+    const int64_t j = deployer_->dp_rank();
+    dist::Comm* dp = dp_ ? &deployer_->mesh().dp_comm() : nullptr;
+    StepContext<L> sc(model_, params_, groups_,
+                      ctx(true, uint64_t(step * deployer_->dp_size() + j)), dp, step);
+    StepResult r =
+        step_fn(sc, batch, deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j)));
+    REDCO_CHECK(r.loss.defined() && r.loss.numel() == 1,
+                "fit: the custom step must return a scalar loss, got shape {}",
+                r.loss.defined() ? r.loss.shape() : Shape{});
+    check_step_grads(r.grads, sc.trained());
+    if (dp_) dp_->average(r.grads, order_);
+    const double mean = dp_mean(double(r.loss.item()));
+    const bool applied = apply(r.grads, mean, run);
+    return StepOutcome{mean, !applied};
+  }
+
+  static void check_step_grads(const ParamTree& grads, const ParamTree& trained) {
+    for (const auto& [name, t] : trained) {
+      const auto it = grads.find(name);
+      REDCO_CHECK(it != grads.end() && it->second.defined(),
+                  "fit: the custom step returned no gradient for the trained parameter '{}'", name);
+      REDCO_CHECK(it->second.shape() == t.shape(),
+                  "fit: the custom step's gradient of '{}' is {} but the parameter is {}", name,
+                  it->second.shape(), t.shape());
+    }
+    for (const auto& [name, g] : grads)
+      REDCO_CHECK(trained.contains(name),
+                  "fit: the custom step returned a gradient for '{}', which is not a trained "
+                  "parameter (frozen, or not in the model)",
+                  name);
+  }
+
   // The optimizer step, unless the loss or a gradient is not finite (then
   // run.non_finite stops or skips; false when skipped). The non-finite check
   // is the global gradient norm the step needs anyway. With model shards the
@@ -332,6 +397,8 @@ class Trainer {
   // made identical again (copied from model shard 0; their gradients may
   // differ in the last bit between shards): checkpoints keep one copy of them.
   bool apply(const ParamTree& grads, double loss, FitDriver& run) {
+    if (!groups_.single()) return apply_groups(grads, loss, run);
+    optim::Optimizer& opt_ = groups_.optimizer();
     if (deployer_->n_model_shards() == 1) {
       const optim::GradNorm n = optim::checked_global_norm(grads);
       if (!std::isfinite(loss) || n.non_finite)
@@ -359,13 +426,27 @@ class Trainer {
     return true;
   }
 
+  // apply() with parameter groups: each optimizer steps with its group's
+  // norm; then replicated parameters are synchronised and the polyak
+  // targets move.
+  bool apply_groups(const ParamTree& grads, double loss, FitDriver& run) {
+    const bool sharded = deployer_->n_model_shards() > 1;
+    if (!groups_.step_all(params_, grads, loss, sharded ? &deployer_->mesh().mp_comm() : nullptr)) {
+      const optim::GradNorm n = optim::checked_global_norm(grads);  // this shard's offender, if any
+      return run.non_finite(loss, n.non_finite, grads, params_), false;
+    }
+    if (sharded) sync_replicated();
+    groups_.after_step(params_);
+    return true;
+  }
+
   // Replicated parameters and their optimizer buffers (shared with the
   // optimizer, so written in place) copied from model shard 0.
   void sync_replicated() {
     std::vector<Tensor> parts;
-    const ParamTree state = opt_.state();
+    const ParamTree state = groups_.state();
     for (const shard::ParamSplit& s : plan_) {
-      if (s.split_dim >= 0) continue;
+      if (s.split_dim >= 0 || (!groups_.single() && !groups_.trained(s.name))) continue;
       parts.push_back(params_.at(s.name));
       for (const auto& [key, t] : state)
         if (key.ends_with("." + s.name) && key.size() > s.name.size() + 1 &&
@@ -392,10 +473,13 @@ class Trainer {
 
   template <typename Opts>
   bool after_step(FitDriver& run, const Opts& o, StepOutcome s, float lr) {
-    run.step_done(s.loss, lr, opt_.last_grad_norm(), s.skipped);
+    run.step_done(
+        s.loss, lr,
+        groups_.single() ? groups_.optimizer().last_grad_norm() : groups_.last_grad_norm(),
+        s.skipped);
     if (o.on_step) o.on_step({run.position().step, run.position().epoch, s.loss, lr, s.skipped});
-    if (run.eval_due()) run.eval_done(evaluate(o, run.micro_batch()), params_, opt_);
-    if (run.save_due()) run.save(params_, opt_);
+    if (run.eval_due()) run.eval_done(evaluate(o, run.micro_batch()), saved_params(), groups_);
+    if (run.save_due()) run.save(saved_params(), groups_);
     return !run.done() && !run.epoch_ended();
   }
 
@@ -457,27 +541,67 @@ class Trainer {
             .log_every = o.log_every,
             .max_steps = o.max_steps,
             .throughput = o.throughput,
-            .plan = &plan_,
+            .plan = &saved_plan_,
+            .extra_state =
+                [this](const Position& at, ParamTree& state) {
+                  if (!keep_epoch_start_ || at.step_in_epoch == 0) return;
+                  for (const auto& [name, t] : groups_.saved_of(epoch_start_))
+                    state.emplace(std::string(kEpochStart) + name, t);
+                },
             .on_non_finite = o.on_non_finite};
   }
 
+  // Parameters (those checkpoints hold: frozen ones left out keep their
+  // values), optimizer state, and the parameters the epoch started with when
+  // per-epoch examples need them.
   void restore(FitDriver& run) {
     std::optional<CheckpointData> ck = run.resume();
     if (!ck) return;
-    params_ = std::move(ck->params);
-    opt_.load_state(ck->opt_state);
+    if (groups_.single()) {
+      params_ = std::move(ck->params);
+    } else {
+      for (auto& [name, t] : ck->params) params_.insert_or_assign(name, std::move(t));
+    }
+    epoch_start_.clear();
+    for (auto it = ck->opt_state.begin(); it != ck->opt_state.end();) {
+      if (!it->first.starts_with(kEpochStart)) {
+        ++it;
+        continue;
+      }
+      epoch_start_.emplace(it->first.substr(kEpochStart.size()), it->second);
+      it = ck->opt_state.erase(it);
+    }
+    if (!epoch_start_.empty()) {
+      for (const auto& [name, t] : params_) epoch_start_.emplace(name, t);  // kept as given
+    }
+    groups_.load_state(ck->opt_state);
   }
+
+  // What checkpoints hold: every parameter but frozen ones saved with .checkpoint = false.
+  const ParamTree& saved_params() {
+    if (groups_.single()) return params_;
+    saved_ = groups_.saved_of(params_);
+    return saved_;
+  }
+
+  static constexpr std::string_view kEpochStart = "epoch_start.params.";
 
   Deployer* deployer_;
   L model_;
   // Mutable for the same reason as in Predictor: stateful lambdas work.
   mutable Collate collate_;
   mutable Loss loss_;
-  optim::Optimizer opt_;
+  ParamGroups groups_;
   ShardPlan plan_;
-  std::vector<std::string> order_;  // parameters in execution order, for the buckets
+  ShardPlan saved_plan_;            // the parameters checkpoints hold
+  std::vector<std::string> order_;  // trained parameters in execution order, for the buckets
   ParamTree params_;
+  ParamTree saved_;                   // saved_params() when some are left out
   std::unique_ptr<DataParallel> dp_;  // with more than one replica
+  // Per-epoch examples given the model: the parameters at the start of the
+  // current epoch (checkpoints inside the epoch keep them).
+  bool keep_epoch_start_ = false;
+  ParamTree epoch_start_;
 };
 
 }  // namespace redco::train
@@ -487,7 +611,11 @@ namespace redco {
 using train::BoundModel;
 using train::Deployer;
 using train::NonFinite;
+using train::ParamGroups;
+using train::per_epoch;
 using train::Predictor;
 using train::Rng;
+using train::StepContext;
+using train::StepResult;
 using train::Trainer;
 }  // namespace redco

@@ -6,6 +6,11 @@
 //   bench_gpt_train --config S|M --steps N --warmup W --tokens FILE
 //                   [--dtype f32|bf16] [--init FILE.safetensors]
 //                   [--save-init FILE.safetensors] [--losses FILE] [--lr 3e-4] [--profile]
+//                   [--trainer]
+//
+// --trainer runs the same steps through Trainer::fit (one example per window,
+// batches of B in order, no shuffling) instead of the hand-written loop: the
+// library's default step path, timed from one on_step call to the next.
 //
 // W untimed warmup steps run first, then N timed steps (W + N in all). FILE
 // holds little-endian int32 token ids; step s (0-based, warmup included), row b
@@ -23,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <numeric>
 #include <vector>
 
 #include "redco/ops/backend.hpp"  // profile::
@@ -108,6 +114,48 @@ void print_profile(int64_t steps) {
                peak.path);
 }
 
+// The steps through Trainer::fit: example i is window i (step i / B, row i % B).
+struct TrainerRun {
+  std::vector<double> ms, cpu_ms;
+  float last_loss = 0;
+};
+template <typename Model>
+TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer opt,
+                       const std::vector<int32_t>& tok, int64_t B, int64_t T, int64_t vocab,
+                       int64_t total, Precision precision) {
+  std::vector<int64_t> windows(size_t(total * B));
+  std::iota(windows.begin(), windows.end(), int64_t{0});
+  auto collate = [&](std::span<const int64_t> ids) {
+    // Window i is row i % B of step i / B, as batch_for lays them out.
+    const int64_t s = ids.front() / B;
+    return batch_for(tok, s, int64_t(ids.size()), T, vocab);
+  };
+  auto loss = [precision](auto& m, const std::pair<Tensor, Tensor>& b, train::Rng) {
+    PrecisionGuard mixed(precision);
+    return cross_entropy(m(b.first), b.second);
+  };
+  Deployer deployer({.seed = 0, .quiet = true});
+  Trainer trainer(deployer, model, collate, loss, std::move(opt), std::move(params));
+  TrainerRun r;
+  auto t0 = std::chrono::steady_clock::now();
+  double cpu0 = process_cpu_ms();
+  trainer.fit(windows,
+              {.per_device_batch_size = B,
+               .n_epochs = 1,
+               .shuffle = false,
+               .save_at_end = false,
+               .log_every = 1 << 30,
+               .on_step = [&](const train::StepInfo& info) {
+                 const auto t1 = std::chrono::steady_clock::now();
+                 const double cpu1 = process_cpu_ms();
+                 r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+                 r.cpu_ms.push_back(cpu1 - cpu0);
+                 r.last_loss = float(info.loss);
+                 t0 = t1, cpu0 = cpu1;
+               }});
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -115,7 +163,7 @@ int main(int argc, char** argv) try {
   std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path;
   int64_t steps = 10, warmup = 2;
   float lr = 3e-4f;
-  bool profiling = false, formed_logits = false;
+  bool profiling = false, formed_logits = false, through_trainer = false;
   app.add_option("--config", config, "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4")
       ->check(CLI::IsMember({"S", "M"}));
   app.add_option("--steps", steps, "timed steps")->check(redco::cli::at_least(1));
@@ -130,6 +178,7 @@ int main(int argc, char** argv) try {
   app.add_flag("--profile", profiling, "print per-op time totals of the timed steps");
   app.add_flag("--formed-logits", formed_logits,
                "form the LM head's logits whole (the default defers them to the loss)");
+  app.add_flag("--trainer", through_trainer, "run the steps through Trainer::fit");
   REDCO_CLI_PARSE(app, argc, argv);
 
   const BenchConfig cfg = config_named(config);
@@ -157,7 +206,14 @@ int main(int argc, char** argv) try {
   std::vector<double> timed_ms, timed_cpu_ms;
   float last_loss = 0;
   size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
-  for (int64_t s = 0; s < warmup + steps; ++s) {
+  if (through_trainer) {
+    const TrainerRun r = run_trainer(model, params, std::move(opt), tokens, B, T, cfg.model.vocab,
+                                     warmup + steps, precision);
+    timed_ms.assign(r.ms.begin() + warmup, r.ms.end());
+    timed_cpu_ms.assign(r.cpu_ms.begin() + warmup, r.cpu_ms.end());
+    last_loss = r.last_loss;
+  }
+  for (int64_t s = 0; !through_trainer && s < warmup + steps; ++s) {
     if (s == warmup && profiling) {
       profile::enable(true);
       CachingAllocator::cpu().reset_peak();  // so the timed steps' peak can be placed

@@ -7,6 +7,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <array>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -72,9 +73,12 @@ struct Tokenizer::Impl {
 
   void load(const Json& j);
   void split_added(std::vector<Piece>& pieces, bool normalized_stage) const;
-  tok::Encoding encode_one(std::string_view text) const;
+  std::array<bool, 256> added_first_byte{};  // bytes an added token's text can start with
+  void encode_one(std::string_view text, tok::Encoding& enc) const;
   const std::vector<Token>& tokenize_cached(std::string_view word) const;
-  data::Encoding finish(std::vector<tok::Encoding> seqs, bool add_special) const;
+  // Truncates and post-processes `seqs` in place.
+  void finish(std::vector<tok::Encoding>& seqs, bool add_special) const;
+  data::Encoding encode_seqs(std::span<const std::string_view> texts, bool add_special) const;
   size_t added_by_processor(size_t n_seqs) const;
 };
 
@@ -91,8 +95,13 @@ std::string read_file(const std::filesystem::path& p) {
 // Aho-Corasick's leftmost-longest, non-overlapping matches of `tokens` in s.
 template <typename F>
 void find_added(std::string_view s, const std::vector<const AddedToken*>& tokens,
-                const std::vector<std::string>* contents, F&& f) {
+                const std::vector<std::string>* contents, const std::array<bool, 256>& first,
+                F&& f) {
   for (size_t i = 0; i < s.size();) {
+    if (!first[uint8_t(s[i])]) {  // most bytes start no added token
+      ++i;
+      continue;
+    }
     size_t best = SIZE_MAX, len = 0;
     for (size_t k = 0; k < tokens.size(); ++k) {
       const std::string& c = contents ? (*contents)[k] : tokens[k]->content;
@@ -176,9 +185,11 @@ void Tokenizer::Impl::load(const Json& j) {
       Piece p{t.content, std::vector<Span>(t.content.size()), {}, -1};
       if (normalizer) normalizer->normalize(p);
       norm_contents.push_back(p.text);
+      if (!p.text.empty()) added_first_byte[uint8_t(p.text[0])] = true;
     } else {
       raw_tokens.push_back(&t);
     }
+    if (!t.content.empty()) added_first_byte[uint8_t(t.content[0])] = true;
   }
   if (j.contains("truncation") && !j.at("truncation").is_null())
     truncation = read_truncation(j.at("truncation"));
@@ -197,7 +208,7 @@ void Tokenizer::Impl::split_added(std::vector<Piece>& pieces, bool normalized_st
     const std::string_view s = p.text;
     size_t start_offset = 0;
     find_added(
-        s, tokens, normalized_stage ? &norm_contents : nullptr,
+        s, tokens, normalized_stage ? &norm_contents : nullptr, added_first_byte,
         [&](const AddedToken* t, size_t start, size_t stop) {
           size_t pos = 0, b = 0, e = 0;
           if (t->single_word) {
@@ -241,10 +252,12 @@ const std::vector<Token>& Tokenizer::Impl::tokenize_cached(std::string_view word
   return cache.map.emplace(std::string(word), std::move(toks)).first->second;
 }
 
-tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
+void Tokenizer::Impl::encode_one(std::string_view text, tok::Encoding& enc) const {
   check_utf8(text, "Tokenizer::encode");
-  std::vector<Piece> pieces(1);
+  thread_local std::vector<Piece> pieces;  // reused: its first piece keeps its buffers
+  pieces.resize(1);
   Piece& whole = pieces[0];
+  whole.added_id = -1;
   whole.text.assign(text);
   whole.align.resize(text.size());
   for (size_t i = 0; i < text.size();) {
@@ -259,7 +272,7 @@ tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
       if (p.added_id < 0) normalizer->normalize(p);
   split_added(pieces, true);
   if (pre_tokenizer) pre_tokenizer->split(pieces);
-  tok::Encoding enc;
+  enc.clear();
   for (const Piece& p : pieces) {
     if (p.added_id >= 0) {
       enc.ids.push_back(p.added_id);
@@ -277,8 +290,6 @@ tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
     }
   }
   enc.type_ids.assign(enc.ids.size(), 0);
-  enc.values.resize(enc.ids.size());
-  return enc;
 }
 
 // How many tokens the post-processor adds to `n_seqs` sequences.
@@ -296,6 +307,7 @@ namespace {
 void truncate(tok::Encoding& e, size_t n, Side side) {
   if (e.ids.size() <= n) return;
   const long cut = long(e.ids.size() - n);
+  if (!e.values.empty()) e.values.resize(e.ids.size());  // sparse: give it the full length
   auto drop = [&](auto& v) {
     if (side == Side::right) {
       v.resize(n);
@@ -303,32 +315,69 @@ void truncate(tok::Encoding& e, size_t n, Side side) {
       v.erase(v.begin(), v.begin() + cut);
     }
   };
-  drop(e.ids), drop(e.type_ids), drop(e.offsets), drop(e.special), drop(e.values);
+  drop(e.ids), drop(e.type_ids), drop(e.offsets), drop(e.special);
+  if (!e.values.empty()) drop(e.values);
 }
 
-// Pads every encoding to the batch's longest (or the fixed length), rounded
-// up to a multiple; padding has id pad_id, offsets (0, 0), attention 0.
-void pad_batch(std::vector<data::Encoding>& batch, const Padding& p) {
-  size_t n = size_t(std::max<int64_t>(p.length, 0));
-  if (p.length <= 0)
-    for (const auto& e : batch) n = std::max(n, e.size());
+size_t padded_length(size_t longest, const Padding& p) {
+  size_t n = p.length > 0 ? size_t(p.length) : longest;
   if (p.multiple_of > 0)
     n = (n + size_t(p.multiple_of) - 1) / size_t(p.multiple_of) * size_t(p.multiple_of);
-  for (auto& e : batch) {
-    if (e.size() >= n) continue;
-    const size_t k = n - e.size();
-    auto grow = [&](auto& v, auto value) {
-      v.insert(p.side == Side::right ? v.end() : v.begin(), k, value);
-    };
-    grow(e.ids, p.pad_id), grow(e.type_ids, p.pad_type_id);
-    grow(e.offsets, std::pair<uint32_t, uint32_t>{0, 0});
-    grow(e.special_tokens_mask, uint8_t(1)), grow(e.attention_mask, uint8_t(0));
-  }
+  return n;
+}
+
+// Pads one encoding to n tokens: padding has id pad_id, offsets (0, 0),
+// attention 0; a longer encoding stays as it is.
+void pad_one(data::Encoding& e, size_t n, const Padding& p) {
+  if (e.size() >= n) return;
+  const size_t k = n - e.size();
+  auto grow = [&](auto& v, auto value) {
+    v.insert(p.side == Side::right ? v.end() : v.begin(), k, value);
+  };
+  grow(e.ids, p.pad_id), grow(e.type_ids, p.pad_type_id);
+  grow(e.offsets, std::pair<uint32_t, uint32_t>{0, 0});
+  grow(e.special_tokens_mask, uint8_t(1)), grow(e.attention_mask, uint8_t(0));
 }
 
 }  // namespace
 
-data::Encoding Tokenizer::Impl::finish(std::vector<tok::Encoding> seqs, bool add_special) const {
+void Tokenizer::pad_one(Encoding& e, const Padding& p) { data::pad_one(e, padded_length(0, p), p); }
+
+// Pads every encoding of the batch to its longest (or the fixed length),
+// rounded up to a multiple; each chunk is rebuilt once at its padded size.
+void Tokenizer::pad_batch(EncodingBatch& batch, const Padding& p) {
+  size_t longest = 0;
+  for (const auto& c : batch.chunks_)
+    for (size_t r = 0; r + 1 < c.starts.size(); ++r)
+      longest = std::max<size_t>(longest, c.starts[r + 1] - c.starts[r]);
+  const size_t n = padded_length(longest, p);
+  for (auto& c : batch.chunks_) {
+    EncodingBatch::Chunk out;
+    out.starts.assign(1, 0);
+    for (size_t r = 0; r + 1 < c.starts.size(); ++r)
+      out.starts.push_back(out.starts.back() +
+                           uint32_t(std::max<size_t>(n, c.starts[r + 1] - c.starts[r])));
+    const size_t total = out.starts.back();
+    out.ids.reserve(total), out.type_ids.reserve(total), out.offsets.reserve(total);
+    out.special_tokens_mask.reserve(total), out.attention_mask.reserve(total);
+    for (size_t r = 0; r + 1 < c.starts.size(); ++r) {
+      const size_t b = c.starts[r], e = c.starts[r + 1],
+                   k = out.starts[r + 1] - out.starts[r] - (e - b);
+      auto put = [&](const auto& from, auto& to, auto value) {
+        if (p.side == Side::left) to.insert(to.end(), k, value);
+        to.insert(to.end(), from.begin() + long(b), from.begin() + long(e));
+        if (p.side == Side::right) to.insert(to.end(), k, value);
+      };
+      put(c.ids, out.ids, p.pad_id), put(c.type_ids, out.type_ids, p.pad_type_id);
+      put(c.offsets, out.offsets, std::pair<uint32_t, uint32_t>{0, 0});
+      put(c.special_tokens_mask, out.special_tokens_mask, uint8_t(1));
+      put(c.attention_mask, out.attention_mask, uint8_t(0));
+    }
+    c = std::move(out);
+  }
+}
+
+void Tokenizer::Impl::finish(std::vector<tok::Encoding>& seqs, bool add_special) const {
   const int64_t added = truncation && add_special ? int64_t(added_by_processor(seqs.size())) : 0;
   // Like the reference, a max_length below the special tokens' count
   // truncates nothing (its unsigned subtraction wraps around).
@@ -352,16 +401,30 @@ data::Encoding Tokenizer::Impl::finish(std::vector<tok::Encoding> seqs, bool add
     }
   }
   if (post_processor) post_processor->process(seqs, add_special, vocab);
+}
+
+// The post-processed sequences, concatenated, into exactly sized vectors.
+data::Encoding Tokenizer::Impl::encode_seqs(std::span<const std::string_view> texts,
+                                            bool add_special) const {
+  thread_local std::vector<tok::Encoding> seqs;
+  seqs.resize(texts.size());
+  for (size_t k = 0; k < texts.size(); ++k) encode_one(texts[k], seqs[k]);
+  // The second sequence's tokens have type 1, as in the reference.
+  if (seqs.size() == 2) seqs[1].type_ids.assign(seqs[1].ids.size(), 1);
+  finish(seqs, add_special);
+  size_t n = 0;
+  for (const auto& s : seqs) n += s.ids.size();
   data::Encoding out;
-  for (size_t k = 0; k < seqs.size(); ++k) {
-    const tok::Encoding& s = seqs[k];
+  out.ids.reserve(n), out.type_ids.reserve(n), out.offsets.reserve(n);
+  out.special_tokens_mask.reserve(n);
+  for (const tok::Encoding& s : seqs) {
     out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
     out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
     for (const Span& o : s.offsets) out.offsets.emplace_back(o.begin, o.end);
     out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.special.begin(),
                                    s.special.end());
   }
-  out.attention_mask.assign(out.ids.size(), 1);
+  out.attention_mask.assign(n, 1);
   return out;
 }
 
@@ -410,57 +473,93 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
 }
 
 Encoding Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  std::vector<tok::Encoding> seqs;
-  seqs.push_back(impl_->encode_one(text));
-  Encoding e = impl_->finish(std::move(seqs), add_special_tokens);
-  if (impl_->padding && impl_->padding->length > 0) {
-    std::vector<Encoding> one(1, std::move(e));
-    pad_batch(one, *impl_->padding);
-    e = std::move(one[0]);
-  }
+  const std::string_view one[] = {text};
+  Encoding e = impl_->encode_seqs(one, add_special_tokens);
+  if (impl_->padding && impl_->padding->length > 0) pad_one(e, *impl_->padding);
   return e;
 }
 
 Encoding Tokenizer::encode_pair(std::string_view a, std::string_view b,
                                 bool add_special_tokens) const {
-  std::vector<tok::Encoding> seqs;
-  seqs.push_back(impl_->encode_one(a));
-  seqs.push_back(impl_->encode_one(b));
-  seqs[1].type_ids.assign(seqs[1].ids.size(), 1);  // the second sequence's tokens, as the reference
-  Encoding e = impl_->finish(std::move(seqs), add_special_tokens);
-  if (impl_->padding && impl_->padding->length > 0) {
-    std::vector<Encoding> one(1, std::move(e));
-    pad_batch(one, *impl_->padding);
-    e = std::move(one[0]);
-  }
+  const std::string_view two[] = {a, b};
+  Encoding e = impl_->encode_seqs(two, add_special_tokens);
+  if (impl_->padding && impl_->padding->length > 0) pad_one(e, *impl_->padding);
   return e;
 }
 
-std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string_view> texts,
-                                              bool add_special_tokens, int threads) const {
-  std::vector<Encoding> out(texts.size());
-  auto body = [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t i = r.begin(); i < r.end(); ++i) {
-      std::vector<tok::Encoding> seqs;
-      seqs.push_back(impl_->encode_one(texts[i]));
-      out[i] = impl_->finish(std::move(seqs), add_special_tokens);
+// Texts [c * kChunk, ...) into chunk c: each encoding is appended to a
+// per-thread scratch chunk whose buffers are reused, then the chunk takes
+// one exactly sized copy of each buffer.
+void Tokenizer::encode_chunk(std::span<const std::string_view> texts, bool add_special,
+                             EncodingBatch::Chunk& out) const {
+  thread_local std::vector<tok::Encoding> seqs;
+  thread_local EncodingBatch::Chunk scratch;
+  scratch.starts.assign(1, 0);
+  scratch.ids.clear(), scratch.type_ids.clear(), scratch.offsets.clear();
+  scratch.special_tokens_mask.clear();
+  for (std::string_view text : texts) {
+    seqs.resize(1);
+    impl_->encode_one(text, seqs[0]);
+    impl_->finish(seqs, add_special);
+    for (const tok::Encoding& s : seqs) {
+      scratch.ids.insert(scratch.ids.end(), s.ids.begin(), s.ids.end());
+      scratch.type_ids.insert(scratch.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
+      for (const Span& o : s.offsets) scratch.offsets.emplace_back(o.begin, o.end);
+      scratch.special_tokens_mask.insert(scratch.special_tokens_mask.end(), s.special.begin(),
+                                         s.special.end());
     }
-  };
-  if (threads == 1) {
-    body({0, texts.size()});
-  } else {
-    tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
-    arena.execute(
-        [&] { tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size(), 64), body); });
+    scratch.starts.push_back(uint32_t(scratch.ids.size()));
   }
-  if (impl_->padding) pad_batch(out, *impl_->padding);
-  return out;
+  auto copy = [](const auto& from, auto& to) { to.assign(from.begin(), from.end()); };
+  copy(scratch.starts, out.starts), copy(scratch.ids, out.ids);
+  copy(scratch.type_ids, out.type_ids), copy(scratch.offsets, out.offsets);
+  copy(scratch.special_tokens_mask, out.special_tokens_mask);
+  out.attention_mask.assign(out.ids.size(), 1);
 }
 
-std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string> texts,
-                                              bool add_special_tokens, int threads) const {
+EncodingBatch Tokenizer::encode_batch(std::span<const std::string_view> texts,
+                                      bool add_special_tokens, int threads) const {
+  constexpr size_t K = EncodingBatch::kChunk;
+  EncodingBatch batch;
+  batch.n_ = texts.size();
+  batch.chunks_.resize((texts.size() + K - 1) / K);
+  auto body = [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t c = r.begin(); c < r.end(); ++c)
+      encode_chunk(texts.subspan(c * K, std::min(K, texts.size() - c * K)), add_special_tokens,
+                   batch.chunks_[c]);
+  };
+  const tbb::blocked_range<size_t> all(0, batch.chunks_.size());
+  if (threads == 1) {
+    body(all);
+  } else {
+    tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
+    arena.execute([&] { tbb::parallel_for(all, body); });
+  }
+  if (impl_->padding) pad_batch(batch, *impl_->padding);
+  return batch;
+}
+
+EncodingBatch Tokenizer::encode_batch(std::span<const std::string> texts, bool add_special_tokens,
+                                      int threads) const {
   std::vector<std::string_view> views(texts.begin(), texts.end());
   return encode_batch(std::span<const std::string_view>(views), add_special_tokens, threads);
+}
+
+EncodingView EncodingBatch::operator[](size_t i) const {
+  REDCO_CHECK(i < n_, "EncodingBatch: index {} is out of range (size {})", i, n_);
+  const Chunk& c = chunks_[i / kChunk];
+  const size_t b = c.starts[i % kChunk], n = c.starts[i % kChunk + 1] - b;
+  return {std::span(c.ids).subspan(b, n), std::span(c.type_ids).subspan(b, n),
+          std::span(c.offsets).subspan(b, n), std::span(c.special_tokens_mask).subspan(b, n),
+          std::span(c.attention_mask).subspan(b, n)};
+}
+
+Encoding EncodingView::to_encoding() const {
+  return {{ids.begin(), ids.end()},
+          {type_ids.begin(), type_ids.end()},
+          {offsets.begin(), offsets.end()},
+          {special_tokens_mask.begin(), special_tokens_mask.end()},
+          {attention_mask.begin(), attention_mask.end()}};
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {

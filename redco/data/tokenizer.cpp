@@ -15,7 +15,7 @@
 #include <unordered_map>
 
 #include "redco/core/error.hpp"
-#include "redco/data/tokenizer_parts.hpp"
+#include "redco/data/tokenizer_impl.hpp"
 
 namespace redco::data {
 
@@ -40,50 +40,6 @@ using tok::PreTokenizer;
 using tok::Span;
 using tok::Token;
 
-constexpr size_t kMaxCachedWord = 64, kCacheEntries = 1 << 16;
-
-struct AddedToken {
-  int32_t id;
-  std::string content;
-  bool single_word, lstrip, rstrip, normalized, special;
-};
-
-struct Tokenizer::Impl {
-  const uint64_t serial = next_serial();
-  static uint64_t next_serial() {
-    static std::atomic<uint64_t> n{0};
-    return ++n;
-  }
-  std::unique_ptr<Normalizer> normalizer;
-  std::unique_ptr<PreTokenizer> pre_tokenizer;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<PostProcessor> post_processor;
-  std::unique_ptr<Decoder> decoder;
-  std::vector<AddedToken> added;
-  std::vector<const AddedToken*> raw_tokens, norm_tokens;  // matched before / after normalizing
-  std::vector<std::string> norm_contents;                  // norm_tokens' normalized text
-  IdToToken vocab;                                         // id -> token, added ones included
-  std::vector<int8_t> is_special;                          // [vocab.size()]
-  std::optional<Truncation> truncation;
-  std::optional<Padding> padding;
-  std::map<std::string, int32_t, std::less<>> named_specials;
-  Regex ws_start{"^[\\s\\x{85}]*"}, ws_end{"[\\s\\x{85}]*$"};
-  Regex word_start{"^[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"};
-  Regex word_end{"[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]$"};
-
-  void load(const Json& j);
-  void split_added(std::vector<Piece>& pieces, bool normalized_stage) const;
-  std::array<bool, 256> added_first_byte{};  // bytes an added token's text can start with
-  void encode_one(std::string_view text, tok::Encoding& enc) const;
-  const std::vector<Token>& tokenize_cached(std::string_view word) const;
-  // Truncates and post-processes `seqs` in place.
-  void finish(std::vector<tok::Encoding>& seqs, bool add_special) const;
-  data::Encoding encode_seqs(std::span<const std::string_view> texts, bool add_special) const;
-  size_t added_by_processor(size_t n_seqs) const;
-};
-
-namespace {
-
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   REDCO_CHECK(f, "cannot open {}", p.string());
@@ -91,6 +47,8 @@ std::string read_file(const std::filesystem::path& p) {
   ss << f.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 // Aho-Corasick's leftmost-longest, non-overlapping matches of `tokens` in s.
 template <typename F>
@@ -156,6 +114,9 @@ void Tokenizer::Impl::load(const Json& j) {
   post_processor =
       make_post_processor(j.contains("post_processor") ? j.at("post_processor") : Json());
   decoder = make_decoder(j.contains("decoder") ? j.at("decoder") : Json());
+  if (j.contains("normalizer")) normalizer_json = j.at("normalizer");
+  if (j.contains("pre_tokenizer")) pre_tokenizer_json = j.at("pre_tokenizer");
+  if (j.contains("post_processor")) post_processor_json = j.at("post_processor");
   if (j.contains("added_tokens")) {
     for (const Json& t : j.at("added_tokens").as_array()) {
       check_keys(t, "added token",
@@ -319,63 +280,7 @@ void truncate(tok::Encoding& e, size_t n, Side side) {
   if (!e.values.empty()) drop(e.values);
 }
 
-size_t padded_length(size_t longest, const Padding& p) {
-  size_t n = p.length > 0 ? size_t(p.length) : longest;
-  if (p.multiple_of > 0)
-    n = (n + size_t(p.multiple_of) - 1) / size_t(p.multiple_of) * size_t(p.multiple_of);
-  return n;
-}
-
-// Pads one encoding to n tokens: padding has id pad_id, offsets (0, 0),
-// attention 0; a longer encoding stays as it is.
-void pad_one(data::Encoding& e, size_t n, const Padding& p) {
-  if (e.size() >= n) return;
-  const size_t k = n - e.size();
-  auto grow = [&](auto& v, auto value) {
-    v.insert(p.side == Side::right ? v.end() : v.begin(), k, value);
-  };
-  grow(e.ids, p.pad_id), grow(e.type_ids, p.pad_type_id);
-  grow(e.offsets, std::pair<uint32_t, uint32_t>{0, 0});
-  grow(e.special_tokens_mask, uint8_t(1)), grow(e.attention_mask, uint8_t(0));
-}
-
 }  // namespace
-
-void Tokenizer::pad_one(Encoding& e, const Padding& p) { data::pad_one(e, padded_length(0, p), p); }
-
-// Pads every encoding of the batch to its longest (or the fixed length),
-// rounded up to a multiple; each chunk is rebuilt once at its padded size.
-void Tokenizer::pad_batch(EncodingBatch& batch, const Padding& p) {
-  size_t longest = 0;
-  for (const auto& c : batch.chunks_)
-    for (size_t r = 0; r + 1 < c.starts.size(); ++r)
-      longest = std::max<size_t>(longest, c.starts[r + 1] - c.starts[r]);
-  const size_t n = padded_length(longest, p);
-  for (auto& c : batch.chunks_) {
-    EncodingBatch::Chunk out;
-    out.starts.assign(1, 0);
-    for (size_t r = 0; r + 1 < c.starts.size(); ++r)
-      out.starts.push_back(out.starts.back() +
-                           uint32_t(std::max<size_t>(n, c.starts[r + 1] - c.starts[r])));
-    const size_t total = out.starts.back();
-    out.ids.reserve(total), out.type_ids.reserve(total), out.offsets.reserve(total);
-    out.special_tokens_mask.reserve(total), out.attention_mask.reserve(total);
-    for (size_t r = 0; r + 1 < c.starts.size(); ++r) {
-      const size_t b = c.starts[r], e = c.starts[r + 1],
-                   k = out.starts[r + 1] - out.starts[r] - (e - b);
-      auto put = [&](const auto& from, auto& to, auto value) {
-        if (p.side == Side::left) to.insert(to.end(), k, value);
-        to.insert(to.end(), from.begin() + long(b), from.begin() + long(e));
-        if (p.side == Side::right) to.insert(to.end(), k, value);
-      };
-      put(c.ids, out.ids, p.pad_id), put(c.type_ids, out.type_ids, p.pad_type_id);
-      put(c.offsets, out.offsets, std::pair<uint32_t, uint32_t>{0, 0});
-      put(c.special_tokens_mask, out.special_tokens_mask, uint8_t(1));
-      put(c.attention_mask, out.attention_mask, uint8_t(0));
-    }
-    c = std::move(out);
-  }
-}
 
 void Tokenizer::Impl::finish(std::vector<tok::Encoding>& seqs, bool add_special) const {
   const int64_t added = truncation && add_special ? int64_t(added_by_processor(seqs.size())) : 0;
@@ -454,21 +359,7 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
               "tokenizers saves) or a folder holding one",
               file.string());
   Tokenizer t = from_json(read_file(file), file.string());
-  // Named special tokens: special_tokens_map.json, then tokenizer_config.json.
-  for (const char* name : {"special_tokens_map.json", "tokenizer_config.json"}) {
-    const fs::path f = file.parent_path() / name;
-    if (!fs::exists(f)) continue;
-    const Json cfg = Json::parse(read_file(f), f.string());
-    if (!cfg.is_object()) continue;
-    for (const auto& [k, v] : cfg.as_object()) {
-      if (!k.ends_with("_token")) continue;
-      const Json* content = v.is_string()                            ? &v
-                            : v.is_object() && v.contains("content") ? &v.at("content")
-                                                                     : nullptr;
-      if (content && content->is_string() && !t.impl_->named_specials.count(k))
-        t.impl_->named_specials[k] = t.token_to_id(content->as_string());
-    }
-  }
+  t.impl_->load_config(file.parent_path());
   return t;
 }
 
@@ -487,82 +378,27 @@ Encoding Tokenizer::encode_pair(std::string_view a, std::string_view b,
   return e;
 }
 
-// Texts [c * kChunk, ...) into chunk c: each encoding is appended to a
-// per-thread scratch chunk whose buffers are reused, then the chunk takes
-// one exactly sized copy of each buffer.
-void Tokenizer::encode_chunk(std::span<const std::string_view> texts, bool add_special,
-                             EncodingBatch::Chunk& out) const {
-  thread_local std::vector<tok::Encoding> seqs;
-  thread_local EncodingBatch::Chunk scratch;
-  scratch.starts.assign(1, 0);
-  scratch.ids.clear(), scratch.type_ids.clear(), scratch.offsets.clear();
-  scratch.special_tokens_mask.clear();
-  for (std::string_view text : texts) {
-    seqs.resize(1);
-    impl_->encode_one(text, seqs[0]);
-    impl_->finish(seqs, add_special);
-    for (const tok::Encoding& s : seqs) {
-      scratch.ids.insert(scratch.ids.end(), s.ids.begin(), s.ids.end());
-      scratch.type_ids.insert(scratch.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
-      for (const Span& o : s.offsets) scratch.offsets.emplace_back(o.begin, o.end);
-      scratch.special_tokens_mask.insert(scratch.special_tokens_mask.end(), s.special.begin(),
-                                         s.special.end());
-    }
-    scratch.starts.push_back(uint32_t(scratch.ids.size()));
+namespace {
+
+// transformers' clean_up_tokenization, in its order.
+std::string clean_up_spaces(std::string s) {
+  static const std::pair<std::string_view, std::string_view> rules[] = {
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : rules) {
+    std::string out;
+    size_t i = 0;
+    for (size_t k; (k = s.find(from, i)) != std::string::npos; i = k + from.size())
+      out.append(s, i, k - i).append(to);
+    s = out.append(s, i, std::string::npos);
   }
-  auto copy = [](const auto& from, auto& to) { to.assign(from.begin(), from.end()); };
-  copy(scratch.starts, out.starts), copy(scratch.ids, out.ids);
-  copy(scratch.type_ids, out.type_ids), copy(scratch.offsets, out.offsets);
-  copy(scratch.special_tokens_mask, out.special_tokens_mask);
-  out.attention_mask.assign(out.ids.size(), 1);
+  return s;
 }
 
-EncodingBatch Tokenizer::encode_batch(std::span<const std::string_view> texts,
-                                      bool add_special_tokens, int threads) const {
-  constexpr size_t K = EncodingBatch::kChunk;
-  EncodingBatch batch;
-  batch.n_ = texts.size();
-  batch.chunks_.resize((texts.size() + K - 1) / K);
-  auto body = [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t c = r.begin(); c < r.end(); ++c)
-      encode_chunk(texts.subspan(c * K, std::min(K, texts.size() - c * K)), add_special_tokens,
-                   batch.chunks_[c]);
-  };
-  const tbb::blocked_range<size_t> all(0, batch.chunks_.size());
-  if (threads == 1) {
-    body(all);
-  } else {
-    tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
-    arena.execute([&] { tbb::parallel_for(all, body); });
-  }
-  if (impl_->padding) pad_batch(batch, *impl_->padding);
-  return batch;
-}
+}  // namespace
 
-EncodingBatch Tokenizer::encode_batch(std::span<const std::string> texts, bool add_special_tokens,
-                                      int threads) const {
-  std::vector<std::string_view> views(texts.begin(), texts.end());
-  return encode_batch(std::span<const std::string_view>(views), add_special_tokens, threads);
-}
-
-EncodingView EncodingBatch::operator[](size_t i) const {
-  REDCO_CHECK(i < n_, "EncodingBatch: index {} is out of range (size {})", i, n_);
-  const Chunk& c = chunks_[i / kChunk];
-  const size_t b = c.starts[i % kChunk], n = c.starts[i % kChunk + 1] - b;
-  return {std::span(c.ids).subspan(b, n), std::span(c.type_ids).subspan(b, n),
-          std::span(c.offsets).subspan(b, n), std::span(c.special_tokens_mask).subspan(b, n),
-          std::span(c.attention_mask).subspan(b, n)};
-}
-
-Encoding EncodingView::to_encoding() const {
-  return {{ids.begin(), ids.end()},
-          {type_ids.begin(), type_ids.end()},
-          {offsets.begin(), offsets.end()},
-          {special_tokens_mask.begin(), special_tokens_mask.end()},
-          {attention_mask.begin(), attention_mask.end()}};
-}
-
-std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens,
+                              std::optional<bool> clean_up) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -571,25 +407,25 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     if (skip_special_tokens && impl_->is_special[size_t(id)]) continue;
     tokens.push_back(impl_->vocab[size_t(id)]);
   }
-  if (!impl_->decoder) {
-    std::string out;
-    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-    return out;
-  }
-  impl_->decoder->decode_chain(tokens);
   std::string out;
-  for (const auto& t : tokens) out += t;
-  return out;
+  if (!impl_->decoder) {
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+  } else {
+    impl_->decoder->decode_chain(tokens);
+    for (const auto& t : tokens) out += t;
+  }
+  return clean_up.value_or(impl_->clean_up_spaces) ? clean_up_spaces(std::move(out)) : out;
 }
 
-std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens) const {
+std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens,
+                              std::optional<bool> clean_up) const {
   std::vector<int32_t> narrow(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     REDCO_CHECK(ids[i] >= 0 && ids[i] < INT32_MAX, "Tokenizer::decode: id {} is out of range",
                 ids[i]);
     narrow[i] = int32_t(ids[i]);
   }
-  return decode(std::span<const int32_t>(narrow), skip_special_tokens);
+  return decode(std::span<const int32_t>(narrow), skip_special_tokens, clean_up);
 }
 
 void Tokenizer::set_truncation(std::optional<Truncation> t) {
@@ -602,11 +438,13 @@ void Tokenizer::set_padding(std::optional<Padding> p) { impl_->padding = p; }
 
 int64_t Tokenizer::vocab_size() const { return int64_t(impl_->vocab.size()); }
 
-int32_t Tokenizer::token_to_id(std::string_view token) const {
-  for (const AddedToken& t : impl_->added)
+int32_t Tokenizer::Impl::token_id(std::string_view token) const {
+  for (const AddedToken& t : added)
     if (t.content == token) return t.id;
-  return impl_->model->token_to_id(token);
+  return model->token_to_id(token);
 }
+
+int32_t Tokenizer::token_to_id(std::string_view token) const { return impl_->token_id(token); }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
   REDCO_CHECK(id >= 0 && size_t(id) < impl_->vocab.size() && !impl_->vocab[size_t(id)].empty(),
@@ -625,7 +463,8 @@ int32_t Tokenizer::special_token_id(std::string_view name) const {
 std::string Tokenizer::Stream::step(int32_t id) {
   ids_.push_back(id);
   const std::span<const int32_t> window(ids_.data() + prefix_start_, ids_.size() - prefix_start_);
-  std::string text = tok_->decode(window, skip_);
+  // Without clean-up: it would rewrite text already emitted (" ," -> ",").
+  std::string text = tok_->decode(window, skip_, false);
   if (text.size() <= prefix_.size() || text.ends_with("\xEF\xBF\xBD")) return {};
   REDCO_CHECK(text.starts_with(prefix_), "Tokenizer::Stream: the decoder rewrote earlier text");
   std::string fresh = text.substr(prefix_.size());
@@ -634,7 +473,8 @@ std::string Tokenizer::Stream::step(int32_t id) {
   prefix_start_ = read_;
   read_ = ids_.size();
   prefix_ = tok_->decode(
-      std::span<const int32_t>(ids_.data() + prefix_start_, ids_.size() - prefix_start_), skip_);
+      std::span<const int32_t>(ids_.data() + prefix_start_, ids_.size() - prefix_start_), skip_,
+      false);
   return fresh;
 }
 

@@ -15,6 +15,14 @@
 //   data::Tokenizer::Stream stream(tok);     // streaming generation
 //   for (int32_t id : new_ids) std::cout << stream.step(id);  // whole characters only
 //
+// From the folder's tokenizer_config.json / special_tokens_map.json, as
+// transformers' AutoTokenizer applies them: the named special tokens,
+// add_bos_token / add_eos_token (the LLaMA, CodeLlama, Gemma, Cohere and
+// GPT-NeoX fast tokenizers rebuild the post-processor from them),
+// model_max_length, padding_side, truncation_side, pad_token and
+// clean_up_tokenization_spaces; an option that would make the reference
+// rebuild another part of tokenizer.json is accepted only where it agrees
+// with the file, else rejected with an Error naming it.
 // Every component and option a file uses is implemented exactly or rejected
 // with an Error naming it: redco never silently tokenizes differently.
 // Implemented: normalizers NFC/NFD/NFKC/NFKD, Lowercase, StripAccents,
@@ -124,12 +132,25 @@ class Tokenizer {
   EncodingBatch encode_batch(std::span<const std::string_view> texts,
                              bool add_special_tokens = true, int threads = 0) const;
 
-  // Throws redco::Error naming an id outside the vocabulary.
-  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
-  std::string decode(std::span<const int64_t> ids, bool skip_special_tokens = false) const;
+  // Throws redco::Error naming an id outside the vocabulary. clean_up_spaces
+  // (" ." -> ".", " 's" -> "'s", ... as transformers' clean_up_tokenization)
+  // defaults to tokenizer_config.json's clean_up_tokenization_spaces (false).
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false,
+                     std::optional<bool> clean_up_spaces = std::nullopt) const;
+  std::string decode(std::span<const int64_t> ids, bool skip_special_tokens = false,
+                     std::optional<bool> clean_up_spaces = std::nullopt) const;
 
   void set_truncation(std::optional<Truncation> t);
   void set_padding(std::optional<Padding> p);
+
+  // What transformers' `truncation=True` / `padding=True` mean for this
+  // folder's tokenizer_config.json: truncation to model_max_length on
+  // truncation_side (nullopt without a model_max_length: the reference then
+  // truncates nothing), padding to the longest with pad_token's id on
+  // padding_side (throws when no pad_token is named).
+  std::optional<Truncation> default_truncation() const;
+  Padding default_padding() const;
+  std::optional<int64_t> model_max_length() const;
 
   int64_t vocab_size() const;                         // model vocabulary plus added tokens
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
@@ -140,7 +161,8 @@ class Tokenizer {
 
   // Incremental decoding for streaming: step() returns the text the new id
   // completes, never a partial UTF-8 character, and the pieces concatenate
-  // to decode() of all ids so far (once it ends on a whole character).
+  // to decode() of all ids so far (once it ends on a whole character),
+  // without clean_up_spaces, which would rewrite text already emitted.
   class Stream {
    public:
     explicit Stream(const Tokenizer& tok, bool skip_special_tokens = false)

@@ -478,4 +478,15 @@ std::string Tokenizer::Stream::step(int32_t id) {
   return fresh;
 }
 
+std::string Tokenizer::Stream::flush() {
+  const std::span<const int32_t> window(ids_.data() + prefix_start_, ids_.size() - prefix_start_);
+  const std::string text = tok_->decode(window, skip_, false);
+  std::string rest = text.size() > prefix_.size() && text.starts_with(prefix_)
+                         ? text.substr(prefix_.size())
+                         : std::string();
+  prefix_start_ = read_ = ids_.size();
+  prefix_.clear();
+  return rest;
+}
+
 }  // namespace redco::data

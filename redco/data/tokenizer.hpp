@@ -168,6 +168,9 @@ class Tokenizer {
     explicit Stream(const Tokenizer& tok, bool skip_special_tokens = false)
         : tok_(&tok), skip_(skip_special_tokens) {}
     std::string step(int32_t id);
+    // The text held back at the end (an incomplete character decodes as
+    // U+FFFD, as in decode()); the pieces then add up to decode() exactly.
+    std::string flush();
 
    private:
     const Tokenizer* tok_;

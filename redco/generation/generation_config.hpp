@@ -12,6 +12,10 @@ struct GenerationConfig {
   int64_t min_new_tokens = 0;            // end-of-sequence ids are banned before this many
   std::vector<int64_t> eos_token_ids{};  // a row stops after emitting one of them
   int64_t pad_token_id = 0;              // fills finished rows of a batch and beams
+  // A row stops at the token whose text completes one of these (the match
+  // may start earlier, in the prompt too), as transformers' stop_strings;
+  // needs generate's TextOptions::tokenizer. Not with beam search.
+  std::vector<std::string> stop_strings{};
   // ---- sampling (greedy when off)
   bool do_sample = false;
   float temperature = 1.f;

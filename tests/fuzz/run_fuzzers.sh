@@ -13,7 +13,7 @@ set -euo pipefail
 root=$(realpath "$1")
 work=$(realpath -m "$2")
 secs=${FUZZ_SECONDS:-${3:-20}}
-targets=(safetensors idx state_json launch_env)
+targets=(safetensors idx state_json launch_env tokenizer_json)
 
 cxx=${FUZZ_CXX:-}
 if [ -z "$cxx" ]; then
@@ -38,10 +38,14 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
   -fno-sanitize-recover=all -fsanitize-recover=pointer-overflow
   -I"$root" $(pkg-config --cflags fmt eigen3 2>/dev/null))
 export UBSAN_OPTIONS="suppressions=$root/tests/fuzz/ubsan.supp:halt_on_error=1:print_stacktrace=1"
-# The parsers and the core they use (tensors, allocator, dtype conversion).
+# The parsers and the core they use (tensors, allocator, dtype conversion),
+# and the tokenizer pipeline.
 srcs=(core/dtype.cpp core/allocator.cpp core/device_memory.cpp core/tensor.cpp core/profile.cpp
   core/random.cpp autodiff/node.cpp io/safetensors.cpp io/checkpoint.cpp data/idx.cpp
-  dist/launch_env.cpp)
+  dist/launch_env.cpp data/regex.cpp data/tokenizer.cpp data/tokenizer_batch.cpp
+  data/tokenizer_config.cpp data/tokenizer_unicode.cpp data/tokenizer_normalizers.cpp
+  data/tokenizer_pre_tokenizers.cpp data/tokenizer_models.cpp data/tokenizer_unigram.cpp
+  data/tokenizer_processors.cpp)
 objs=()
 for s in "${srcs[@]}"; do objs+=("$work/obj/${s//\//_}.o"); done
 # Two compilers at a time (CI has 2 cores); -fsanitize=fuzzer-no-link gives
@@ -50,7 +54,7 @@ printf '%s\n' "${srcs[@]}" | xargs -P 2 -I{} sh -c '
   src={}; obj="'"$work"'/obj/$(echo "$src" | tr / _).o"
   exec "$@" -fsanitize=fuzzer-no-link -c "'"$root"'/redco/$src" -o "$obj"' _ \
   "${launcher[@]}" "$cxx" "${flags[@]}"
-libs=(-lfmt -ltbb -lz -lpthread)
+libs=(-lfmt -ltbb -lz -lpthread -lpcre2-8 -licuuc -lutf8proc)
 
 status=0
 summary=()

@@ -48,6 +48,9 @@ struct Layout {
 // Sources for the common case: parameter p is checkpoint tensor `hf` as is.
 TensorSource same(std::string param, std::string hf, Shape shape);
 
+// A checkpoint folder's text file; the error names `what` and the path.
+std::string read_text(const std::filesystem::path& path, std::string_view what);
+
 // config.json, with typed getters whose errors name the file and the key.
 class Config {
  public:

@@ -63,7 +63,8 @@ LlamaConfig llama_config(const hf::Config& f) {
   c.norm_eps = float(f.number("rms_norm_eps", 1e-6));
   c.rope = rope_options(f);
   c.head_dim = f.integer("head_dim", 0);
-  if (c.head_dim == c.dim / c.heads && c.dim % c.heads == 0) c.head_dim = 0;
+  // (heads is checked below; 0 must not divide here first)
+  if (c.heads > 0 && c.head_dim == c.dim / c.heads && c.dim % c.heads == 0) c.head_dim = 0;
   const bool bias = f.boolean("attention_bias", false);
   c.qkv_bias = type == "qwen2" || bias;
   c.o_bias = type != "qwen2" && bias;

@@ -184,3 +184,16 @@ put("tokenizer_json", "t5_unigram", tokenizer(
     decoder={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
              "split": True},
     added_tokens=[added(0, "<pad>"), added(1, "</s>"), added(2, "<unk>")]))
+
+# ---- config.json: the committed checkpoint fixtures' (one per family and variant) --
+fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
+for name in sorted(os.listdir(fixtures)):
+    path = os.path.join(fixtures, name, "config.json")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            put("config_json", name, f.read())
+# Regression: num_attention_heads 0 divided hidden_size before it was checked.
+with open(os.path.join(fixtures, "llama", "config.json")) as f:
+    zero_heads = json.load(f)
+zero_heads["num_attention_heads"] = 0
+put("config_json", "llama_zero_heads", json.dumps(zero_heads, indent=2))

@@ -234,6 +234,7 @@ int main(int argc, char** argv) try {
       any);
   return 0;
 } catch (const std::exception& e) {
-  std::cerr << "redco-generate: " << e.what() << '\n';
+  const std::string_view m = e.what();  // most messages name the tool already
+  std::cerr << (m.starts_with("redco-generate:") ? "" : "redco-generate: ") << m << '\n';
   return 1;
 }

@@ -14,7 +14,9 @@ struct GenerationConfig {
   int64_t pad_token_id = 0;              // fills finished rows of a batch and beams
   // A row stops at the token whose text completes one of these (the match
   // may start earlier, in the prompt too), as transformers' stop_strings;
-  // needs generate's TextOptions::tokenizer. Not with beam search.
+  // needs generate's TextOptions::tokenizer. Matched on the decoded text
+  // (special tokens left out when TextOptions::skip_special_tokens, where
+  // transformers matches their text too). Not with beam search.
   std::vector<std::string> stop_strings{};
   // ---- sampling (greedy when off)
   bool do_sample = false;

@@ -13,8 +13,8 @@
 namespace redco::data {
 
 using tok::Decoder;
-using tok::Json;
 using tok::IdToToken;
+using tok::Json;
 using tok::Model;
 using tok::Normalizer;
 using tok::Piece;

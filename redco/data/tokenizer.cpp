@@ -7,6 +7,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <array>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -14,7 +15,7 @@
 #include <unordered_map>
 
 #include "redco/core/error.hpp"
-#include "redco/data/tokenizer_parts.hpp"
+#include "redco/data/tokenizer_impl.hpp"
 
 namespace redco::data {
 
@@ -39,47 +40,6 @@ using tok::PreTokenizer;
 using tok::Span;
 using tok::Token;
 
-constexpr size_t kMaxCachedWord = 64, kCacheEntries = 1 << 16;
-
-struct AddedToken {
-  int32_t id;
-  std::string content;
-  bool single_word, lstrip, rstrip, normalized, special;
-};
-
-struct Tokenizer::Impl {
-  const uint64_t serial = next_serial();
-  static uint64_t next_serial() {
-    static std::atomic<uint64_t> n{0};
-    return ++n;
-  }
-  std::unique_ptr<Normalizer> normalizer;
-  std::unique_ptr<PreTokenizer> pre_tokenizer;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<PostProcessor> post_processor;
-  std::unique_ptr<Decoder> decoder;
-  std::vector<AddedToken> added;
-  std::vector<const AddedToken*> raw_tokens, norm_tokens;  // matched before / after normalizing
-  std::vector<std::string> norm_contents;                  // norm_tokens' normalized text
-  IdToToken vocab;                                         // id -> token, added ones included
-  std::vector<int8_t> is_special;                          // [vocab.size()]
-  std::optional<Truncation> truncation;
-  std::optional<Padding> padding;
-  std::map<std::string, int32_t, std::less<>> named_specials;
-  Regex ws_start{"^[\\s\\x{85}]*"}, ws_end{"[\\s\\x{85}]*$"};
-  Regex word_start{"^[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"};
-  Regex word_end{"[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]$"};
-
-  void load(const Json& j);
-  void split_added(std::vector<Piece>& pieces, bool normalized_stage) const;
-  tok::Encoding encode_one(std::string_view text) const;
-  const std::vector<Token>& tokenize_cached(std::string_view word) const;
-  data::Encoding finish(std::vector<tok::Encoding> seqs, bool add_special) const;
-  size_t added_by_processor(size_t n_seqs) const;
-};
-
-namespace {
-
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   REDCO_CHECK(f, "cannot open {}", p.string());
@@ -88,11 +48,18 @@ std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+namespace {
+
 // Aho-Corasick's leftmost-longest, non-overlapping matches of `tokens` in s.
 template <typename F>
 void find_added(std::string_view s, const std::vector<const AddedToken*>& tokens,
-                const std::vector<std::string>* contents, F&& f) {
+                const std::vector<std::string>* contents, const std::array<bool, 256>& first,
+                F&& f) {
   for (size_t i = 0; i < s.size();) {
+    if (!first[uint8_t(s[i])]) {  // most bytes start no added token
+      ++i;
+      continue;
+    }
     size_t best = SIZE_MAX, len = 0;
     for (size_t k = 0; k < tokens.size(); ++k) {
       const std::string& c = contents ? (*contents)[k] : tokens[k]->content;
@@ -147,6 +114,9 @@ void Tokenizer::Impl::load(const Json& j) {
   post_processor =
       make_post_processor(j.contains("post_processor") ? j.at("post_processor") : Json());
   decoder = make_decoder(j.contains("decoder") ? j.at("decoder") : Json());
+  if (j.contains("normalizer")) normalizer_json = j.at("normalizer");
+  if (j.contains("pre_tokenizer")) pre_tokenizer_json = j.at("pre_tokenizer");
+  if (j.contains("post_processor")) post_processor_json = j.at("post_processor");
   if (j.contains("added_tokens")) {
     for (const Json& t : j.at("added_tokens").as_array()) {
       check_keys(t, "added token",
@@ -176,9 +146,11 @@ void Tokenizer::Impl::load(const Json& j) {
       Piece p{t.content, std::vector<Span>(t.content.size()), {}, -1};
       if (normalizer) normalizer->normalize(p);
       norm_contents.push_back(p.text);
+      if (!p.text.empty()) added_first_byte[uint8_t(p.text[0])] = true;
     } else {
       raw_tokens.push_back(&t);
     }
+    if (!t.content.empty()) added_first_byte[uint8_t(t.content[0])] = true;
   }
   if (j.contains("truncation") && !j.at("truncation").is_null())
     truncation = read_truncation(j.at("truncation"));
@@ -197,7 +169,7 @@ void Tokenizer::Impl::split_added(std::vector<Piece>& pieces, bool normalized_st
     const std::string_view s = p.text;
     size_t start_offset = 0;
     find_added(
-        s, tokens, normalized_stage ? &norm_contents : nullptr,
+        s, tokens, normalized_stage ? &norm_contents : nullptr, added_first_byte,
         [&](const AddedToken* t, size_t start, size_t stop) {
           size_t pos = 0, b = 0, e = 0;
           if (t->single_word) {
@@ -241,10 +213,12 @@ const std::vector<Token>& Tokenizer::Impl::tokenize_cached(std::string_view word
   return cache.map.emplace(std::string(word), std::move(toks)).first->second;
 }
 
-tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
+void Tokenizer::Impl::encode_one(std::string_view text, tok::Encoding& enc) const {
   check_utf8(text, "Tokenizer::encode");
-  std::vector<Piece> pieces(1);
+  thread_local std::vector<Piece> pieces;  // reused: its first piece keeps its buffers
+  pieces.resize(1);
   Piece& whole = pieces[0];
+  whole.added_id = -1;
   whole.text.assign(text);
   whole.align.resize(text.size());
   for (size_t i = 0; i < text.size();) {
@@ -259,7 +233,7 @@ tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
       if (p.added_id < 0) normalizer->normalize(p);
   split_added(pieces, true);
   if (pre_tokenizer) pre_tokenizer->split(pieces);
-  tok::Encoding enc;
+  enc.clear();
   for (const Piece& p : pieces) {
     if (p.added_id >= 0) {
       enc.ids.push_back(p.added_id);
@@ -277,8 +251,6 @@ tok::Encoding Tokenizer::Impl::encode_one(std::string_view text) const {
     }
   }
   enc.type_ids.assign(enc.ids.size(), 0);
-  enc.values.resize(enc.ids.size());
-  return enc;
 }
 
 // How many tokens the post-processor adds to `n_seqs` sequences.
@@ -296,6 +268,7 @@ namespace {
 void truncate(tok::Encoding& e, size_t n, Side side) {
   if (e.ids.size() <= n) return;
   const long cut = long(e.ids.size() - n);
+  if (!e.values.empty()) e.values.resize(e.ids.size());  // sparse: give it the full length
   auto drop = [&](auto& v) {
     if (side == Side::right) {
       v.resize(n);
@@ -303,32 +276,13 @@ void truncate(tok::Encoding& e, size_t n, Side side) {
       v.erase(v.begin(), v.begin() + cut);
     }
   };
-  drop(e.ids), drop(e.type_ids), drop(e.offsets), drop(e.special), drop(e.values);
-}
-
-// Pads every encoding to the batch's longest (or the fixed length), rounded
-// up to a multiple; padding has id pad_id, offsets (0, 0), attention 0.
-void pad_batch(std::vector<data::Encoding>& batch, const Padding& p) {
-  size_t n = size_t(std::max<int64_t>(p.length, 0));
-  if (p.length <= 0)
-    for (const auto& e : batch) n = std::max(n, e.size());
-  if (p.multiple_of > 0)
-    n = (n + size_t(p.multiple_of) - 1) / size_t(p.multiple_of) * size_t(p.multiple_of);
-  for (auto& e : batch) {
-    if (e.size() >= n) continue;
-    const size_t k = n - e.size();
-    auto grow = [&](auto& v, auto value) {
-      v.insert(p.side == Side::right ? v.end() : v.begin(), k, value);
-    };
-    grow(e.ids, p.pad_id), grow(e.type_ids, p.pad_type_id);
-    grow(e.offsets, std::pair<uint32_t, uint32_t>{0, 0});
-    grow(e.special_tokens_mask, uint8_t(1)), grow(e.attention_mask, uint8_t(0));
-  }
+  drop(e.ids), drop(e.type_ids), drop(e.offsets), drop(e.special);
+  if (!e.values.empty()) drop(e.values);
 }
 
 }  // namespace
 
-data::Encoding Tokenizer::Impl::finish(std::vector<tok::Encoding> seqs, bool add_special) const {
+void Tokenizer::Impl::finish(std::vector<tok::Encoding>& seqs, bool add_special) const {
   const int64_t added = truncation && add_special ? int64_t(added_by_processor(seqs.size())) : 0;
   // Like the reference, a max_length below the special tokens' count
   // truncates nothing (its unsigned subtraction wraps around).
@@ -352,16 +306,30 @@ data::Encoding Tokenizer::Impl::finish(std::vector<tok::Encoding> seqs, bool add
     }
   }
   if (post_processor) post_processor->process(seqs, add_special, vocab);
+}
+
+// The post-processed sequences, concatenated, into exactly sized vectors.
+data::Encoding Tokenizer::Impl::encode_seqs(std::span<const std::string_view> texts,
+                                            bool add_special) const {
+  thread_local std::vector<tok::Encoding> seqs;
+  seqs.resize(texts.size());
+  for (size_t k = 0; k < texts.size(); ++k) encode_one(texts[k], seqs[k]);
+  // The second sequence's tokens have type 1, as in the reference.
+  if (seqs.size() == 2) seqs[1].type_ids.assign(seqs[1].ids.size(), 1);
+  finish(seqs, add_special);
+  size_t n = 0;
+  for (const auto& s : seqs) n += s.ids.size();
   data::Encoding out;
-  for (size_t k = 0; k < seqs.size(); ++k) {
-    const tok::Encoding& s = seqs[k];
+  out.ids.reserve(n), out.type_ids.reserve(n), out.offsets.reserve(n);
+  out.special_tokens_mask.reserve(n);
+  for (const tok::Encoding& s : seqs) {
     out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
     out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
     for (const Span& o : s.offsets) out.offsets.emplace_back(o.begin, o.end);
     out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.special.begin(),
                                    s.special.end());
   }
-  out.attention_mask.assign(out.ids.size(), 1);
+  out.attention_mask.assign(n, 1);
   return out;
 }
 
@@ -391,79 +359,46 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
               "tokenizers saves) or a folder holding one",
               file.string());
   Tokenizer t = from_json(read_file(file), file.string());
-  // Named special tokens: special_tokens_map.json, then tokenizer_config.json.
-  for (const char* name : {"special_tokens_map.json", "tokenizer_config.json"}) {
-    const fs::path f = file.parent_path() / name;
-    if (!fs::exists(f)) continue;
-    const Json cfg = Json::parse(read_file(f), f.string());
-    if (!cfg.is_object()) continue;
-    for (const auto& [k, v] : cfg.as_object()) {
-      if (!k.ends_with("_token")) continue;
-      const Json* content = v.is_string()                            ? &v
-                            : v.is_object() && v.contains("content") ? &v.at("content")
-                                                                     : nullptr;
-      if (content && content->is_string() && !t.impl_->named_specials.count(k))
-        t.impl_->named_specials[k] = t.token_to_id(content->as_string());
-    }
-  }
+  t.impl_->load_config(file.parent_path());
   return t;
 }
 
 Encoding Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  std::vector<tok::Encoding> seqs;
-  seqs.push_back(impl_->encode_one(text));
-  Encoding e = impl_->finish(std::move(seqs), add_special_tokens);
-  if (impl_->padding && impl_->padding->length > 0) {
-    std::vector<Encoding> one(1, std::move(e));
-    pad_batch(one, *impl_->padding);
-    e = std::move(one[0]);
-  }
+  const std::string_view one[] = {text};
+  Encoding e = impl_->encode_seqs(one, add_special_tokens);
+  if (impl_->padding && impl_->padding->length > 0) pad_one(e, *impl_->padding);
   return e;
 }
 
 Encoding Tokenizer::encode_pair(std::string_view a, std::string_view b,
                                 bool add_special_tokens) const {
-  std::vector<tok::Encoding> seqs;
-  seqs.push_back(impl_->encode_one(a));
-  seqs.push_back(impl_->encode_one(b));
-  seqs[1].type_ids.assign(seqs[1].ids.size(), 1);  // the second sequence's tokens, as the reference
-  Encoding e = impl_->finish(std::move(seqs), add_special_tokens);
-  if (impl_->padding && impl_->padding->length > 0) {
-    std::vector<Encoding> one(1, std::move(e));
-    pad_batch(one, *impl_->padding);
-    e = std::move(one[0]);
-  }
+  const std::string_view two[] = {a, b};
+  Encoding e = impl_->encode_seqs(two, add_special_tokens);
+  if (impl_->padding && impl_->padding->length > 0) pad_one(e, *impl_->padding);
   return e;
 }
 
-std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string_view> texts,
-                                              bool add_special_tokens, int threads) const {
-  std::vector<Encoding> out(texts.size());
-  auto body = [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t i = r.begin(); i < r.end(); ++i) {
-      std::vector<tok::Encoding> seqs;
-      seqs.push_back(impl_->encode_one(texts[i]));
-      out[i] = impl_->finish(std::move(seqs), add_special_tokens);
-    }
-  };
-  if (threads == 1) {
-    body({0, texts.size()});
-  } else {
-    tbb::task_arena arena(threads > 0 ? threads : tbb::task_arena::automatic);
-    arena.execute(
-        [&] { tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size(), 64), body); });
+namespace {
+
+// transformers' clean_up_tokenization, in its order.
+std::string clean_up_spaces(std::string s) {
+  static const std::pair<std::string_view, std::string_view> rules[] = {
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : rules) {
+    std::string out;
+    size_t i = 0;
+    for (size_t k; (k = s.find(from, i)) != std::string::npos; i = k + from.size())
+      out.append(s, i, k - i).append(to);
+    s = out.append(s, i, std::string::npos);
   }
-  if (impl_->padding) pad_batch(out, *impl_->padding);
-  return out;
+  return s;
 }
 
-std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string> texts,
-                                              bool add_special_tokens, int threads) const {
-  std::vector<std::string_view> views(texts.begin(), texts.end());
-  return encode_batch(std::span<const std::string_view>(views), add_special_tokens, threads);
-}
+}  // namespace
 
-std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens,
+                              std::optional<bool> clean_up) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -472,25 +407,25 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     if (skip_special_tokens && impl_->is_special[size_t(id)]) continue;
     tokens.push_back(impl_->vocab[size_t(id)]);
   }
-  if (!impl_->decoder) {
-    std::string out;
-    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-    return out;
-  }
-  impl_->decoder->decode_chain(tokens);
   std::string out;
-  for (const auto& t : tokens) out += t;
-  return out;
+  if (!impl_->decoder) {
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+  } else {
+    impl_->decoder->decode_chain(tokens);
+    for (const auto& t : tokens) out += t;
+  }
+  return clean_up.value_or(impl_->clean_up_spaces) ? clean_up_spaces(std::move(out)) : out;
 }
 
-std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens) const {
+std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special_tokens,
+                              std::optional<bool> clean_up) const {
   std::vector<int32_t> narrow(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     REDCO_CHECK(ids[i] >= 0 && ids[i] < INT32_MAX, "Tokenizer::decode: id {} is out of range",
                 ids[i]);
     narrow[i] = int32_t(ids[i]);
   }
-  return decode(std::span<const int32_t>(narrow), skip_special_tokens);
+  return decode(std::span<const int32_t>(narrow), skip_special_tokens, clean_up);
 }
 
 void Tokenizer::set_truncation(std::optional<Truncation> t) {
@@ -503,11 +438,13 @@ void Tokenizer::set_padding(std::optional<Padding> p) { impl_->padding = p; }
 
 int64_t Tokenizer::vocab_size() const { return int64_t(impl_->vocab.size()); }
 
-int32_t Tokenizer::token_to_id(std::string_view token) const {
-  for (const AddedToken& t : impl_->added)
+int32_t Tokenizer::Impl::token_id(std::string_view token) const {
+  for (const AddedToken& t : added)
     if (t.content == token) return t.id;
-  return impl_->model->token_to_id(token);
+  return model->token_to_id(token);
 }
+
+int32_t Tokenizer::token_to_id(std::string_view token) const { return impl_->token_id(token); }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
   REDCO_CHECK(id >= 0 && size_t(id) < impl_->vocab.size() && !impl_->vocab[size_t(id)].empty(),
@@ -526,7 +463,8 @@ int32_t Tokenizer::special_token_id(std::string_view name) const {
 std::string Tokenizer::Stream::step(int32_t id) {
   ids_.push_back(id);
   const std::span<const int32_t> window(ids_.data() + prefix_start_, ids_.size() - prefix_start_);
-  std::string text = tok_->decode(window, skip_);
+  // Without clean-up: it would rewrite text already emitted (" ," -> ",").
+  std::string text = tok_->decode(window, skip_, false);
   if (text.size() <= prefix_.size() || text.ends_with("\xEF\xBF\xBD")) return {};
   REDCO_CHECK(text.starts_with(prefix_), "Tokenizer::Stream: the decoder rewrote earlier text");
   std::string fresh = text.substr(prefix_.size());
@@ -535,8 +473,20 @@ std::string Tokenizer::Stream::step(int32_t id) {
   prefix_start_ = read_;
   read_ = ids_.size();
   prefix_ = tok_->decode(
-      std::span<const int32_t>(ids_.data() + prefix_start_, ids_.size() - prefix_start_), skip_);
+      std::span<const int32_t>(ids_.data() + prefix_start_, ids_.size() - prefix_start_), skip_,
+      false);
   return fresh;
+}
+
+std::string Tokenizer::Stream::flush() {
+  const std::span<const int32_t> window(ids_.data() + prefix_start_, ids_.size() - prefix_start_);
+  const std::string text = tok_->decode(window, skip_, false);
+  std::string rest = text.size() > prefix_.size() && text.starts_with(prefix_)
+                         ? text.substr(prefix_.size())
+                         : std::string();
+  prefix_start_ = read_ = ids_.size();
+  prefix_.clear();
+  return rest;
 }
 
 }  // namespace redco::data

@@ -110,7 +110,10 @@ struct Encoding {
       special;  // 1 for tokens the post-processor or added vocabulary marks special
   // The text an added token matched (with the spaces lstrip/rstrip took),
   // which ByteLevel's offset trimming looks at; empty for the other tokens.
+  // Sparse: empty when no added token matched, and may be shorter than ids
+  // (missing entries are empty), so most encodings make no strings.
   std::vector<std::string> values;
+  void clear() { ids.clear(), type_ids.clear(), offsets.clear(), special.clear(), values.clear(); }
 };
 
 using IdToToken = std::vector<std::string>;  // the whole vocabulary incl. added tokens

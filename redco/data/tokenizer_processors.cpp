@@ -51,20 +51,21 @@ void trim_offsets(Encoding& e, bool add_prefix_space, const IdToToken& vocab) {
 // before + e + after, the added ones special with empty offsets.
 void wrap(Encoding& e, std::span<const int32_t> before, std::span<const int32_t> after,
           int32_t type) {
-  Encoding w;
-  auto special = [&](int32_t id) {
-    w.ids.push_back(id), w.type_ids.push_back(type), w.offsets.push_back({});
-    w.special.push_back(1), w.values.emplace_back();
+  // Built in place: the tokens shift right by before.size().
+  const size_t n = e.ids.size(), k = before.size(), m = n + k + after.size();
+  auto place = [&](auto& v, auto fill) {
+    v.resize(m);
+    std::move_backward(v.begin(), v.begin() + long(n), v.begin() + long(n + k));
+    std::fill(v.begin(), v.begin() + long(k), fill);
+    std::fill(v.begin() + long(n + k), v.end(), fill);
   };
-  for (int32_t id : before) special(id);
-  w.ids.insert(w.ids.end(), e.ids.begin(), e.ids.end());
-  w.type_ids.insert(w.type_ids.end(), e.ids.size(), type);
-  w.offsets.insert(w.offsets.end(), e.offsets.begin(), e.offsets.end());
-  w.special.insert(w.special.end(), e.special.begin(), e.special.end());
-  w.values.insert(w.values.end(), e.values.begin(), e.values.end());
-  w.values.resize(w.ids.size());
-  for (int32_t id : after) special(id);
-  e = std::move(w);
+  place(e.ids, int32_t(0));
+  std::copy(before.begin(), before.end(), e.ids.begin());
+  std::copy(after.begin(), after.end(), e.ids.begin() + long(n + k));
+  e.type_ids.assign(m, type);
+  place(e.offsets, Span{});
+  place(e.special, uint8_t(1));
+  if (!e.values.empty()) e.values.insert(e.values.begin(), k, std::string());
 }
 
 std::pair<std::string, int32_t> token_pair(const Json& j, std::string_view what) {

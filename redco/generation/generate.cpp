@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 #include "redco/core/philox.hpp"
 #include "redco/generation/logits_process.hpp"
 #include "redco/generation/steps.hpp"
+#include "redco/generation/text.hpp"
 
 namespace redco::generation {
 namespace {
@@ -62,7 +64,7 @@ bool is_eos(const GenerationConfig& c, int64_t t) {
 }
 
 Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
-                           nn::Ctx ctx, const OnToken& on_token) {
+                           nn::Ctx ctx, const OnToken& on_token, const TextOptions& text) {
   const int64_t copies = c.do_sample ? c.num_return_sequences : 1;
   const Batch b = expand(prompts, copies);
   const auto R = int64_t(b.rows.size());
@@ -82,6 +84,8 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
     }
     streams[size_t(r)] = row_stream(key, r % copies);
   }
+  std::optional<detail::RowTexts> texts;
+  if (text.tokenizer) texts.emplace(text, b.rows, c.stop_strings);
   Generated out;
   out.sequences.resize(static_cast<size_t>(R));
   std::vector<bool> done(static_cast<size_t>(R), false);
@@ -105,7 +109,9 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
         hist[size_t(r)].push(tok, true);
         out.sequences[size_t(r)].push_back(tok);
         const bool go_on = !on_token || on_token(r, tok);
-        done[size_t(r)] = is_eos(c, tok) || !go_on;
+        const bool stop = texts && texts->push(r, tok);
+        done[size_t(r)] = is_eos(c, tok) || !go_on || stop;
+        if (done[size_t(r)] && texts) texts->finish(r);
       }
       next.data<int64_t>()[r] = tok;
       appended[size_t(r)] = done[size_t(r)] ? 0 : 1;
@@ -113,6 +119,7 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
     }
     if (all_done) break;
   }
+  if (texts) texts->finish_all();
   return out;
 }
 
@@ -122,14 +129,22 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
                       nn::Ctx ctx);
 
 Generated generate(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
-                   nn::Ctx ctx, const OnToken& on_token) {
+                   nn::Ctx ctx, const OnToken& on_token, const TextOptions& text) {
   check(c);
+  REDCO_CHECK(c.stop_strings.empty() || text.tokenizer,
+              "generate: stop_strings need the tokenizer: pass TextOptions{{.tokenizer = &tok}}");
+  REDCO_CHECK(!text.on_text || text.tokenizer,
+              "generate: TextOptions::on_text needs TextOptions::tokenizer");
+  REDCO_CHECK(c.num_beams == 1 || (c.stop_strings.empty() && !text.on_text),
+              "generate: stop_strings and streamed text are not implemented for beam search "
+              "(num_beams = {}): use greedy or sampled decoding",
+              c.num_beams);
   REDCO_CHECK(!prompts.empty(), "generate: no prompts");
   NoGradGuard no_grad;
   ctx.train = false;
   if (c.max_new_tokens == 0) return {Prompts(prompts.size() * size_t(c.num_return_sequences)), {}};
   if (c.num_beams > 1) return beam_search(step, prompts, c, std::move(ctx));
-  return sample_or_greedy(step, prompts, c, std::move(ctx), on_token);
+  return sample_or_greedy(step, prompts, c, std::move(ctx), on_token, text);
 }
 
 Generated generate_seq2seq(const StepFn& step, const Prompts& sources, const GenerationConfig& c,

@@ -24,8 +24,10 @@
 // cache; the decoder starts from config.decoder_start_token_id. (generate
 // with ctx.source set is the same, with the decoder's prompts given.)
 #include <functional>
+#include <string_view>
 #include <vector>
 
+#include "redco/data/tokenizer.hpp"
 #include "redco/generation/generation_config.hpp"
 #include "redco/nn/kv_cache.hpp"
 #include "redco/nn/model.hpp"
@@ -42,21 +44,33 @@ struct Generated {
 // search, whose tokens are final only at the end.
 using OnToken = std::function<bool(int64_t row, int64_t token)>;
 
+// Text while generating (generation/text.hpp): each row's new text as it
+// completes, whole UTF-8 characters only (the tokenizer's Stream decoder, in
+// the context of the prompt), then once more with last = true when the row
+// ends (with any text held back, e.g. a trailing U+FFFD).
+using OnText = std::function<void(int64_t row, std::string_view piece, bool last)>;
+struct TextOptions {
+  const data::Tokenizer* tokenizer = nullptr;  // needed by on_text and stop_strings
+  OnText on_text;
+  bool skip_special_tokens = true;  // in the streamed text
+};
+
 // One forward pass: ids [B, T] with the cache set -> logits [B, 1, V].
 using StepFn = std::function<Tensor(const Tensor& ids, nn::Ctx& ctx)>;
 
 // The model-independent core; `ctx` carries mp, source, ... into every step.
 Generated generate(const StepFn& step, const std::vector<std::vector<int64_t>>& prompts,
-                   const GenerationConfig& config, nn::Ctx ctx, const OnToken& on_token = {});
+                   const GenerationConfig& config, nn::Ctx ctx, const OnToken& on_token = {},
+                   const TextOptions& text = {});
 
 template <nn::Layer L>
 Generated generate(const L& model, const nn::ParamTree& params,
                    const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& config,
-                   nn::Ctx ctx = {}, const OnToken& on_token = {}) {
+                   nn::Ctx ctx = {}, const OnToken& on_token = {}, const TextOptions& text = {}) {
   const StepFn step = [&](const Tensor& ids, nn::Ctx& c) {
     return nn::apply(model, params, ids, c);
   };
-  return generate(step, prompts, config, std::move(ctx), on_token);
+  return generate(step, prompts, config, std::move(ctx), on_token, text);
 }
 
 // sources: encoder input ids per row (own lengths, padded here with

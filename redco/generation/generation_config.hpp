@@ -21,6 +21,12 @@ struct GenerationConfig {
   // ---- encoder-decoders (generate_seq2seq): the decoder's first input
   // (T5: the pad id; BART: eos, its decoder_start_token_id); -1: unset
   int64_t decoder_start_token_id = -1;
+  // A row stops at the token whose text completes one of these (the match
+  // may start earlier, in the prompt too), as transformers' stop_strings;
+  // needs generate's TextOptions::tokenizer. Matched on the decoded text
+  // (special tokens left out when TextOptions::skip_special_tokens, where
+  // transformers matches their text too). Not with beam search.
+  std::vector<std::string> stop_strings{};
   // ---- sampling (greedy when off)
   bool do_sample = false;
   float temperature = 1.f;

@@ -24,6 +24,9 @@ void check(const GenerationConfig& c, int64_t vocab) {
   need(c.repetition_penalty > 0.f, "repetition_penalty must be > 0 (1: off)");
   need(c.no_repeat_ngram_size >= 0, "no_repeat_ngram_size must be >= 0");
   need(c.num_beams >= 1, "num_beams must be >= 1");
+  need(std::none_of(c.stop_strings.begin(), c.stop_strings.end(),
+                    [](const std::string& s) { return s.empty(); }),
+       "stop_strings must not hold an empty string");
   need(c.num_return_sequences >= 1, "num_return_sequences must be >= 1");
   need(c.num_beams == 1 || c.num_return_sequences <= c.num_beams,
        "num_return_sequences must be <= num_beams");

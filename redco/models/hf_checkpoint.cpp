@@ -55,7 +55,7 @@ WeightFiles open_weights(const fs::path& dir) {
                                   "(model.save_pretrained(dir, safe_serialization=True))"
                                 : ""));
   }
-  const auto by_file = parse_index(detail::read_text(index, "index file"), index.string());
+  const auto by_file = parse_index(read_text(index, "index file"), index.string());
   for (const auto& [file, names] : by_file) {
     REDCO_CHECK(fs::exists(dir / file), "{} names weight file '{}', which is missing from '{}'",
                 index.string(), file, dir.string());

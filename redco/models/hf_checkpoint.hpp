@@ -50,6 +50,9 @@ struct Layout {
 // Sources for the common case: parameter p is checkpoint tensor `hf` as is.
 TensorSource same(std::string param, std::string hf, Shape shape);
 
+// A checkpoint folder's text file; the error names `what` and the path.
+std::string read_text(const std::filesystem::path& path, std::string_view what);
+
 // config.json, with typed getters whose errors name the file and the key.
 class Config {
  public:
@@ -89,10 +92,6 @@ class Config {
 std::map<std::string, std::vector<std::string>> parse_index(std::string_view text,
                                                             const std::string& source);
 
-namespace detail {
-// The whole file; the error names `what` and says what folder was expected.
-std::string read_text(const std::filesystem::path& path, std::string_view what);
-}  // namespace detail
 
 struct LoadOptions {
   DType dtype = DType::f32;  // parameters are converted to it (f32, bf16 or f16)

@@ -15,7 +15,6 @@ namespace fs = std::filesystem;
 
 // ---- config.json ----------------------------------------------------------------------------
 
-namespace detail {
 std::string read_text(const fs::path& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
   REDCO_CHECK(in.good(), "{} '{}' cannot be opened: is this a Hugging Face model folder?", what,
@@ -24,12 +23,11 @@ std::string read_text(const fs::path& path, std::string_view what) {
   ss << in.rdbuf();
   return ss.str();
 }
-}  // namespace detail
 
 Config::Config(const fs::path& dir) : source_((dir / "config.json").string()) {
   REDCO_CHECK(fs::is_directory(dir), "model folder '{}' does not exist (or is not a folder)",
               dir.string());
-  json_ = io::Json::parse(detail::read_text(dir / "config.json", "config file"), source_);
+  json_ = io::Json::parse(read_text(dir / "config.json", "config file"), source_);
   REDCO_CHECK(json_.is_object(), "{}: expected a JSON object", source_);
 }
 

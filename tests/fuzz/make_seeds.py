@@ -92,12 +92,110 @@ put("launch_env", "openmpi", "\n".join([
     "OMPI_MCA_ess_base_jobid=77"]))
 put("launch_env", "multi_bracket", "X=a[1-2]b[08-10]c,d[5]")
 
+# ---- tokenizer.json: one small file per model kind and the stages around it ------
+def added(i, content, special=True, **kw):
+    t = {"id": i, "content": content, "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": special}
+    t.update(kw)
+    return t
+
+
+def tokenizer(model, normalizer=None, pre=None, post=None, decoder=None, added_tokens=(),
+              **extra):
+    t = {"version": "1.0", "truncation": None, "padding": None,
+         "added_tokens": list(added_tokens), "normalizer": normalizer,
+         "pre_tokenizer": pre, "model": model, "post_processor": post, "decoder": decoder}
+    t.update(extra)
+    return json.dumps(t, ensure_ascii=False)
+
+
+byte_chars = "abcdefghijklmnopqrstuvwxyzIGT \u0120.,"
+bpe_vocab = {c: i + 2 for i, c in enumerate(byte_chars)}
+for m in ["t h", "th e", "\u0120 th", "i n", "e a", "ea r"]:
+    bpe_vocab[m.replace(" ", "")] = len(bpe_vocab) + 2
+put("tokenizer_json", "gpt2_bpe", tokenizer(
+    {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+     "ignore_merges": False, "vocab": bpe_vocab,
+     "merges": ["t h", "th e", "\u0120 th", "i n", "e a", "ea r"]},
+    pre={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    post={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+    decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+             "use_regex": True},
+    added_tokens=[added(0, "<s>"), added(1, "</s>"),
+                  added(len(bpe_vocab) + 2, "[LORD]", False, lstrip=True, rstrip=True)]))
+put("tokenizer_json", "llama_sentencepiece_bpe", tokenizer(
+    {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+     "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True,
+     "ignore_merges": False,
+     "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x41>": 3, "<0xC3>": 4, "<0xA9>": 5,
+               "\u2581": 6, "a": 7, "b": 8, "\u2581a": 9, "ab": 10},
+     "merges": ["\u2581 a", "a b"]},
+    normalizer={"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    post={"type": "TemplateProcessing",
+          "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}}],
+          "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}},
+                   {"Sequence": {"id": "B", "type_id": 1}}],
+          "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+    decoder={"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    added_tokens=[added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")]))
+put("tokenizer_json", "bert_wordpiece", tokenizer(
+    {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+     "max_input_chars_per_word": 100,
+     "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "in": 4, "the": 5,
+               "begin": 6, "##ning": 7, "god": 8, ".": 9, "##s": 10, "cafe": 11}},
+    normalizer={"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                "strip_accents": None, "lowercase": True},
+    pre={"type": "BertPreTokenizer"},
+    post={"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
+    decoder={"type": "WordPiece", "prefix": "##", "cleanup": True},
+    added_tokens=[added(0, "[PAD]"), added(1, "[UNK]"), added(2, "[CLS]"), added(3, "[SEP]")],
+    truncation={"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0},
+    padding={"strategy": {"Fixed": 10}, "direction": "Left", "pad_to_multiple_of": None,
+             "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}))
+put("tokenizer_json", "t5_unigram", tokenizer(
+    {"type": "Unigram", "unk_id": 2, "byte_fallback": False,
+     "vocab": [["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0], ["\u2581", -2.0],
+               ["\u2581the", -3.0], ["e", -4.0], ["t", -4.5], ["h", -4.6], ["in", -5.0],
+               ["\u2581in", -5.5], ["1", -6.0], ["2", -6.0]]},
+    normalizer={"type": "Sequence", "normalizers": [
+        {"type": "NFKC"}, {"type": "Strip", "strip_left": False, "strip_right": True},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]},
+    pre={"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": True},
+        {"type": "Punctuation", "behavior": "Isolated"},
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+         "split": True}]},
+    post={"type": "TemplateProcessing",
+          "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+          "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                   {"Sequence": {"id": "B", "type_id": 0}},
+                   {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+          "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}},
+    decoder={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+             "split": True},
+    added_tokens=[added(0, "<pad>"), added(1, "</s>"), added(2, "<unk>")]))
+
 # ---- Hugging Face config.json: the committed fixtures' configs, one per family ----
 fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf")
 for name in ["gpt2", "llama3_tied", "qwen2", "mistral", "opt_post_ln_proj", "gptj", "gpt_neox",
              "t5", "flan_t5", "bart", "bert", "roberta"]:
     with open(os.path.join(fixtures, name, "config.json")) as f:
         put("hf_config", name, json.dumps(json.load(f), indent=2, sort_keys=True))
+# Regression: num_attention_heads 0 divided hidden_size before it was checked.
+with open(os.path.join(fixtures, "llama", "config.json")) as f:
+    zero_heads = json.load(f)
+zero_heads["num_attention_heads"] = 0
+put("hf_config", "llama_zero_heads", json.dumps(zero_heads, indent=2))
 
 # ---- model.safetensors.index.json ------------------------------------------------
 put("hf_index", "two_shards", json.dumps({

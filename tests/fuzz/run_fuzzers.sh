@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/fuzz/run_fuzzers.sh <repo-root> <work-dir> [seconds-per-target]
 # Builds the libFuzzer harnesses in tests/fuzz with clang (-fsanitize=fuzzer,
-# address,undefined; only the parsers' sources and what they link, so it
-# takes about a minute on 2 cores) and runs each for a bounded time from its
+# address,undefined; only the parsers' sources and what they link: the file
+# readers, the tokenizer pipeline, the model families' config.json readers;
+# a few minutes on 2 cores, less from ccache) and runs each for a bounded time from its
 # committed seed corpus (tests/fuzz/corpus/<target>, never written to: new
 # inputs go to <work-dir>). A crash, a sanitizer report, a leak or a timeout
 # fails the run, and the reproducer is left in <work-dir>/<target>/. Exits 77
@@ -14,7 +15,7 @@ set -euo pipefail
 root=$(realpath "$1")
 work=$(realpath -m "$2")
 secs=${FUZZ_SECONDS:-${3:-20}}
-targets=(${FUZZ_TARGETS:-safetensors idx state_json launch_env hf_config hf_index})
+targets=(${FUZZ_TARGETS:-safetensors idx state_json launch_env tokenizer_json hf_config hf_index})
 
 cxx=${FUZZ_CXX:-}
 if [ -z "$cxx" ]; then
@@ -39,28 +40,37 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
   -fno-sanitize-recover=all -fsanitize-recover=pointer-overflow
   -I"$root" $(pkg-config --cflags fmt eigen3 2>/dev/null))
 export UBSAN_OPTIONS="suppressions=$root/tests/fuzz/ubsan.supp:halt_on_error=1:print_stacktrace=1"
-# The parsers and the core they use (tensors, allocator, dtype conversion).
+# The parsers and the core they use (tensors, allocator, dtype conversion),
+# and the tokenizer pipeline.
 srcs=(core/dtype.cpp core/allocator.cpp core/device_memory.cpp core/tensor.cpp core/profile.cpp
   core/random.cpp autodiff/node.cpp io/safetensors.cpp io/checkpoint.cpp data/idx.cpp
-  dist/launch_env.cpp models/hf_config.cpp models/hf_util.cpp models/gpt2.cpp models/llama.cpp
-  models/opt.cpp models/gptj.cpp models/gpt_neox.cpp models/t5.cpp models/bart.cpp
-  models/bert.cpp)
-objs=()
+  dist/launch_env.cpp data/regex.cpp data/tokenizer.cpp data/tokenizer_batch.cpp
+  data/tokenizer_config.cpp data/tokenizer_unicode.cpp data/tokenizer_normalizers.cpp
+  data/tokenizer_pre_tokenizers.cpp data/tokenizer_models.cpp data/tokenizer_unigram.cpp
+  data/tokenizer_processors.cpp)
+# hf_config and hf_index also link the model families' config readers (only they: these
+# are the slowest to compile).
+model_srcs=(models/hf_config.cpp models/hf_util.cpp models/gpt2.cpp models/llama.cpp models/opt.cpp
+  models/gptj.cpp models/gpt_neox.cpp models/t5.cpp models/bart.cpp models/bert.cpp)
+objs=() model_objs=()
 for s in "${srcs[@]}"; do objs+=("$work/obj/${s//\//_}.o"); done
+for s in "${model_srcs[@]}"; do model_objs+=("$work/obj/${s//\//_}.o"); done
 # Two compilers at a time (CI has 2 cores); -fsanitize=fuzzer-no-link gives
 # the library code coverage instrumentation without a second main().
-printf '%s\n' "${srcs[@]}" | xargs -P 2 -I{} sh -c '
+printf '%s\n' "${srcs[@]}" "${model_srcs[@]}" | xargs -P 2 -I{} sh -c '
   src={}; obj="'"$work"'/obj/$(echo "$src" | tr / _).o"
   exec "$@" -fsanitize=fuzzer-no-link -c "'"$root"'/redco/$src" -o "$obj"' _ \
   "${launcher[@]}" "$cxx" "${flags[@]}"
-libs=(-lfmt -ltbb -lz -lpthread)
+libs=(-lfmt -ltbb -lz -lpthread -lpcre2-8 -licuuc -lutf8proc)
 
 status=0
 summary=()
 for t in "${targets[@]}"; do
   exe="$work/fuzz_$t"
+  extra=()
+  [[ "$t" == hf_* ]] && extra=("${model_objs[@]}")
   "${launcher[@]}" "$cxx" "${flags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/fuzz_$t.cpp" \
-    "${objs[@]}" "${libs[@]}" -o "$exe"
+    "${objs[@]}" "${extra[@]}" "${libs[@]}" -o "$exe"
   mkdir -p "$work/$t/corpus"
   rm -f "$work/$t"/crash-* "$work/$t"/oom-* "$work/$t"/leak-* "$work/$t"/timeout-*
   log="$work/$t/log.txt"

@@ -189,8 +189,24 @@ def bert(cls=tf.BertForSequenceClassification, config=tf.BertConfig, **kw):
 
 # name -> (model factory, seed[, writer]); factories run only for the fixtures
 # written; the writer is `write` (a causal LM) unless given.
+def write_with_tokenizer(kind):
+    """write(), plus the committed tokenizer tests/data/tokenizers/<kind>
+    (whose vocabulary the model's matches), for text generation."""
+    def writer(name, model, seed):
+        write(name, model, seed)
+        src = os.path.join(os.path.dirname(OUT), "..", "data", "tokenizers", kind,
+                           "tokenizer.json")
+        shutil.copy(src, os.path.join(OUT, name, "tokenizer.json"))
+        # Its logits goldens (0.5 MB at this vocabulary) would test nothing new.
+        os.remove(os.path.join(OUT, name, "golden.safetensors"))
+    return writer
+
+
 FIXTURES = {
     "gpt2": (lambda: gpt2(n_inner=40), 1),
+    # The vocabulary of tests/data/tokenizers/gpt2 (2000 + one added token).
+    "gpt2_text": (lambda: gpt2(vocab_size=2001, n_positions=64, bos_token_id=0, eos_token_id=0),
+                  21, write_with_tokenizer("gpt2")),
     "gpt2_variants": (lambda: gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
                                    scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
     "llama": (lambda: llama(), 3),

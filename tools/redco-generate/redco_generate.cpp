@@ -1,20 +1,29 @@
 // redco-generate: completions from a Hugging Face checkpoint folder, streamed
 // as they are produced.
 //
-//   redco-generate MODEL_DIR --prompt 15496,11,995 --max-new-tokens 32 --do-sample --top-p 0.9
-//   echo "15496 11 995" | redco-generate MODEL_DIR          # one prompt (token ids) per line
-//   redco-run -n 2 redco-generate MODEL_DIR --n-model-shards 2 --prompt 1,2,3
+//   redco-generate MODEL_DIR --prompt "In the beginning" --max-new-tokens 32 --stop "."
+//   redco-generate MODEL_DIR --prompts-file prompts.txt      # one text prompt per line
+//   echo "In the beginning" | redco-generate MODEL_DIR       # stdin: one per line
+//   redco-generate MODEL_DIR --ids --prompt 15496,11,995 --do-sample --top-p 0.9
+//   redco-run -n 2 redco-generate MODEL_DIR --n-model-shards 2 --prompt "Hello"
 //   redco-generate MODEL_DIR --bench --prompt-length 512 --batch 1 --max-new-tokens 128
 //
-// Prompts are token ids (comma- or space-separated). Every rank computes;
-// the main one prints. --bench times prefill and decode on random prompts and
-// prints one JSON line. For an encoder-decoder (T5, BART) a prompt is the
-// encoder's source and the output its generated ids; the decoder start, end,
-// pad and forced ids come from the folder's generation_config.json unless
-// given. --bench's prefill is then the encoder and the first decoder step.
+// With a tokenizer.json in MODEL_DIR, prompts are text, tokenised with it,
+// and each completion is printed as text on its own line, in prompt order,
+// the current one streamed as its characters complete. With --ids (or no
+// tokenizer.json) prompts and output are token ids (comma- or
+// space-separated). Every rank computes; the main one prints. --bench times
+// prefill and decode on random prompts and prints one JSON line.
+// For an encoder-decoder (T5, BART) prompts are token ids: the encoder's
+// source, and the output its generated ids; the decoder start, end, pad and
+// forced ids come from the folder's generation_config.json unless given.
+// --bench's prefill is then the encoder and the first decoder step.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <type_traits>
@@ -66,25 +75,58 @@ struct Timing {
   int64_t tokens = 0;
 };
 
+// Text output in prompt order: the first unfinished row streams; later rows
+// wait in buffers and are printed when their turn comes.
+struct InOrder {
+  std::vector<std::string> held;
+  std::vector<bool> ended;
+  size_t head = 0;
+  void on_text(int64_t row, std::string_view piece, bool last) {
+    held[size_t(row)] += piece;
+    ended[size_t(row)] = ended[size_t(row)] || last;
+    while (head < held.size()) {
+      std::cout << held[head];
+      held[head].clear();
+      if (!ended[head]) break;
+      std::cout << '\n';
+      ++head;
+    }
+    std::cout << std::flush;
+  }
+};
+
 template <typename M>
 constexpr bool kSeq2seq = std::is_same_v<M, models::T5> || std::is_same_v<M, models::Bart>;
 
 template <typename M>
 void run(const models::Pretrained<M>& m, const Prompts& prompts,
-         const generation::GenerationConfig& config, nn::Ctx ctx, bool bench, bool print) {
+         const generation::GenerationConfig& config, nn::Ctx ctx, bool bench, bool print,
+         const data::Tokenizer* tok = nullptr) {
   Timing t;
   t.start = Clock::now();
-  const bool stream = print && !bench && prompts.size() == 1 && config.num_beams == 1;
-  const generation::OnToken on_token = [&](int64_t, int64_t tok) {
+  InOrder order{std::vector<std::string>(prompts.size() * size_t(config.num_return_sequences)),
+                std::vector<bool>(prompts.size() * size_t(config.num_return_sequences)), 0};
+  generation::TextOptions text;
+  if (tok) {
+    text.tokenizer = tok;
+    if (print && !bench && config.num_beams == 1)
+      text.on_text = [&](int64_t r, std::string_view piece, bool last) {
+        order.on_text(r, piece, last);
+      };
+  }
+  const bool stream = !tok && print && !bench && prompts.size() == 1 && config.num_beams == 1;
+  const generation::OnToken on_token = [&](int64_t, int64_t id) {
     const auto now = Clock::now();
     if (t.tokens++ == 0) t.first = now;
     t.last = now;
-    if (stream) std::cout << tok << ' ' << std::flush;
+    if (stream) std::cout << id << ' ' << std::flush;
     return true;
   };
-  const auto out =
-      kSeq2seq<M> ? generation::generate_seq2seq(m.model, m.params, prompts, config, ctx, on_token)
-                  : generation::generate(m.model, m.params, prompts, config, ctx, on_token);
+  generation::Generated out;
+  if constexpr (kSeq2seq<M>)
+    out = generation::generate_seq2seq(m.model, m.params, prompts, config, ctx, on_token);
+  else
+    out = generation::generate(m.model, m.params, prompts, config, ctx, on_token, text);
   if (!print) return;
   if (bench) {
     const double prefill = std::chrono::duration<double>(t.first - t.start).count();
@@ -98,6 +140,11 @@ void run(const models::Pretrained<M>& m, const Prompts& prompts,
     return;
   }
   if (stream) std::cout << '\n';
+  if (tok) {
+    if (!text.on_text)  // beam search: the texts are final only now
+      for (const auto& seq : out.sequences) std::cout << tok->decode(seq, true) << '\n';
+    return;
+  }
   for (size_t i = 0; !stream && i < out.sequences.size(); ++i)
     std::cout << fmt::format("{}\n", fmt::join(out.sequences[i], " "));
 }
@@ -108,6 +155,8 @@ int main(int argc, char** argv) try {
   CLI::App app{"redco-generate: stream completions from a Hugging Face checkpoint"};
   std::string dir;
   std::vector<std::string> prompt_args;
+  std::string prompts_file;
+  bool ids_mode = false;
   generation::GenerationConfig c{.max_new_tokens = 32};
   int shards = 1;
   bool bench = false;
@@ -115,7 +164,12 @@ int main(int argc, char** argv) try {
   std::string dtype = "f32";
   app.add_option("model", dir, "checkpoint folder (config.json + safetensors)")->required();
   app.add_option("--prompt", prompt_args,
-                 "token ids, e.g. 15496,11,995 (repeatable; default: stdin)");
+                 "a text prompt, or token ids with --ids (repeatable; default: stdin, one a line)");
+  app.add_option("--prompts-file", prompts_file, "prompts, one a line");
+  app.add_flag("--ids", ids_mode,
+               "prompts and output are token ids, e.g. 15496,11,995 (the default without a "
+               "tokenizer.json in the model folder)");
+  app.add_option("--stop", c.stop_strings, "stop strings (text mode; repeatable)");
   app.add_option("--max-new-tokens", c.max_new_tokens)->check(CLI::NonNegativeNumber);
   app.add_option("--min-new-tokens", c.min_new_tokens)->check(CLI::NonNegativeNumber);
   app.add_option("--eos", c.eos_token_ids, "end-of-sequence ids");
@@ -167,24 +221,53 @@ int main(int argc, char** argv) try {
     if (app.count("--eos") == 0 && !bench) c.eos_token_ids = f.eos_token_ids;
   }
   auto any = models::from_pretrained_any(dir, load);
+  std::optional<data::Tokenizer> tok;
+  const bool seq2seq = type == "t5" || type == "bart";  // ids in, ids out
+  if (!ids_mode && !bench && !seq2seq &&
+      std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
+    tok.emplace(data::Tokenizer::from_file(dir));
+  REDCO_CHECK(tok || c.stop_strings.empty(),
+              "redco-generate: --stop needs text mode (a tokenizer.json in {}, without --ids)",
+              dir);
+  std::vector<std::string> lines = prompt_args;
+  if (!prompts_file.empty()) {
+    std::ifstream f(prompts_file);
+    REDCO_CHECK(f, "redco-generate: cannot open --prompts-file {}", prompts_file);
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty()) lines.push_back(line);
+  }
+  if (lines.empty() && !bench)
+    for (std::string line; std::getline(std::cin, line);)
+      if (!line.empty()) lines.push_back(line);
   nn::Ctx ctx;
   ctx.mp = &deployer.mesh().mp_comm();
   std::visit(
       [&](const auto& m) {
         Prompts prompts;
         if (bench) prompts = random_prompts(batch, prompt_length, m.config.vocab);
-        for (const std::string& p : prompt_args) prompts.push_back(parse_ids(p));
-        if (prompts.empty())
-          for (std::string line; std::getline(std::cin, line);)
-            if (!parse_ids(line).empty()) prompts.push_back(parse_ids(line));
+        for (const std::string& p : lines) {
+          if (!tok) {
+            if (!parse_ids(p).empty()) prompts.push_back(parse_ids(p));
+            continue;
+          }
+          std::vector<int64_t> ids;
+          for (int32_t id : tok->encode(p).ids) ids.push_back(id);
+          REDCO_CHECK(!ids.empty(), "redco-generate: the prompt '{}' has no tokens", p);
+          REDCO_CHECK(*std::max_element(ids.begin(), ids.end()) < m.config.vocab,
+                      "redco-generate: {}'s tokenizer.json gives ids beyond the model's "
+                      "vocabulary ({}); the folder's tokenizer does not belong to its model",
+                      dir, m.config.vocab);
+          prompts.push_back(std::move(ids));
+        }
         REDCO_CHECK(!prompts.empty(),
-                    "redco-generate: no prompts (give --prompt or lines on stdin)");
+                    "redco-generate: no prompts (give --prompt, --prompts-file or lines on stdin)");
         if (bench) run(m, prompts, c, ctx, true, false);  // warm-up: buffers and caches
-        run(m, prompts, c, ctx, bench, deployer.is_main());
+        run(m, prompts, c, ctx, bench, deployer.is_main(), tok ? &*tok : nullptr);
       },
       any);
   return 0;
 } catch (const std::exception& e) {
-  std::cerr << "redco-generate: " << e.what() << '\n';
+  const std::string_view m = e.what();  // most messages name the tool already
+  std::cerr << (m.starts_with("redco-generate:") ? "" : "redco-generate: ") << m << '\n';
   return 1;
 }

@@ -1,0 +1,190 @@
+// Text around generation against transformers: stop strings
+// (GenerationConfig::stop_strings vs transformers' stop_strings), streamed
+// text pieces (whole UTF-8 characters that add up to the decode), and
+// redco-generate's text mode end to end, on tests/fixtures/hf/gpt2_text (a
+// tiny GPT-2 with the committed tokenizer tests/data/tokenizers/gpt2; goldens
+// from tests/python/make_text_generation_goldens.py).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "hf_fixtures.hpp"
+#include "redco/generation/generate.hpp"
+#include "redco/io/json.hpp"
+#include "redco/models/pretrained.hpp"
+
+using namespace redco;
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using generation::GenerationConfig;
+
+namespace {
+
+fs::path dir() { return test::hf_fixture("gpt2_text"); }
+
+io::Json goldens() {
+  std::ifstream in(dir() / "text_generation.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return io::Json::parse(ss.str(), "text_generation.json");
+}
+
+std::vector<int64_t> ints(const io::Json& j) {
+  std::vector<int64_t> v;
+  for (const io::Json& x : j.as_array()) v.push_back(x.as_int());
+  return v;
+}
+
+std::vector<int64_t> encode(const data::Tokenizer& tok, const std::string& text) {
+  std::vector<int64_t> v;
+  for (int32_t id : tok.encode(text).ids) v.push_back(id);
+  return v;
+}
+
+// Whether s is whole UTF-8 characters (no lead byte without its continuation).
+bool whole_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = uint8_t(s[i]);
+    const size_t n = c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if (uint8_t(s[i + k]) >> 6 != 2) return false;
+    i += n;
+  }
+  return true;
+}
+
+GenerationConfig greedy(const io::Json& g) {
+  return {.max_new_tokens = g.at("max_new_tokens").as_int(),
+          .eos_token_ids = {g.at("eos_token_id").as_int()}};
+}
+
+}  // namespace
+
+TEST_CASE("text generation: stop strings stop where transformers' stop_strings do",
+          "[generation]") {
+  const auto p = models::from_pretrained<models::Gpt2>(dir());
+  const auto tok = data::Tokenizer::from_file(dir());
+  const io::Json g = goldens();
+  REQUIRE(g.at("stop_strings").size() >= 8);
+  for (const io::Json& k : g.at("stop_strings").as_array()) {
+    GenerationConfig c = greedy(g);
+    for (const io::Json& s : k.at("stop_strings").as_array())
+      c.stop_strings.push_back(s.as_string());
+    INFO(k.at("prompt").as_string() << " stop " << k.at("stop_strings").dump());
+    const auto out =
+        generation::generate(p.model, p.params, {encode(tok, k.at("prompt").as_string())}, c, {},
+                             {}, {.tokenizer = &tok});
+    CHECK(out.sequences.at(0) == ints(k.at("tokens")));
+  }
+  // A batch: each row stops on its own.
+  GenerationConfig c = greedy(g);
+  c.stop_strings = {"ldl", "od "};
+  std::vector<std::vector<int64_t>> prompts;
+  for (const io::Json& k : g.at("completions").as_array())
+    prompts.push_back(encode(tok, k.at("prompt").as_string()));
+  const auto batch =
+      generation::generate(p.model, p.params, prompts, c, {}, {}, {.tokenizer = &tok});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto alone =
+        generation::generate(p.model, p.params, {prompts[i]}, c, {}, {}, {.tokenizer = &tok});
+    CHECK(batch.sequences[i] == alone.sequences[0]);
+  }
+  CHECK(batch.sequences[0].size() == 1);  // "...God" + " Jo": "od " spans the prompt's end
+}
+
+TEST_CASE("text generation: streamed pieces are whole characters adding up to the decode",
+          "[generation]") {
+  const auto p = models::from_pretrained<models::Gpt2>(dir());
+  const auto tok = data::Tokenizer::from_file(dir());
+  const io::Json g = goldens();
+  std::vector<std::vector<int64_t>> prompts;
+  for (const io::Json& k : g.at("completions").as_array())
+    prompts.push_back(encode(tok, k.at("prompt").as_string()));
+  std::vector<std::string> streamed(prompts.size());
+  std::vector<int> lasts(prompts.size()), partial(prompts.size());
+  size_t bad_pieces = 0;
+  const generation::TextOptions text{.tokenizer = &tok,
+                                     .on_text = [&](int64_t r, std::string_view piece, bool last) {
+                                       bad_pieces += !whole_utf8(piece);
+                                       streamed[size_t(r)] += piece;
+                                       lasts[size_t(r)] += last;
+                                     }};
+  const auto out = generation::generate(p.model, p.params, prompts, greedy(g), {}, {}, text);
+  CHECK(bad_pieces == 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const io::Json& k = g.at("completions").at(i);
+    INFO(k.at("prompt").as_string());
+    CHECK(out.sequences[i] == ints(k.at("tokens")));
+    CHECK(lasts[i] == 1);
+    CHECK(streamed[i] == k.at("text").as_string());  // transformers' decode, specials skipped
+    std::vector<int64_t> all = prompts[i];
+    all.insert(all.end(), out.sequences[i].begin(), out.sequences[i].end());
+    CHECK(tok.decode(all, true) == tok.decode(prompts[i], true) + streamed[i]);
+  }
+  CHECK(g.at("completions").dump().find("\xEF\xBF\xBD") != std::string::npos);  // bytes held back
+}
+
+TEST_CASE("text generation: misuse is an error naming the fix", "[generation]") {
+  const auto p = models::from_pretrained<models::Gpt2>(dir());
+  const auto tok = data::Tokenizer::from_file(dir());
+  GenerationConfig c{.max_new_tokens = 2, .stop_strings = {"x"}};
+  CHECK_THROWS_WITH(generation::generate(p.model, p.params, {{5, 6}}, c), Contains("tokenizer"));
+  c.num_beams = 2;
+  CHECK_THROWS_WITH(
+      generation::generate(p.model, p.params, {{5, 6}}, c, {}, {}, {.tokenizer = &tok}),
+      Contains("beam search"));
+  c = {.max_new_tokens = 2, .stop_strings = {""}};
+  CHECK_THROWS_WITH(
+      generation::generate(p.model, p.params, {{5, 6}}, c, {}, {}, {.tokenizer = &tok}),
+      Contains("empty"));
+}
+
+TEST_CASE("text generation: redco-generate prints transformers' greedy completions",
+          "[generation]") {
+  const char* exe = std::getenv("REDCO_GENERATE");
+  REQUIRE(exe != nullptr);  // set by tests/meson.build
+  const io::Json g = goldens();
+  const fs::path prompts =
+      fs::temp_directory_path() / ("redco_text_prompts_" + std::to_string(getpid()) + ".txt");
+  std::string expected;
+  {
+    std::ofstream f(prompts);
+    for (const io::Json& k : g.at("completions").as_array()) {
+      f << k.at("prompt").as_string() << "\n";
+      expected += k.at("text").as_string() + "\n";
+    }
+  }
+  auto run = [](const std::string& cmd) {
+    std::string out;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    REQUIRE(pipe);
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+    CHECK(pclose(pipe) == 0);
+    return out;
+  };
+  const std::string base =
+      fmt::format("'{}' '{}' --max-new-tokens {} --eos {}", exe, dir().string(),
+                  g.at("max_new_tokens").as_int(), g.at("eos_token_id").as_int());
+  CHECK(run(base + " --prompts-file '" + prompts.string() + "'") == expected);
+  CHECK(run(base + " < '" + prompts.string() + "'") == expected);
+  fs::remove(prompts);
+  // --prompt and --stop: the text of transformers' tokens with that stop string.
+  const auto tok = data::Tokenizer::from_file(dir());
+  for (const io::Json& k : g.at("stop_strings").as_array()) {
+    if (k.at("stop_strings").size() != 1 ||
+        k.at("prompt").as_string().find('\'') != std::string::npos)
+      continue;
+    const std::string stop = k.at("stop_strings").at(0).as_string();
+    if (stop.find('\'') != std::string::npos) continue;
+    INFO(k.at("prompt").as_string() << " stop " << stop);
+    CHECK(run(base + " --prompt '" + k.at("prompt").as_string() + "' --stop '" + stop + "'") ==
+          tok.decode(ints(k.at("tokens")), true) + "\n");
+  }
+}

@@ -32,10 +32,11 @@ TextEncoder TextEncoder::with_cls(Tokenizer tok, int64_t max_length) {
 
 TextBatch TextEncoder::encode(std::span<const std::string> texts) const {
   REDCO_CHECK(!texts.empty(), "TextEncoder::encode: no texts");
-  const std::vector<Encoding> enc = tok_.encode_batch(texts, /*add_special_tokens=*/true);
+  const EncodingBatch enc = tok_.encode_batch(texts, /*add_special_tokens=*/true);
   const int64_t extra = cls_ >= 0 ? 1 : 0;
   size_t longest = 1;
-  for (const Encoding& e : enc) longest = std::max(longest, e.ids.size() + size_t(extra));
+  for (size_t i = 0; i < enc.size(); ++i)
+    longest = std::max(longest, enc[i].ids.size() + size_t(extra));
   const auto B = int64_t(texts.size()), T = int64_t(longest);
   TextBatch b{Tensor::empty({B, T}, DType::i64), Tensor::empty({B, T}, DType::i64)};
   int64_t* ids = b.ids.data<int64_t>();    // [B, T]
@@ -45,7 +46,7 @@ TextBatch TextEncoder::encode(std::span<const std::string> texts) const {
   for (int64_t i = 0; i < B; ++i) {
     int64_t* row = ids + i * T;
     if (cls_ >= 0) row[0] = cls_;
-    const std::vector<int32_t>& t = enc[size_t(i)].ids;
+    const std::span<const int32_t> t = enc[size_t(i)].ids;
     std::copy(t.begin(), t.end(), row + extra);
     std::fill_n(mask + i * T, extra + int64_t(t.size()), int64_t(1));
   }

@@ -146,6 +146,11 @@ struct FitOptions {
   // A NaN or infinite loss or gradient: stop with an error naming the step
   // and the tensor (default), or skip the update (see NonFinite).
   NonFinite on_non_finite = NonFinite::stop;
+  // Activation recomputation: every copy of the model's nn::repeat keeps only
+  // its input for backward and runs again there (nn::checkpoint), which
+  // trades about one more forward pass for most of the activation memory.
+  // The gradients are the same bit for bit.
+  bool recompute = false;
 };
 
 namespace detail {
@@ -244,7 +249,9 @@ class Trainer {
   // The forward context: the model-parallel group when there is one.
   nn::Ctx ctx(bool train, uint64_t step) const {
     dist::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
-    return nn::Ctx{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
+    nn::Ctx c{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
+    c.recompute = train && recompute_;
+    return c;
   }
 
   template <typename R>
@@ -253,6 +260,7 @@ class Trainer {
     using Batch = batch_t<Collate, Ex>;
     const int64_t n = int64_t(std::ranges::size(train));
     FitDriver run(*deployer_, fit_config(o, n));
+    recompute_ = o.recompute;
     if (o.resume) restore(run);
     optim::GradAccumulator acc(run.accumulation());
     while (!run.done()) {
@@ -475,6 +483,7 @@ class Trainer {
   std::vector<std::string> order_;  // parameters in execution order, for the buckets
   ParamTree params_;
   std::unique_ptr<DataParallel> dp_;  // with more than one replica
+  bool recompute_ = false;            // FitOptions::recompute of the running fit()
 };
 
 }  // namespace redco::train

@@ -5,12 +5,15 @@
 // bytes held between forward and backward fall.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "redco/core/allocator.hpp"
 #include "redco/dist/threads_comm.hpp"
+#include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/trainer.hpp"
 
@@ -181,8 +184,10 @@ LmBatch collate(std::span<const Window> ws) {
   return b;
 }
 
-// Whole trained parameters and step losses on a (world, mp) mesh of threads.
-std::pair<ParamTree, std::vector<double>> fit(int world, int mp, bool recompute) {
+// Whole trained parameters and step losses on a (world, mp) mesh of threads;
+// with a workdir, metrics.jsonl is written there.
+std::pair<ParamTree, std::vector<double>> fit(int world, int mp, bool recompute,
+                                              const std::filesystem::path& workdir = {}) {
   std::vector<Window> data(32);
   std::mt19937_64 rng(5);
   for (Window& w : data)
@@ -190,7 +195,8 @@ std::pair<ParamTree, std::vector<double>> fit(int world, int mp, bool recompute)
   const auto gpt = models::gpt2(kGpt);
   std::vector<std::pair<ParamTree, std::vector<double>>> out(static_cast<size_t>(world));
   auto rank = [&](dist::Comm* c) {
-    train::Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = c});
+    train::Deployer d(
+        {.n_model_shards = mp, .seed = 3, .workdir = workdir, .quiet = true, .world = c});
     train::Trainer trainer(
         d, gpt, collate,
         [](auto& model, const LmBatch& b, train::Rng) {
@@ -224,5 +230,64 @@ TEST_CASE("Trainer: FitOptions::recompute trains bit for bit as without it", "[r
     REQUIRE(l0.size() == 4);
     CHECK(l1 == l0);
     check_bitwise(p1, p0);
+  }
+}
+
+namespace {
+
+struct TempDir {
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               ("redco-recompute-" + std::to_string(std::random_device{}()));
+  TempDir() { std::filesystem::create_directories(path); }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// The "memory" line of a run's metrics.jsonl.
+io::Json memory_line(const std::filesystem::path& workdir) {
+  std::ifstream f(workdir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    io::Json j = io::Json::parse(line);
+    if (j.at("split").as_string() == "memory") return j;
+  }
+  FAIL("no memory line in " << (workdir / "metrics.jsonl").string());
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("fit logs every rank's memory at its first step", "[recompute]") {
+  const auto gpt = models::gpt2(kGpt);
+  const double params_mib = double(nn::count_parameters(nn::init_params(gpt, 0))) * 4 / 1048576.0;
+  TempDir plain, recomputed, mesh;
+  fit(1, 1, false, plain.path);
+  fit(1, 1, true, recomputed.path);
+  const io::Json a = memory_line(plain.path), b = memory_line(recomputed.path);
+  CHECK(a.at("step").as_int() == 1);
+  CHECK(a.at("rank0.params_mib").as_double() == Approx(params_mib).epsilon(1e-9));
+  CHECK(a.at("rank0.grads_mib").as_double() == Approx(params_mib).epsilon(1e-9));
+  // AdamW: two moments per parameter (plus a step counter or two).
+  CHECK(a.at("rank0.opt_state_mib").as_double() == Approx(2 * params_mib).epsilon(1e-3));
+  CHECK(a.at("rank0.slack_mib").as_double() >= 0);
+  const double act_plain = a.at("rank0.activations_mib").as_double();
+  const double act_recomputed = b.at("rank0.activations_mib").as_double();
+  INFO("activations: plain " << act_plain << " MiB, recomputed " << act_recomputed << " MiB");
+  CHECK(act_plain > 0);
+  CHECK(act_recomputed < act_plain / 2);
+
+  // 2 model shards x 2 replicas: each rank holds about half of the parameters
+  // (norms and biases of row-parallel layers stay whole) and logs its own.
+  fit(4, 2, false, mesh.path);
+  const io::Json m = memory_line(mesh.path);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    const double p = m.at("rank" + std::to_string(r) + ".params_mib").as_double();
+    CHECK(p > 0.45 * params_mib);
+    CHECK(p < 0.6 * params_mib);
+    CHECK(m.at("rank" + std::to_string(r) + ".opt_state_mib").as_double() ==
+          Approx(2 * p).epsilon(1e-3));
   }
 }

@@ -13,6 +13,7 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco/train/memory_account.hpp"
 
 namespace redco::io {
 class ProgressBar;
@@ -123,6 +124,9 @@ class FitDriver {
   void non_finite(double loss, const std::string* bad_grad, const ParamTree& grads,
                   const ParamTree& params);
   int64_t skipped_steps() const { return skipped_; }
+  // The first step's memory, one account per world rank: logged to
+  // metrics.jsonl (split "memory", at the step being taken) and printed.
+  void memory_measured(const std::vector<MemoryAccount>& ranks);
   bool epoch_ended() const { return epoch_ended_; }
   // Evaluation is due at the end of an epoch and every eval_every_steps.
   bool eval_due() const;

@@ -162,6 +162,11 @@ void FitDriver::non_finite(double loss, const std::string* bad_grad, const Param
                   skipped_ == 1 ? "" : "s"));
 }
 
+void FitDriver::memory_measured(const std::vector<MemoryAccount>& ranks) {
+  deployer_.log(pos_.step + 1, "memory", memory_metrics(ranks));
+  for (size_t r = 0; r < ranks.size(); ++r) say(describe(ranks[r], int(r)));
+}
+
 bool FitDriver::eval_due() const {
   if (!config_.evaluates) return false;
   return epoch_ended_ ||

@@ -54,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "redco/core/allocator.hpp"
 #include "redco/dist/mesh.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
@@ -261,6 +262,7 @@ class Trainer {
     const int64_t n = int64_t(std::ranges::size(train));
     FitDriver run(*deployer_, fit_config(o, n));
     recompute_ = o.recompute;
+    memory_logged_ = false;
     if (o.resume) restore(run);
     optim::GradAccumulator acc(run.accumulation());
     while (!run.done()) {
@@ -306,13 +308,17 @@ class Trainer {
     const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
     const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
     const Rng rng = deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j));
+    uint64_t activations = 0;  // bytes the forward pass left for backward
     auto [loss, grads] = value_and_grad(
         [&](const ParamTree& p) {
           // Watched parameters hand each gradient to its bucket as backward
           // finalises it, so the all-reduces overlap the rest of backward.
           const ParamTree watched = dp_ ? dp_->watch(p, order_) : ParamTree{};
           BoundModel<L> bound(model_, dp_ ? watched : p, c);
-          return Tensor(loss_(bound, batch, rng));
+          const size_t held = CachingAllocator::cpu().stats().bytes_in_use;
+          Tensor l(loss_(bound, batch, rng));
+          activations = CachingAllocator::cpu().stats().bytes_in_use - held;
+          return l;
         },
         params_);
     if (dp_) dp_->finish(grads);
@@ -324,6 +330,15 @@ class Trainer {
     const double mean = dp_mean(loss_sum / double(accumulation));
     loss_sum = 0;
     const bool applied = apply(accumulation == 1 ? grads : acc.mean(), mean, run);
+    if (!memory_logged_) {  // after the optimizer step: its state exists now
+      memory_logged_ = true;
+      const MemoryAccount mine{.params = tree_bytes(params_),
+                               .grads = tree_bytes(grads),
+                               .opt_state = tree_bytes(opt_.state()),
+                               .activations = activations,
+                               .slack = CachingAllocator::cpu().stats().bytes_cached};
+      run.memory_measured(gather_accounts(mine, &deployer_->mesh().world()));
+    }
     return StepOutcome{mean, !applied};
   }
 
@@ -484,6 +499,7 @@ class Trainer {
   ParamTree params_;
   std::unique_ptr<DataParallel> dp_;  // with more than one replica
   bool recompute_ = false;            // FitOptions::recompute of the running fit()
+  bool memory_logged_ = false;        // the running fit() has logged its memory
 };
 
 }  // namespace redco::train

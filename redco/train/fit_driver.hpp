@@ -4,6 +4,7 @@
 // state.json, best and periodic checkpoints, resuming, the progress bar.
 // Compiled once in trainer.cpp instead of in every program's fit().
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,6 +79,9 @@ struct FitConfig {
   // (checkpoints gather and slice by it); nullptr: they are whole.
   const ShardPlan* plan = nullptr;
   NonFinite on_non_finite = NonFinite::stop;
+  // The optimizer state a checkpoint saves (collective, called on every
+  // rank); empty: the optimizer's own state() (ZeRO gathers the owners' parts).
+  std::function<ParamTree(const optim::Optimizer&)> opt_state = {};
 };
 
 // Where a run is: optimizer steps done, and the epoch and step within it that

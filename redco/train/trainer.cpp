@@ -211,8 +211,9 @@ bool FitDriver::save_due() const {
 
 void FitDriver::save(const ParamTree& params, const optim::Optimizer& opt) {
   if (!can_save() || last_saved_ == pos_.step) return;
-  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, opt.state(), state_json(opt),
-                            plan());
+  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params,
+                            config_.opt_state ? config_.opt_state(opt) : opt.state(),
+                            state_json(opt), plan());
   last_saved_ = pos_.step;
   deployer_.keep_last(config_.keep_last);
 }

@@ -67,6 +67,7 @@
 #include "redco/train/pipeline.hpp"
 #include "redco/train/predictor.hpp"
 #include "redco/train/sharded_checkpoint.hpp"
+#include "redco/train/zero.hpp"
 
 namespace redco::train {
 
@@ -184,6 +185,8 @@ class Trainer {
         order_(param_order(plan_)),
         params_(initial_params(std::move(params))) {
     if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
+    if (deployer.zero_stage() >= 1 && deployer.dp_size() > 1)
+      zero_ = std::make_unique<ZeroPartition>(plan_, deployer.dp_size(), deployer.dp_rank());
   }
 
   template <typename Ex>
@@ -356,7 +359,7 @@ class Trainer {
       const optim::GradNorm n = optim::checked_global_norm(grads);
       if (!std::isfinite(loss) || n.non_finite)
         return run.non_finite(loss, n.non_finite, grads, params_), false;
-      opt_.step(params_, grads, n.norm);
+      optimizer_step(grads, n.norm);
       return true;
     }
     double split_sq = 0, whole_sq = 0;
@@ -374,9 +377,22 @@ class Trainer {
       const optim::GradNorm n = optim::checked_global_norm(grads);  // this shard's offender, if any
       return run.non_finite(loss, n.non_finite, grads, params_), false;
     }
-    opt_.step(params_, grads, std::sqrt(global_sq));
-    sync_replicated();
+    optimizer_step(grads, std::sqrt(global_sq));
     return true;
+  }
+
+  // The update with the global gradient norm given. Under ZeRO each replica
+  // updates the parameters it owns (with their buffers, which only it keeps)
+  // and then hands them to the others.
+  void optimizer_step(const ParamTree& grads, double norm) {
+    if (!zero_) {
+      opt_.step(params_, grads, norm);
+    } else {
+      ParamTree mine = zero_->owned(params_);
+      opt_.step(mine, zero_->owned(grads), norm);
+    }
+    if (deployer_->n_model_shards() > 1) sync_replicated();
+    if (zero_) zero_->share_params(params_, deployer_->mesh().dp_comm());
   }
 
   // Replicated parameters and their optimizer buffers (shared with the
@@ -478,14 +494,20 @@ class Trainer {
             .max_steps = o.max_steps,
             .throughput = o.throughput,
             .plan = &plan_,
-            .on_non_finite = o.on_non_finite};
+            .on_non_finite = o.on_non_finite,
+            .opt_state = zero_ ? std::function<ParamTree(const optim::Optimizer&)>(
+                                     [this](const optim::Optimizer& opt) {
+                                       return zero_->full_state(opt.state(), params_,
+                                                                deployer_->mesh().dp_comm());
+                                     })
+                               : nullptr};
   }
 
   void restore(FitDriver& run) {
     std::optional<CheckpointData> ck = run.resume();
     if (!ck) return;
     params_ = std::move(ck->params);
-    opt_.load_state(ck->opt_state);
+    opt_.load_state(zero_ ? zero_->owned_state(ck->opt_state) : ck->opt_state);
   }
 
   Deployer* deployer_;
@@ -497,9 +519,10 @@ class Trainer {
   ShardPlan plan_;
   std::vector<std::string> order_;  // parameters in execution order, for the buckets
   ParamTree params_;
-  std::unique_ptr<DataParallel> dp_;  // with more than one replica
-  bool recompute_ = false;            // FitOptions::recompute of the running fit()
-  bool memory_logged_ = false;        // the running fit() has logged its memory
+  std::unique_ptr<DataParallel> dp_;     // with more than one replica
+  bool recompute_ = false;               // FitOptions::recompute of the running fit()
+  bool memory_logged_ = false;           // the running fit() has logged its memory
+  std::unique_ptr<ZeroPartition> zero_;  // Deployer zero_stage >= 1 with several replicas
 };
 
 }  // namespace redco::train

@@ -137,6 +137,14 @@ TEST_CASE("GPT-2 with dropout: recomputed blocks give the plain gradients bit fo
   INFO("plain " << plain_bytes << " B, recomputed " << recomputed_bytes << " B");
   CHECK(recomputed_bytes < plain_bytes / 2);
 
+  SECTION("bf16 mixed precision too") {
+    PrecisionGuard mixed(Precision::bf16);
+    const auto [b0, h0] = gpt_step(gpt, params, false);
+    const auto [b1, h1] = gpt_step(gpt, params, true);
+    CHECK(!same_bits(b0, l0));  // bf16 did change the computation
+    CHECK(same_bits(b1, b0));
+    check_bitwise(h1, h0);
+  }
   SECTION("dropout draws differ without the replay (the test can fail)") {
     nn::Ctx a{.train = true, .seed = 11, .step = 5}, b = a;
     b.dropout_calls = 1;

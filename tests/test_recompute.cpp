@@ -231,7 +231,7 @@ std::pair<ParamTree, std::vector<double>> fit(int world, int mp, bool recompute,
 }  // namespace
 
 TEST_CASE("Trainer: FitOptions::recompute trains bit for bit as without it", "[recompute]") {
-  for (const auto [world, mp] : {std::pair{1, 1}, std::pair{2, 2}}) {
+  for (const auto& [world, mp] : {std::pair{1, 1}, std::pair{2, 2}}) {
     INFO("world " << world << ", n_model_shards " << mp);
     const auto [p0, l0] = fit(world, mp, false);
     const auto [p1, l1] = fit(world, mp, true);

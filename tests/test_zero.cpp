@@ -135,7 +135,7 @@ struct TempDir {
 }  // namespace
 
 TEST_CASE("ZeRO-1 trains as the plain run and keeps 1/dp of the optimizer state", "[zero]") {
-  for (const auto [world, mp] : {std::pair{2, 1}, std::pair{4, 2}, std::pair{4, 1}}) {
+  for (const auto& [world, mp] : {std::pair{2, 1}, std::pair{4, 2}, std::pair{4, 1}}) {
     const int dp = world / mp;
     INFO("dp " << dp << ", mp " << mp);
     const Result plain = fit({.world = world, .mp = mp});

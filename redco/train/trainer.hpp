@@ -235,6 +235,8 @@ class Trainer {
     return out;
   }
   const ShardPlan& plan() const { return plan_; }
+  // Under ZeRO (Deployer zero_stage >= 1) its state() holds this replica's part only;
+  // checkpoints gather the whole of it.
   optim::Optimizer& optimizer() { return opt_; }
   const L& model() const { return model_; }
   Deployer& deployer() const { return *deployer_; }

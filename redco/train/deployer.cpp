@@ -57,10 +57,9 @@ class NullBuffer : public std::streambuf {
 Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
   REDCO_CHECK(config_.n_model_shards >= 1, "Deployer: n_model_shards must be >= 1, got {}",
               config_.n_model_shards);
-  REDCO_CHECK(config_.zero_stage == 0 || config_.zero_stage == 1,
-              "Deployer: zero_stage must be 0 (off) or 1 (optimizer state partitioned over the "
-              "data-parallel replicas), got {}; stage 2 (gradients reduce-scattered) is not "
-              "available yet",
+  REDCO_CHECK(config_.zero_stage >= 0 && config_.zero_stage <= 2,
+              "Deployer: zero_stage must be 0 (off), 1 (optimizer state partitioned over the "
+              "data-parallel replicas) or 2 (gradients too), got {}",
               config_.zero_stage);
   dist::Comm* world = config_.world;
   if (!world) {

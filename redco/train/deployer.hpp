@@ -58,7 +58,8 @@ struct DeployerConfig {
   // Not owned: it must outlive the Deployer.
   dist::Comm* world = nullptr;
   // ZeRO over the data-parallel replicas (train/zero.hpp): 0 off, 1 the
-  // optimizer's state partitioned by replica. Combines with n_model_shards.
+  // optimizer's state partitioned by replica, 2 the gradients as well (each
+  // averaged into its owner only). Combines with n_model_shards.
   int zero_stage = 0;
 };
 

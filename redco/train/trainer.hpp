@@ -187,6 +187,7 @@ class Trainer {
     if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
     if (deployer.zero_stage() >= 1 && deployer.dp_size() > 1)
       zero_ = std::make_unique<ZeroPartition>(plan_, deployer.dp_size(), deployer.dp_rank());
+    if (deployer.zero_stage() >= 2 && dp_) dp_->reduce_to_owners(zero_.get());
   }
 
   template <typename Ex>
@@ -357,19 +358,25 @@ class Trainer {
   // made identical again (copied from model shard 0; their gradients may
   // differ in the last bit between shards): checkpoints keep one copy of them.
   bool apply(const ParamTree& grads, double loss, FitDriver& run) {
+    const bool zero2 = deployer_->zero_stage() >= 2 && zero_;
     if (deployer_->n_model_shards() == 1) {
       const optim::GradNorm n = optim::checked_global_norm(grads);
-      if (!std::isfinite(loss) || n.non_finite)
+      // ZeRO-2: this replica holds its own gradients only; the norm is formed
+      // over all replicas' (a non-finite one anywhere makes it NaN).
+      const double sq = zero2 ? zero_->squared_norm(grads, deployer_->mesh().dp_comm()) : 0;
+      if (!std::isfinite(loss) || n.non_finite || !std::isfinite(sq))
         return run.non_finite(loss, n.non_finite, grads, params_), false;
-      optimizer_step(grads, n.norm);
+      optimizer_step(grads, zero2 ? std::sqrt(sq) : n.norm);
       return true;
     }
     double split_sq = 0, whole_sq = 0;
     for (const shard::ParamSplit& s : plan_) {
+      if (zero2 && !grads.count(s.name)) continue;  // another replica's
       const Tensor g = grads.at(s.name).to(DType::f32);
       for (const float x : std::span(g.data<float>(), size_t(g.numel())))
         (s.split_dim >= 0 ? split_sq : whole_sq) += double(x) * x;
     }
+    if (zero2) split_sq = dp_sum(split_sq), whole_sq = dp_sum(whole_sq);
     // [1] summed over the group; a shard's non-finite loss or gradient makes it NaN everywhere.
     Tensor total =
         Tensor::full(Shape{1}, std::isfinite(loss + whole_sq) ? float(split_sq) : std::nanf(""));
@@ -418,6 +425,16 @@ class Trainer {
     sched::sync_wait(deployer_->mesh().mp_comm().broadcast(flat, 0));
     at = flat.data<float>();
     for (Tensor& t : parts) at += (std::copy_n(at, t.numel(), t.data<float>()), t.numel());
+  }
+
+  // The sum of a per-replica value over the data-parallel group, carried as
+  // two floats (high and low parts) so that it keeps about double precision.
+  double dp_sum(double local) const {
+    Tensor t = Tensor::empty(Shape{2});  // [2] high, low
+    t.data<float>()[0] = float(local);
+    t.data<float>()[1] = std::isfinite(local) ? float(local - double(float(local))) : 0.f;
+    sched::sync_wait(deployer_->mesh().dp_comm().all_reduce(t));
+    return double(t.data<float>()[0]) + double(t.data<float>()[1]);
   }
 
   // The mean of a per-replica value over the data-parallel group.

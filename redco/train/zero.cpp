@@ -2,11 +2,13 @@
 #include "redco/train/zero.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
 #include "redco/core/error.hpp"
 #include "redco/dist/comm.hpp"
+#include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
 
 namespace redco::train {
@@ -62,6 +64,8 @@ ZeroPartition::ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_
     names_[r].push_back(plan[i].name);
   }
   for (auto& n : names_) std::sort(n.begin(), n.end());
+  for (const auto& p : plan) all_.push_back(p.name);
+  std::sort(all_.begin(), all_.end());
 }
 
 int ZeroPartition::owner(const std::string& name) const {
@@ -108,6 +112,29 @@ ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& par
   }
   if (const auto it = state.find("step"); it != state.end()) out.emplace("step", it->second);
   return out;
+}
+
+double ZeroPartition::squared_norm(const ParamTree& owned_grads, dist::Comm& dp) const {
+  // [n * 3]: each parameter's sum of squares as three floats that add up to
+  // the double exactly, filled by its owner only, so the sum over the
+  // replicas (adding zeros) is exact.
+  const auto n = int64_t(all_.size());
+  Tensor parts = Tensor::zeros(Shape{3 * n});
+  float* v = parts.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto it = owned_grads.find(all_[size_t(i)]);
+    if (it == owned_grads.end()) continue;
+    const double ss = optim::sum_of_squares(it->second, it->first);
+    v[3 * i] = float(ss);
+    if (!std::isfinite(ss)) continue;
+    v[3 * i + 1] = float(ss - double(v[3 * i]));
+    v[3 * i + 2] = float(ss - double(v[3 * i]) - double(v[3 * i + 1]));
+  }
+  sched::sync_wait(dp.all_reduce(parts));
+  double total = 0.0;  // in key order, as checked_global_norm adds them
+  for (int64_t i = 0; i < n; ++i)
+    total += double(v[3 * i]) + double(v[3 * i + 1]) + double(v[3 * i + 2]);
+  return total;
 }
 
 ParamTree ZeroPartition::owned_state(const ParamTree& state) const {

@@ -45,6 +45,10 @@ class ZeroPartition {
   // ZeRO): this replica's buffers and every other owner's. `params` give the
   // buffers' shapes. Collective over `dp`.
   ParamTree full_state(const ParamTree& state, const ParamTree& params, dist::Comm& dp) const;
+  // ZeRO-2: the squared global gradient norm from each replica's own
+  // gradients (`owned_grads`), bit for bit as optim::checked_global_norm
+  // forms it over all of them; NaN when any is not finite. Collective over `dp`.
+  double squared_norm(const ParamTree& owned_grads, dist::Comm& dp) const;
   // The part of a whole optimizer state this replica keeps ("step" and the
   // buffers of the parameters it owns).
   ParamTree owned_state(const ParamTree& state) const;
@@ -53,6 +57,7 @@ class ZeroPartition {
   // names[r]: the parameters replica r owns, in key order.
   std::vector<std::vector<std::string>> names_;
   std::unordered_map<std::string, int> owner_;
+  std::vector<std::string> all_;  // every parameter, in key order
   int rank_ = 0;
 };
 

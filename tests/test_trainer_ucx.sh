@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A tiny GPT trained by 2 UCX processes under redco-run, data-parallel and then
-# model-parallel, then data-parallel with ZeRO stage 1, gives the 1-process
+# model-parallel, then data-parallel with ZeRO stages 1 and 2, gives the 1-process
 # losses within 1e-5 relative.
 #   test_trainer_ucx.sh <trainer_dist_worker> <redco-run>
 set -euo pipefail
@@ -10,7 +10,7 @@ run=$2
 export UCX_TLS=${UCX_TLS:-tcp,self}
 one=$("$worker" 1 | grep '^loss')
 [ "$(echo "$one" | wc -l)" = 10 ] || { echo "1 process: expected 10 losses, got: $one"; exit 1; }
-for cfg in "1 0" "2 0" "1 1"; do
+for cfg in "1 0" "2 0" "1 1" "1 2"; do
   read -r shards zero <<< "$cfg"
   two=$("$run" -n 2 --output rank0 -- "$worker" "$shards" "$zero" | sed 's/^\[rank 0\] //' | grep '^loss')
   [ "$(echo "$two" | wc -l)" = 10 ] || { echo "n_model_shards $shards, zero_stage $zero: got: $two"; exit 1; }

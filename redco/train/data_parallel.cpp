@@ -82,7 +82,7 @@ Detached run_reduction(sched::Task<void> reduction, DataParallel::Step* step) {
   if (--step->outstanding == 0 && step->sealed) step->queue.finish();
 }
 
-constexpr int kOwnerTag = 0x2e50;  // point-to-point tag of ZeRO-2 gradient sends
+constexpr int kOwnerTag = 3664;  // point-to-point tag of ZeRO-2 gradient sends (UCX: < 4096)
 
 // ZeRO stage 2: the bucket's mean formed at its owner only: the others send
 // their part, the owner sums the parts in rank order and divides, as the

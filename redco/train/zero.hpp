@@ -1,12 +1,17 @@
 #pragma once
-// ZeRO stage 1 over the data-parallel group: the optimizer's state is
-// partitioned by data-parallel rank. Gradients are still averaged across the
-// replicas (DataParallel); then each replica updates only the parameters it
-// owns, keeping their optimizer buffers and no others, and every parameter is
-// handed from its owner to the other replicas (one packed broadcast per
-// owner). The update of each parameter is the one the unpartitioned optimizer
-// makes (same gradient, same global norm, same buffers), so training matches
-// the plain run; the optimizer state per rank falls to about 1/dp of it.
+// ZeRO stages 1 and 2 over the data-parallel group. Stage 1: the optimizer's
+// state is partitioned by data-parallel rank. Gradients are still averaged
+// across the replicas (DataParallel); then each replica updates only the
+// parameters it owns, keeping their optimizer buffers and no others, and
+// every parameter is handed from its owner to the other replicas (one packed
+// broadcast per owner). Stage 2: each gradient is averaged into its owner
+// only (DataParallel::reduce_to_owners), so a replica keeps 1/dp of the
+// gradients past backward too, and the global norm is summed over the
+// replicas (squared_norm). The update of each parameter is the one the
+// unpartitioned optimizer makes (same gradient, same global norm, same
+// buffers), so training matches the plain run bit for bit (stage 2 with
+// model shards: to rounding, its norm's parts are summed in another order);
+// the optimizer state per rank falls to about 1/dp of it.
 //
 // Ownership is by whole parameter, decided from the plan's whole sizes
 // (largest first, to the least loaded replica), so every rank of a

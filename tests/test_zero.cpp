@@ -7,11 +7,13 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "redco/dist/threads_comm.hpp"
+#include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/memory_account.hpp"
 #include "redco/train/trainer.hpp"
@@ -233,4 +235,29 @@ TEST_CASE("ZeRO-2 averages each gradient into its owner as the all-reduce does",
       check_bitwise(owned[size_t(r)], zero.owned(plain[size_t(r)]));
     }
   }
+}
+
+TEST_CASE("ZeRO-2 keeps 1/dp of the gradients and of the optimizer state per rank", "[zero]") {
+  const double params_mib =
+      double(nn::count_parameters(nn::init_params(models::gpt2(kGpt), 0))) * 4 / 1048576.0;
+  TempDir dir;
+  fit({.world = 4, .zero = 2, .max_steps = 1, .workdir = dir.path});
+  std::ifstream f(dir.path / "metrics.jsonl");
+  std::string line;
+  io::Json m;
+  while (std::getline(f, line))
+    if (io::Json j = io::Json::parse(line); j.at("split").as_string() == "memory") m = j;
+  REQUIRE(m.contains("rank3.grads_mib"));
+  double grads = 0, state = 0;
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    const double g = m.at("rank" + std::to_string(r) + ".grads_mib").as_double();
+    CHECK(m.at("rank" + std::to_string(r) + ".params_mib").as_double() ==
+          Approx(params_mib).epsilon(1e-6));
+    CHECK(g < 1.25 * params_mib / 4);
+    grads += g;
+    state += m.at("rank" + std::to_string(r) + ".opt_state_mib").as_double();
+  }
+  CHECK(grads == Approx(params_mib).epsilon(1e-4));  // each gradient once, at its owner
+  CHECK(state == Approx(2 * params_mib + 4 * 8 / 1048576.0).epsilon(1e-4));  // + 4 "step"s
 }

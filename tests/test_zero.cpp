@@ -261,3 +261,29 @@ TEST_CASE("ZeRO-2 keeps 1/dp of the gradients and of the optimizer state per ran
   CHECK(grads == Approx(params_mib).epsilon(1e-4));  // each gradient once, at its owner
   CHECK(state == Approx(2 * params_mib + 4 * 8 / 1048576.0).epsilon(1e-4));  // + 4 "step"s
 }
+
+TEST_CASE("ZeRO with parameter groups or a custom step is one clear error", "[zero]") {
+  const auto gpt = models::gpt2(kGpt);
+  auto loss = [](auto& model, const LmBatch& b, train::Rng) {
+    return cross_entropy(model(b.inputs), b.targets);
+  };
+  train::Deployer d({.seed = 3, .quiet = true, .zero_stage = 1});
+  auto grouped = [&] {
+    train::Trainer t(d, gpt, collate, loss,
+                     train::ParamGroups()
+                         .train(
+                             "biases", [](const std::string& n) { return n.ends_with("bias"); },
+                             optim::sgd(optim::constant(0.1f)))
+                         .train("", optim::sgd(optim::constant(0.1f))));
+  };
+  CHECK_THROWS_WITH(grouped(), Catch::Contains("zero_stage 1 with parameter groups") &&
+                                   Catch::Contains("is not supported yet"));
+  train::Trainer t(d, gpt, collate, loss, optim::sgd(optim::constant(0.1f)));
+  auto step = [&](auto& s, const LmBatch& b, train::Rng) {
+    auto [l, g] = s.value_and_grad([&](auto& m) { return loss(m, b, train::Rng{}); });
+    return train::StepResult{l, g};
+  };
+  const std::vector<Window> data = windows();
+  CHECK_THROWS_WITH(t.fit(data, {.global_batch_size = 8, .save_at_end = false}, step),
+                    Catch::Contains("zero_stage 1 with a custom step is not supported yet"));
+}

@@ -20,6 +20,11 @@
 // buffer from its owner before a save, and owned_state() keeps a loaded
 // state's own part, so a checkpoint moves freely between runs with and
 // without ZeRO and between meshes.
+//
+// The Trainer partitions one optimizer over every parameter (a plain
+// optim::Optimizer, or ParamGroups with a single trained group); several
+// groups, frozen parameters, polyak targets and custom steps under ZeRO are
+// refused with a redco::Error for now.
 #include <string>
 #include <unordered_map>
 #include <vector>

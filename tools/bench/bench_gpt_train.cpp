@@ -151,15 +151,16 @@ TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer op
                .shuffle = false,
                .save_at_end = false,
                .log_every = 1 << 30,
-               .recompute = recompute,
-               .on_step = [&](const train::StepInfo& info) {
-                 const auto t1 = std::chrono::steady_clock::now();
-                 const double cpu1 = process_cpu_ms();
-                 r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-                 r.cpu_ms.push_back(cpu1 - cpu0);
-                 r.last_loss = float(info.loss);
-                 t0 = t1, cpu0 = cpu1;
-               }});
+               .on_step =
+                   [&](const train::StepInfo& info) {
+                     const auto t1 = std::chrono::steady_clock::now();
+                     const double cpu1 = process_cpu_ms();
+                     r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+                     r.cpu_ms.push_back(cpu1 - cpu0);
+                     r.last_loss = float(info.loss);
+                     t0 = t1, cpu0 = cpu1;
+                   },
+               .recompute = recompute});
   return r;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 // Everything a redco program needs, in one include.
+#include "redco/autodiff/checkpoint.hpp"
 #include "redco/autodiff/functional.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/core/allocator.hpp"

@@ -3,7 +3,11 @@
 // targets, also on dp x mp meshes; examples made per epoch (resuming bit for
 // bit). Expected values are computed by hand in double from closed-form
 // gradients of a linear model (tests/pipelines_fixtures.hpp).
+#include <fstream>
+#include <string>
+
 #include "pipelines_fixtures.hpp"
+#include "redco/io/json.hpp"
 
 using namespace pipelines;
 
@@ -114,6 +118,23 @@ TEST_CASE("adapter-only checkpoints leave the frozen part out and resume bit for
   };
   TempDir whole, parts;
   const ParamTree straight = run(whole.path, 0, false);
+  // The first step's memory line counts the trained parameters' gradients
+  // and Adam buffers only (the frozen part has neither).
+  double trained_bytes = 0;
+  for (const auto& [name, t] : straight)
+    if (!name.starts_with("frozen.")) trained_bytes += double(t.nbytes());
+  int memory_lines = 0;
+  std::ifstream metrics(whole.path / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const io::Json j = io::Json::parse(line);
+    if (j.at("split").as_string() != "memory") continue;
+    ++memory_lines;
+    const double mib = 1024.0 * 1024.0;
+    CHECK(j.at("rank0.grads_mib").as_double() * mib == Approx(trained_bytes).epsilon(1e-6));
+    CHECK(j.at("rank0.opt_state_mib").as_double() * mib >= 2 * trained_bytes);
+    CHECK(j.at("rank0.opt_state_mib").as_double() * mib < 2 * trained_bytes + 64);
+  }
+  CHECK(memory_lines == 1);
   run(parts.path, 7, false);
   const ParamTree resumed = run(parts.path, 0, true);
   CHECK(bitwise_equal(resumed, straight));

@@ -140,8 +140,9 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
   CHECK(after < 0.4 * before);
   CHECK(trainer.optimizer().steps() == 4 * 16);
 
-  // metrics.jsonl: a train line every 4 steps, an eval line per epoch.
-  int train_lines = 0, eval_lines = 0;
+  // metrics.jsonl: a train line every 4 steps, an eval line per epoch, the
+  // first step's memory.
+  int train_lines = 0, eval_lines = 0, memory_lines = 0;
   std::ifstream f(dir / "metrics.jsonl");
   for (std::string line; std::getline(f, line);) {
     const io::Json j = io::Json::parse(line);
@@ -154,6 +155,10 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
             Approx(j.at("points_per_s").as_double() * 1e3 / 1e12).epsilon(1e-9));
       CHECK(j.at("alloc_peak_mib").as_double() > 0);
       CHECK(j.at("max_rss_mib").as_double() > 0);
+    } else if (j.at("split").as_string() == "memory") {
+      ++memory_lines;
+      CHECK(j.at("step").as_int() == 1);
+      CHECK(j.at("rank0.params_mib").as_double() > 0);
     } else {
       ++eval_lines;
       CHECK(j.at("split").as_string() == "eval");
@@ -162,6 +167,7 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
   }
   CHECK(train_lines == 16);
   CHECK(eval_lines == 4);
+  CHECK(memory_lines == 1);
 }
 
 TEST_CASE("trainer: accumulation over 4 micro-batches equals one big batch", "[trainer]") {

@@ -1,6 +1,6 @@
 // Trains a tiny GPT for 10 steps on however many processes started it (one,
-// or redco-run -n N) with n_model_shards = argv[1], and prints the step
-// losses once ("loss <step> <value>"), for test_trainer_ucx.sh to compare.
+// or redco-run -n N) with n_model_shards = argv[1] and zero_stage = argv[2]
+// (default 0), and prints the step losses once ("loss <step> <value>"), for test_trainer_ucx.sh to compare.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -46,7 +46,8 @@ Batch collate(std::span<const std::vector<int64_t>> ex) {
 
 int main(int argc, char** argv) try {
   const int shards = argc > 1 ? std::atoi(argv[1]) : 1;
-  Deployer deployer({.n_model_shards = shards, .seed = 3, .quiet = true});
+  const int zero = argc > 2 ? std::atoi(argv[2]) : 0;
+  Deployer deployer({.n_model_shards = shards, .seed = 3, .quiet = true, .zero_stage = zero});
   auto loss = [](auto& model, const Batch& b, Rng) {
     return cross_entropy(model(b.inputs), b.targets);
   };

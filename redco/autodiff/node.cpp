@@ -4,12 +4,15 @@
 
 #include <algorithm>
 
+#include "redco/autodiff/checkpoint.hpp"
 #include "redco/autodiff/recording.hpp"
 
 namespace redco {
 namespace {
 thread_local bool grad_mode_enabled = true;
 std::atomic<uint64_t> next_sequence{1};
+thread_local detail::CaptureScope* t_capture = nullptr;
+thread_local detail::Substitution* t_substitution = nullptr;
 }  // namespace
 
 bool GradMode::enabled() { return grad_mode_enabled; }
@@ -24,6 +27,8 @@ std::shared_ptr<Node> Node::make_leaf(const std::shared_ptr<TensorImpl>& leaf) {
 }
 
 bool needs_graph(const TensorList& inputs) {
+  if (t_capture) [[unlikely]]
+    detail::note_inputs(inputs);
   if (!GradMode::enabled()) return false;
   return std::any_of(inputs.begin(), inputs.end(),
                      [](const Tensor& t) { return t.requires_grad(); });
@@ -43,7 +48,7 @@ TensorList record(const char* name, const TensorList& inputs, TensorList outputs
   node->seq_ = next_sequence.fetch_add(1);
   node->backward_ = std::move(backward);
   for (const Tensor& in : inputs) {
-    node->inputs_.push_back(edge_of(in));
+    node->inputs_.push_back(edge_of(detail::Substitution::of(in)));
     node->input_meta_.push_back(in.defined() ? TensorMeta{in.shape(), in.dtype()}
                                              : TensorMeta{Shape{}, DType::f32});
   }
@@ -79,6 +84,38 @@ Tensor SavedOutput::get() const {
 }
 
 namespace detail {
+
+CaptureScope::CaptureScope(TensorList& seen) : previous_(t_capture), seen_(&seen) {
+  t_capture = this;
+}
+CaptureScope::~CaptureScope() { t_capture = previous_; }
+
+void note_inputs(const TensorList& inputs) {
+  TensorList& seen = *t_capture->seen_;
+  for (const Tensor& t : inputs) {
+    if (!t.requires_grad()) continue;
+    const bool known = std::any_of(seen.begin(), seen.end(),
+                                   [&](const Tensor& s) { return s.impl_ptr() == t.impl_ptr(); });
+    if (!known) seen.push_back(t);
+  }
+}
+
+Substitution::Substitution(const TensorList& from, const TensorList& to)
+    : previous_(t_substitution), from_(&from), to_(&to) {
+  t_substitution = this;
+}
+Substitution::~Substitution() { t_substitution = previous_; }
+
+const Tensor& Substitution::of(const Tensor& t) {
+  const Substitution* s = t_substitution;
+  if (!s || !t.defined()) [[likely]]
+    return t;
+  // Only the innermost one: a nested recomputation substitutes every tensor
+  // its block reads from outside, those of the enclosing block included.
+  for (size_t i = 0; i < s->from_->size(); ++i)
+    if ((*s->from_)[i].impl_ptr() == t.impl_ptr()) return (*s->to_)[i];
+  return t;
+}
 
 SavedInput::SavedInput(const Tensor& x) {
   if (x.defined() && x.impl().recompute && x.grad_fn()) {

@@ -7,10 +7,15 @@
 //   repeat(n, b)     n copies of b with their own parameters: h.0, h.1, ...
 //   named<"n">(l)    l under the name n instead of its default
 //   encoder_decoder(e, d)  e reads ctx.source, d reads its input and attends to e's output
+//   checkpoint(b)    b(x), its activations dropped after forward and recomputed
+//                    in backward (training only; ctx.recompute does this for
+//                    every repeat copy)
 // Under tensor parallelism each gathers split features where its walk says
 // need_whole (the residual add, the sum, between repeated copies).
+#include <memory>
 #include <tuple>
 
+#include "redco/autodiff/checkpoint.hpp"
 #include "redco/nn/layers.hpp"
 
 namespace redco::nn {
@@ -30,6 +35,30 @@ const Tensor& cached_memory_mask(const KVCache& cache);
 // each source serves batch / S consecutive rows (beams, return sequences),
 // so the encoder runs once per source.
 void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask);
+
+// body(p, x, ctx) under autodiff's checkpoint when training with a graph:
+// backward replays it from x, the parameters and the forward context as they
+// were on entry, so dropout draws the same masks (its keys are ctx's step and
+// call counter). The parameter tree is copied (tensor handles only): the one
+// the forward pass reads may be gone by backward (the Trainer's watched
+// parameters). body is copied too, so it must not capture by reference.
+template <typename F>
+Tensor recomputed(const Params& p, const Tensor& x, Ctx& ctx, const F& body) {
+  if (!ctx.train || ctx.cache || !GradMode::enabled()) return body(p, x, ctx);
+  struct Entry {
+    ParamTree tree;
+    Params params;
+    Ctx ctx;
+    Tensor x;
+  };
+  auto entry = std::make_shared<Entry>(Entry{p.tree(), p, ctx, x});
+  entry->params = p.rebound(entry->tree);
+  return redco::checkpoint([&] { return body(p, x, ctx); },
+                           [entry, body] {
+                             Ctx c = entry->ctx;  // each replay starts from the entry state
+                             return body(entry->params.rebound(entry->tree), entry->x, c);
+                           });
+}
 
 template <Layer... Ls>
 struct Seq {
@@ -118,10 +147,34 @@ struct Repeat {
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     Tensor h = x;
     ctx.layer = 0;
-    for (int64_t i = 0; i < count; ++i, ctx.layer = i)
-      h = whole_features(
-          block.forward(p.indexed(i).template content<B>(), whole_features(h, ctx), ctx), ctx);
+    const auto copy = [block = block](const Params& q, const Tensor& in, Ctx& c) {
+      return block.forward(q, in, c);
+    };
+    for (int64_t i = 0; i < count; ++i, ctx.layer = i) {
+      const Params q = p.indexed(i).template content<B>();
+      const Tensor in = whole_features(h, ctx);
+      h = whole_features(ctx.recompute ? recomputed(q, in, ctx, copy) : copy(q, in, ctx), ctx);
+    }
     return h;
+  }
+};
+
+template <Layer B>
+struct Checkpoint {
+  static constexpr bool kTransparent = true;
+  static constexpr std::string_view kName = "";
+  B block;
+  template <typename F>
+  static constexpr void for_each_child_type(F&& f) {
+    f.template operator()<B>();
+  }
+  static constexpr void walk(Walker& w, const Checkpoint* c) {
+    w.child<B>(c ? &c->block : nullptr);
+  }
+  Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+    return recomputed(p, x, ctx, [block = block](const Params& q, const Tensor& in, Ctx& c) {
+      return apply_child(block, q, in, c);
+    });
   }
 };
 
@@ -222,6 +275,10 @@ template <Layer B>
 Repeat<B> repeat(int64_t n, B b) {
   REDCO_CHECK(n >= 0, "repeat: the count must be >= 0, got {}", n);
   return {n, std::move(b)};
+}
+template <Layer B>
+Checkpoint<B> checkpoint(B b) {
+  return {std::move(b)};
 }
 template <Literal N, Layer L>
 Named<N, L> named(L l) {

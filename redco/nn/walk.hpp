@@ -221,8 +221,11 @@ struct Ctx {
   uint64_t step = 0;
   uint64_t dropout_calls = 0;
   int64_t layer = 0;  // the copy of the innermost nn::repeat being run (set by Repeat)
-  Tensor source{};    // encoder input (token ids), for encoder-decoder models
-  Tensor memory{};    // encoder output, for cross-attention
+  // Training: every copy of an nn::repeat runs as nn::checkpoint(copy) (only
+  // its input kept for backward, the copy run again there).
+  bool recompute = false;
+  Tensor source{};  // encoder input (token ids), for encoder-decoder models
+  Tensor memory{};  // encoder output, for cross-attention
   // Padded batches (Hugging Face's attention_mask): [B, T], 1 for a token, 0
   // for padding, each row one run of ones (left or right padding). `mask`
   // belongs to the input being run, `source_mask` to ctx.source (and then to
@@ -269,6 +272,15 @@ class Params {
   const Tensor& operator[](std::string_view leaf) const;
   const Tensor& at_root(std::string_view name) const;  // e.g. a tied embedding
   const Name& path() const { return path_; }
+  const ParamTree& tree() const { return *tree_; }
+  // This view over `tree` (same path), naming the next layers from where this
+  // one stands with a counter of its own: a recomputed block replays its names.
+  Params rebound(const ParamTree& tree) const {
+    Params p = *this;
+    p.tree_ = &tree;
+    p.pos_ = std::make_shared<size_t>(*pos_);
+    return p;
+  }
 
   // Mirrors Walker::child / content / indexed.
   template <typename C, typename F>

@@ -98,6 +98,10 @@ bool default_decay_mask(const std::string& name, const Shape& shape) {
   }
 }
 
+double sum_of_squares(const Tensor& grad, const std::string& name) {
+  return sum_squares(f32_of(grad, "gradient", name), grad.numel());
+}
+
 GradNorm checked_global_norm(const ParamTree& grads) {
   double total = 0.0;
   for (const auto& [name, g] : grads) {

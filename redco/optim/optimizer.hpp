@@ -85,6 +85,10 @@ struct GradNorm {
   const std::string* non_finite = nullptr;  // points into the tree's keys
 };
 GradNorm checked_global_norm(const ParamTree& grads);
+// The sum of squares of one gradient's elements in double, bit for bit as
+// checked_global_norm forms it for each tensor before adding them in key
+// order (so a norm over gradients spread across ranks can be formed exactly).
+double sum_of_squares(const Tensor& grad, const std::string& name);
 
 // The index of the first NaN or infinite element of an f32 tensor, or -1.
 int64_t first_non_finite(const Tensor& t);

@@ -5,8 +5,8 @@
 #include <exception>
 #include <map>
 
-#include "redco/core/error.hpp"
 #include "redco/autodiff/functional.hpp"
+#include "redco/core/error.hpp"
 #include "redco/sched/run_queue.hpp"
 
 namespace redco::train {
@@ -36,6 +36,7 @@ struct Bucket {
   std::vector<Shape> shapes;
   Tensor flat;
   size_t arrived = 0;
+  int owner = -1;  // ZeRO stage 2: the replica that receives the mean; -1: all-reduced
 };
 
 struct Slot {
@@ -81,6 +82,41 @@ Detached run_reduction(sched::Task<void> reduction, DataParallel::Step* step) {
   if (--step->outstanding == 0 && step->sealed) step->queue.finish();
 }
 
+constexpr int kOwnerTag = 3664;  // point-to-point tag of ZeRO-2 gradient sends (UCX: < 4096)
+
+// ZeRO stage 2: the bucket's mean formed at its owner only: the others send
+// their part, the owner sums the parts in rank order and divides, as the
+// threads communicator's all-reduce does. A sender frees its copy once sent.
+sched::Task<void> reduce_to_owner(Bucket& b, dist::Comm& dp) {
+  const int n = dp.size(), me = dp.rank();
+  if (me != b.owner) {
+    co_await dp.send(b.flat, b.owner, kOwnerTag);
+    b.flat = Tensor();
+    co_return;
+  }
+  std::vector<Tensor> parts(static_cast<size_t>(n));  // [n] of [numel]
+  // Every receive is posted before any is awaited: a message is matched by
+  // its order among those from the same peer, which must be the order in
+  // which this rank's buckets launch, not the order in which they resume.
+  std::vector<sched::Task<void>> receives;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    parts[size_t(r)] = Tensor::empty(b.flat.shape());
+    receives.push_back(dp.recv(parts[size_t(r)], r, kOwnerTag));
+  }
+  for (auto& t : receives) co_await std::move(t);
+  parts[size_t(me)] = b.flat;
+  Tensor sum = parts[0].clone();  // [numel]
+  float* acc = sum.data<float>();
+  const int64_t m = sum.numel();
+  for (int r = 1; r < n; ++r) {
+    const float* src = parts[size_t(r)].data<float>();
+    for (int64_t i = 0; i < m; ++i) acc[i] += src[i];
+  }
+  for (int64_t i = 0; i < m; ++i) acc[i] /= float(n);
+  b.flat = sum;
+}
+
 // Starts bucket b's mean all-reduce. Every dp rank builds the same buckets
 // and completes them in the same order (the same graph runs backward in the
 // same order), so the k-th all_reduce call pairs with the k-th everywhere.
@@ -89,7 +125,10 @@ void launch(DataParallel::Step& step, size_t b, dist::Comm& dp) {
   ++step.launched;
   sched::RunQueue*& current = sched::RunQueue::current();
   sched::RunQueue* const outer = std::exchange(current, &step.queue);
-  run_reduction(dp.all_reduce(step.buckets[b].flat, dist::ReduceOp::mean), &step);
+  Bucket& bucket = step.buckets[b];
+  run_reduction(bucket.owner < 0 ? dp.all_reduce(bucket.flat, dist::ReduceOp::mean)
+                                 : reduce_to_owner(bucket, dp),
+                &step);
   current = outer;
 }
 
@@ -109,22 +148,33 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
   REDCO_CHECK(order.size() == shapes.size(),
               "DataParallel: {} parameters but {} names in the order", shapes.size(), order.size());
   step_ = std::make_unique<Step>();
-  Bucket pending;
-  int64_t numel = 0;
+  // One bucket being filled per owner (just one without ZeRO-2); a bucket's
+  // slots are numbered when it is closed, so buckets keep their closing order.
+  std::map<int, Bucket> pending;
+  std::map<int, int64_t> numel;
+  auto close = [&](int owner) {
+    Bucket& b = pending[owner];
+    int64_t offset = 0;
+    for (size_t i = 0; i < b.names.size(); ++i) {
+      step_->slots[b.names[i]] = {step_->buckets.size(), offset};
+      offset += b.shapes[i].numel();
+    }
+    b.flat = Tensor::zeros(Shape{offset});  // an unused parameter's gradient is 0
+    b.owner = owner;
+    step_->buckets.push_back(std::move(b));
+    pending.erase(owner);
+    numel.erase(owner);
+  };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     auto found = shapes.find(*it);
     REDCO_CHECK(found != shapes.end(), "DataParallel: no parameter '{}'", *it);
-    step_->slots[*it] = {step_->buckets.size(), numel};
-    pending.names.push_back(*it);
-    pending.shapes.push_back(found->second.shape());
-    numel += found->second.numel();
-    if (size_t(numel) * sizeof(float) >= bucket_bytes_ || std::next(it) == order.rend()) {
-      pending.flat = Tensor::zeros(Shape{numel});  // an unused parameter's gradient is 0
-      step_->buckets.push_back(std::move(pending));
-      pending = Bucket{};
-      numel = 0;
-    }
+    const int owner = owners_ ? owners_->owner(*it) : -1;
+    pending[owner].names.push_back(*it);
+    pending[owner].shapes.push_back(found->second.shape());
+    if (size_t(numel[owner] += found->second.numel()) * sizeof(float) >= bucket_bytes_)
+      close(owner);
   }
+  while (!pending.empty()) close(pending.begin()->first);
 }
 
 ParamTree DataParallel::watch(const ParamTree& params, const std::vector<std::string>& order) {
@@ -167,6 +217,10 @@ void DataParallel::finish(ParamTree& grads) {
   if (step->outstanding > 0) step->queue.drain();
   if (step->error) std::rethrow_exception(step->error);
   for (const Bucket& b : step->buckets) {
+    if (b.owner >= 0 && b.owner != dp_->rank()) {  // ZeRO-2: another replica's gradients
+      for (const std::string& name : b.names) grads.erase(name);
+      continue;
+    }
     const float* src = b.flat.data<float>();
     for (size_t i = 0; i < b.names.size(); ++i) {
       Tensor g = Tensor::empty(b.shapes[i]);

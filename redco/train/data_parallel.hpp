@@ -10,6 +10,7 @@
 
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/comm.hpp"
+#include "redco/train/zero.hpp"
 
 namespace redco::train {
 
@@ -41,6 +42,13 @@ class DataParallel {
   // are started at once.
   void average(ParamTree& grads, const std::vector<std::string>& order);
 
+  // ZeRO stage 2: each gradient is averaged into its owner only (buckets hold
+  // one owner's parameters and are sent to it instead of all-reduced), and
+  // finish() leaves in `grads` only the gradients this replica owns. The mean
+  // is formed as the threads communicator's all-reduce forms it (ranks in
+  // order, then the division). nullptr: all-reduce (the default).
+  void reduce_to_owners(const ZeroPartition* owners) { owners_ = owners; }
+
   // Of the last step: how many buckets, and how many were started by backward.
   size_t last_bucket_count() const { return last_buckets_; }
   size_t last_early_launches() const { return last_early_; }
@@ -52,6 +60,7 @@ class DataParallel {
 
   dist::Comm* dp_;
   size_t bucket_bytes_;
+  const ZeroPartition* owners_ = nullptr;
   std::unique_ptr<Step> step_;
   size_t last_buckets_ = 0, last_early_ = 0;
 };

@@ -57,6 +57,10 @@ struct DeployerConfig {
   // The ranks of this run; nullptr: from the launch environment, else this process alone.
   // Not owned: it must outlive the Deployer.
   dist::Comm* world = nullptr;
+  // ZeRO over the data-parallel replicas (train/zero.hpp): 0 off, 1 the
+  // optimizer's state partitioned by replica, 2 the gradients as well (each
+  // averaged into its owner only). Combines with n_model_shards.
+  int zero_stage = 0;
 };
 
 // A learning-rate schedule in the units a user thinks in (examples, epochs);
@@ -96,6 +100,7 @@ class Deployer {
   // ---- the mesh ------------------------------------------------------------------------------
   int n_devices() const;  // ranks in the run (world size)
   int n_model_shards() const { return config_.n_model_shards; }
+  int zero_stage() const { return config_.zero_stage; }
   int dp_size() const;  // data-parallel replicas: n_devices() / n_model_shards()
   int dp_rank() const;  // this rank's replica
   int mp_rank() const;  // this rank's model shard

@@ -14,6 +14,7 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco/train/memory_account.hpp"
 #include "redco/train/param_groups.hpp"
 
 namespace redco::io {
@@ -90,6 +91,9 @@ struct FitConfig {
   // position it is written at); the Trainer keeps per-epoch state there.
   std::function<void(const Position&, ParamTree&)> extra_state = {};
   NonFinite on_non_finite = NonFinite::stop;
+  // The optimizer state a checkpoint saves (collective, called on every
+  // rank); empty: the optimizer's own state() (ZeRO gathers the owners' parts).
+  std::function<ParamTree(const ParamGroups&)> opt_state = {};
 };
 
 class FitDriver {
@@ -128,6 +132,9 @@ class FitDriver {
   void non_finite(double loss, const std::string* bad_grad, const ParamTree& grads,
                   const ParamTree& params);
   int64_t skipped_steps() const { return skipped_; }
+  // The first step's memory, one account per world rank: logged to
+  // metrics.jsonl (split "memory", at the step being taken) and printed.
+  void memory_measured(const std::vector<MemoryAccount>& ranks);
   bool epoch_ended() const { return epoch_ended_; }
   // Evaluation is due at the end of an epoch and every eval_every_steps.
   bool eval_due() const;

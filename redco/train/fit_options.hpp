@@ -94,6 +94,11 @@ struct FitOptions {
   // A NaN or infinite loss or gradient: stop with an error naming the step
   // and the tensor (default), or skip the update (see NonFinite).
   NonFinite on_non_finite = NonFinite::stop;
+  // Activation recomputation: every copy of the model's nn::repeat keeps only
+  // its input for backward and runs again there (nn::checkpoint), which
+  // trades about one more forward pass for most of the activation memory.
+  // The gradients are the same bit for bit.
+  bool recompute = false;
 };
 
 namespace detail {

@@ -168,6 +168,11 @@ void FitDriver::non_finite(double loss, const std::string* bad_grad, const Param
                   skipped_ == 1 ? "" : "s"));
 }
 
+void FitDriver::memory_measured(const std::vector<MemoryAccount>& ranks) {
+  deployer_.log(pos_.step + 1, "memory", memory_metrics(ranks));
+  for (size_t r = 0; r < ranks.size(); ++r) say(describe(ranks[r], int(r)));
+}
+
 bool FitDriver::eval_due() const {
   if (!config_.evaluates) return false;
   return epoch_ended_ ||
@@ -211,7 +216,7 @@ bool FitDriver::save_due() const {
 
 void FitDriver::save(const ParamTree& params, const ParamGroups& opt) {
   if (!can_save() || last_saved_ == pos_.step) return;
-  ParamTree state = opt.state();
+  ParamTree state = config_.opt_state ? config_.opt_state(opt) : opt.state();
   if (config_.extra_state) config_.extra_state(pos_, state);
   deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, state, state_json(opt), plan());
   last_saved_ = pos_.step;

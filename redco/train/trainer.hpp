@@ -63,6 +63,7 @@
 #include <utility>
 #include <vector>
 
+#include "redco/core/allocator.hpp"
 #include "redco/dist/mesh.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
@@ -79,6 +80,7 @@
 #include "redco/train/pipeline.hpp"
 #include "redco/train/predictor.hpp"
 #include "redco/train/sharded_checkpoint.hpp"
+#include "redco/train/zero.hpp"
 
 namespace redco::train {
 
@@ -102,6 +104,14 @@ class Trainer {
     order_ = groups_.trained_only(param_order(plan_));
     saved_plan_ = groups_.saved_plan(plan_);
     if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
+    REDCO_CHECK(deployer.zero_stage() == 0 || groups_.single(),
+                "Trainer: zero_stage {} with parameter groups (several optimizers, frozen "
+                "parameters or polyak targets) is not supported yet; use one optimizer for "
+                "every parameter, or zero_stage = 0 in the Deployer's config",
+                deployer.zero_stage());
+    if (deployer.zero_stage() >= 1 && deployer.dp_size() > 1)
+      zero_ = std::make_unique<ZeroPartition>(plan_, deployer.dp_size(), deployer.dp_rank());
+    if (deployer.zero_stage() >= 2 && dp_) dp_->reduce_to_owners(zero_.get());
   }
 
   template <typename Ex>
@@ -164,7 +174,9 @@ class Trainer {
     return out;
   }
   const ShardPlan& plan() const { return plan_; }
-  optim::Optimizer& optimizer() { return groups_.optimizer(); }  // the first trained group's
+  // The first trained group's optimizer. Under ZeRO (Deployer zero_stage >= 1)
+  // its state() holds this replica's part only; checkpoints gather the whole of it.
+  optim::Optimizer& optimizer() { return groups_.optimizer(); }
   ParamGroups& groups() { return groups_; }
   const L& model() const { return model_; }
   Deployer& deployer() const { return *deployer_; }
@@ -183,7 +195,9 @@ class Trainer {
   // The forward context: the model-parallel group when there is one.
   nn::Ctx ctx(bool train, uint64_t step) const {
     dist::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
-    return nn::Ctx{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
+    nn::Ctx c{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
+    c.recompute = train && recompute_;
+    return c;
   }
 
   template <typename Ex, typename Step>
@@ -210,6 +224,12 @@ class Trainer {
                 "{} micro-batches of {} on {} replicas; set global_batch_size = "
                 "per_device_batch_size x replicas",
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
+    REDCO_CHECK(!custom || deployer_->zero_stage() == 0,
+                "fit: zero_stage {} with a custom step is not supported yet; use zero_stage = 0 "
+                "in the Deployer's config for custom steps",
+                deployer_->zero_stage());
+    recompute_ = o.recompute;
+    memory_logged_ = false;
     // A job the launcher restarted after a failure continues where it stopped.
     if (o.resume || deployer_->restart_count() > 0) restore(run);
     optim::GradAccumulator acc(run.accumulation());
@@ -310,18 +330,20 @@ class Trainer {
     const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
     const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
     const Rng rng = deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j));
-    auto [loss, grads] = groups_.single() ? value_and_grad(
-                                                [&](const ParamTree& p) {
-                                                  // Watched parameters hand each gradient to its
-                                                  // bucket as backward finalises it, so the
-                                                  // all-reduces overlap the rest of backward.
-                                                  const ParamTree watched =
-                                                      dp_ ? dp_->watch(p, order_) : ParamTree{};
-                                                  BoundModel<L> bound(model_, dp_ ? watched : p, c);
-                                                  return Tensor(loss_(bound, batch, rng));
-                                                },
-                                                params_)
-                                          : grouped_value_and_grad(batch, c, rng);
+    uint64_t activations = 0;  // bytes the forward pass left for backward
+    auto [loss, grads] = groups_.single()
+                             ? value_and_grad(
+                                   [&](const ParamTree& p) {
+                                     // Watched parameters hand each gradient to its
+                                     // bucket as backward finalises it, so the
+                                     // all-reduces overlap the rest of backward.
+                                     const ParamTree watched =
+                                         dp_ ? dp_->watch(p, order_) : ParamTree{};
+                                     BoundModel<L> bound(model_, dp_ ? watched : p, c);
+                                     return measured_loss(bound, batch, rng, activations);
+                                   },
+                                   params_)
+                             : grouped_value_and_grad(batch, c, rng, activations);
     if (dp_) dp_->finish(grads);
     loss_sum += double(loss.item());
     // Accumulation: the k-th add completes a step (no averaging buffers when k is 1).
@@ -331,21 +353,43 @@ class Trainer {
     const double mean = dp_mean(loss_sum / double(accumulation));
     loss_sum = 0;
     const bool applied = apply(accumulation == 1 ? grads : acc.mean(), mean, run);
+    if (!memory_logged_) log_memory(run, grads, activations);
     return StepOutcome{mean, !applied};
+  }
+
+  // The loss, with the bytes its forward pass left for backward in `activations`.
+  template <typename Bound, typename Batch>
+  Tensor measured_loss(Bound& bound, const Batch& batch, const Rng& rng, uint64_t& activations) {
+    const size_t held = CachingAllocator::cpu().stats().bytes_in_use;
+    Tensor l(loss_(bound, batch, rng));
+    activations = CachingAllocator::cpu().stats().bytes_in_use - held;
+    return l;
+  }
+
+  // The first step's memory, logged after its optimizer step (its state exists
+  // then). Collective over the world.
+  void log_memory(FitDriver& run, const ParamTree& grads, uint64_t activations) {
+    memory_logged_ = true;
+    const MemoryAccount mine{.params = tree_bytes(params_),
+                             .grads = tree_bytes(grads),
+                             .opt_state = tree_bytes(groups_.state()),
+                             .activations = activations,
+                             .slack = CachingAllocator::cpu().stats().bytes_cached};
+    run.memory_measured(gather_accounts(mine, &deployer_->mesh().world()));
   }
 
   // With frozen parameters: gradients of the trained ones only, the frozen
   // ones joined in as constants.
   template <typename Batch>
   std::pair<Tensor, ParamTree> grouped_value_and_grad(const Batch& batch, const nn::Ctx& c,
-                                                      const Rng& rng) {
+                                                      const Rng& rng, uint64_t& activations) {
     return value_and_grad(
         [&](const ParamTree& p) {
           ParamTree all = params_;
           const ParamTree watched = dp_ ? dp_->watch(p, order_) : ParamTree{};
           for (const auto& [name, t] : dp_ ? watched : p) all.insert_or_assign(name, t);
           BoundModel<L> bound(model_, all, c);
-          return Tensor(loss_(bound, batch, rng));
+          return measured_loss(bound, batch, rng, activations);
         },
         groups_.trained_of(params_));
   }
@@ -398,20 +442,25 @@ class Trainer {
   // differ in the last bit between shards): checkpoints keep one copy of them.
   bool apply(const ParamTree& grads, double loss, FitDriver& run) {
     if (!groups_.single()) return apply_groups(grads, loss, run);
-    optim::Optimizer& opt_ = groups_.optimizer();
+    const bool zero2 = deployer_->zero_stage() >= 2 && zero_;
     if (deployer_->n_model_shards() == 1) {
       const optim::GradNorm n = optim::checked_global_norm(grads);
-      if (!std::isfinite(loss) || n.non_finite)
+      // ZeRO-2: this replica holds its own gradients only; the norm is formed
+      // over all replicas' (a non-finite one anywhere makes it NaN).
+      const double sq = zero2 ? zero_->squared_norm(grads, deployer_->mesh().dp_comm()) : 0;
+      if (!std::isfinite(loss) || n.non_finite || !std::isfinite(sq))
         return run.non_finite(loss, n.non_finite, grads, params_), false;
-      opt_.step(params_, grads, n.norm);
+      optimizer_step(grads, zero2 ? std::sqrt(sq) : n.norm);
       return true;
     }
     double split_sq = 0, whole_sq = 0;
     for (const shard::ParamSplit& s : plan_) {
+      if (zero2 && !grads.count(s.name)) continue;  // another replica's
       const Tensor g = grads.at(s.name).to(DType::f32);
       for (const float x : std::span(g.data<float>(), size_t(g.numel())))
         (s.split_dim >= 0 ? split_sq : whole_sq) += double(x) * x;
     }
+    if (zero2) split_sq = dp_sum(split_sq), whole_sq = dp_sum(whole_sq);
     // [1] summed over the group; a shard's non-finite loss or gradient makes it NaN everywhere.
     Tensor total =
         Tensor::full(Shape{1}, std::isfinite(loss + whole_sq) ? float(split_sq) : std::nanf(""));
@@ -421,8 +470,7 @@ class Trainer {
       const optim::GradNorm n = optim::checked_global_norm(grads);  // this shard's offender, if any
       return run.non_finite(loss, n.non_finite, grads, params_), false;
     }
-    opt_.step(params_, grads, std::sqrt(global_sq));
-    sync_replicated();
+    optimizer_step(grads, std::sqrt(global_sq));
     return true;
   }
 
@@ -438,6 +486,21 @@ class Trainer {
     if (sharded) sync_replicated();
     groups_.after_step(params_);
     return true;
+  }
+
+  // The update with the global gradient norm given. Under ZeRO each replica
+  // updates the parameters it owns (with their buffers, which only it keeps)
+  // and then hands them to the others.
+  void optimizer_step(const ParamTree& grads, double norm) {
+    optim::Optimizer& opt = groups_.optimizer();
+    if (!zero_) {
+      opt.step(params_, grads, norm);
+    } else {
+      ParamTree mine = zero_->owned(params_);
+      opt.step(mine, zero_->owned(grads), norm);
+    }
+    if (deployer_->n_model_shards() > 1) sync_replicated();
+    if (zero_) zero_->share_params(params_, deployer_->mesh().dp_comm());
   }
 
   // Replicated parameters and their optimizer buffers (shared with the
@@ -461,6 +524,16 @@ class Trainer {
     sched::sync_wait(deployer_->mesh().mp_comm().broadcast(flat, 0));
     at = flat.data<float>();
     for (Tensor& t : parts) at += (std::copy_n(at, t.numel(), t.data<float>()), t.numel());
+  }
+
+  // The sum of a per-replica value over the data-parallel group, carried as
+  // two floats (high and low parts) so that it keeps about double precision.
+  double dp_sum(double local) const {
+    Tensor t = Tensor::empty(Shape{2});  // [2] high, low
+    t.data<float>()[0] = float(local);
+    t.data<float>()[1] = std::isfinite(local) ? float(local - double(float(local))) : 0.f;
+    sched::sync_wait(deployer_->mesh().dp_comm().all_reduce(t));
+    return double(t.data<float>()[0]) + double(t.data<float>()[1]);
   }
 
   // The mean of a per-replica value over the data-parallel group.
@@ -526,29 +599,35 @@ class Trainer {
 
   template <typename Ex>
   FitConfig fit_config(const FitOptions<Ex>& o, int64_t n) const {
-    return {.per_device_batch_size = o.per_device_batch_size,
-            .global_batch_size = o.global_batch_size,
-            .n_epochs = o.n_epochs,
-            .shuffle = o.shuffle,
-            .n_examples = n,
-            .evaluates = !o.eval_examples.empty(),
-            .eval_every_steps = o.eval_every_steps,
-            .save_best_by = o.save_best_by,
-            .save_every_steps = o.save_every_steps,
-            .save_every_epochs = o.save_every_epochs,
-            .keep_last = o.keep_last,
-            .save_at_end = o.save_at_end,
-            .log_every = o.log_every,
-            .max_steps = o.max_steps,
-            .throughput = o.throughput,
-            .plan = &saved_plan_,
-            .extra_state =
-                [this](const Position& at, ParamTree& state) {
-                  if (!keep_epoch_start_ || at.step_in_epoch == 0) return;
-                  for (const auto& [name, t] : groups_.saved_of(epoch_start_))
-                    state.emplace(std::string(kEpochStart) + name, t);
-                },
-            .on_non_finite = o.on_non_finite};
+    return {
+        .per_device_batch_size = o.per_device_batch_size,
+        .global_batch_size = o.global_batch_size,
+        .n_epochs = o.n_epochs,
+        .shuffle = o.shuffle,
+        .n_examples = n,
+        .evaluates = !o.eval_examples.empty(),
+        .eval_every_steps = o.eval_every_steps,
+        .save_best_by = o.save_best_by,
+        .save_every_steps = o.save_every_steps,
+        .save_every_epochs = o.save_every_epochs,
+        .keep_last = o.keep_last,
+        .save_at_end = o.save_at_end,
+        .log_every = o.log_every,
+        .max_steps = o.max_steps,
+        .throughput = o.throughput,
+        .plan = &saved_plan_,
+        .extra_state =
+            [this](const Position& at, ParamTree& state) {
+              if (!keep_epoch_start_ || at.step_in_epoch == 0) return;
+              for (const auto& [name, t] : groups_.saved_of(epoch_start_))
+                state.emplace(std::string(kEpochStart) + name, t);
+            },
+        .on_non_finite = o.on_non_finite,
+        .opt_state =
+            zero_ ? std::function<ParamTree(const ParamGroups&)>([this](const ParamGroups& groups) {
+              return zero_->full_state(groups.state(), params_, deployer_->mesh().dp_comm());
+            })
+                  : nullptr};
   }
 
   // Parameters (those checkpoints hold: frozen ones left out keep their
@@ -574,7 +653,7 @@ class Trainer {
     if (!epoch_start_.empty()) {
       for (const auto& [name, t] : params_) epoch_start_.emplace(name, t);  // kept as given
     }
-    groups_.load_state(ck->opt_state);
+    groups_.load_state(zero_ ? zero_->owned_state(ck->opt_state) : ck->opt_state);
   }
 
   // What checkpoints hold: every parameter but frozen ones saved with .checkpoint = false.
@@ -602,6 +681,9 @@ class Trainer {
   // current epoch (checkpoints inside the epoch keep them).
   bool keep_epoch_start_ = false;
   ParamTree epoch_start_;
+  bool recompute_ = false;               // FitOptions::recompute of the running fit()
+  bool memory_logged_ = false;           // the running fit() has logged its memory
+  std::unique_ptr<ZeroPartition> zero_;  // Deployer zero_stage >= 1 with several replicas
 };
 
 }  // namespace redco::train

@@ -6,7 +6,7 @@
 //   bench_gpt_train --config S|M --steps N --warmup W --tokens FILE
 //                   [--dtype f32|bf16] [--init FILE.safetensors]
 //                   [--save-init FILE.safetensors] [--losses FILE] [--lr 3e-4] [--profile]
-//                   [--trainer]
+//                   [--trainer] [--recompute]
 //
 // --trainer runs the same steps through Trainer::fit (one example per window,
 // batches of B in order, no shuffling) instead of the hand-written loop: the
@@ -17,8 +17,14 @@
 // reads the window starting at ((s*B + b)*(T+1)) mod (n - T - 1): inputs are
 // its first T tokens, targets the T after the first. The last stdout line is
 //   RESULT tokens_per_s=.. step_ms_median=.. step_ms_min=.. step_ms_max=..
-//          final_loss=.. peak_rss_mb=..
-// with tokens_per_s from the median timed step and peak RSS from getrusage.
+//          final_loss=.. peak_rss_mb=.. activation_mb=.. step_peak_mb=..
+// with tokens_per_s from the median timed step and peak RSS from getrusage;
+// activation_mb is what the caching allocator holds at the end of forward
+// beyond what it held when forward began (what backward will read: the
+// activations), step_peak_mb its peak during a step beyond what it held
+// before the step (activations plus backward's transient buffers and the
+// gradients), both the medians over the timed steps. --recompute runs every
+// block as nn::checkpoint (Ctx::recompute).
 #include <fmt/core.h>
 #include <fmt/os.h>
 #include <sys/resource.h>
@@ -122,7 +128,7 @@ struct TrainerRun {
 template <typename Model>
 TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer opt,
                        const std::vector<int32_t>& tok, int64_t B, int64_t T, int64_t vocab,
-                       int64_t total, Precision precision) {
+                       int64_t total, Precision precision, bool recompute) {
   std::vector<int64_t> windows(size_t(total * B));
   std::iota(windows.begin(), windows.end(), int64_t{0});
   auto collate = [&](std::span<const int64_t> ids) {
@@ -145,14 +151,16 @@ TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer op
                .shuffle = false,
                .save_at_end = false,
                .log_every = 1 << 30,
-               .on_step = [&](const train::StepInfo& info) {
-                 const auto t1 = std::chrono::steady_clock::now();
-                 const double cpu1 = process_cpu_ms();
-                 r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-                 r.cpu_ms.push_back(cpu1 - cpu0);
-                 r.last_loss = float(info.loss);
-                 t0 = t1, cpu0 = cpu1;
-               }});
+               .on_step =
+                   [&](const train::StepInfo& info) {
+                     const auto t1 = std::chrono::steady_clock::now();
+                     const double cpu1 = process_cpu_ms();
+                     r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+                     r.cpu_ms.push_back(cpu1 - cpu0);
+                     r.last_loss = float(info.loss);
+                     t0 = t1, cpu0 = cpu1;
+                   },
+               .recompute = recompute});
   return r;
 }
 
@@ -163,7 +171,7 @@ int main(int argc, char** argv) try {
   std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path;
   int64_t steps = 10, warmup = 2;
   float lr = 3e-4f;
-  bool profiling = false, formed_logits = false, through_trainer = false;
+  bool profiling = false, formed_logits = false, through_trainer = false, recompute = false;
   app.add_option("--config", config, "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4")
       ->check(CLI::IsMember({"S", "M"}));
   app.add_option("--steps", steps, "timed steps")->check(redco::cli::at_least(1));
@@ -179,6 +187,8 @@ int main(int argc, char** argv) try {
   app.add_flag("--formed-logits", formed_logits,
                "form the LM head's logits whole (the default defers them to the loss)");
   app.add_flag("--trainer", through_trainer, "run the steps through Trainer::fit");
+  app.add_flag("--recompute", recompute,
+               "keep only each block's input for backward and recompute the block there");
   REDCO_CLI_PARSE(app, argc, argv);
 
   const BenchConfig cfg = config_named(config);
@@ -203,12 +213,12 @@ int main(int argc, char** argv) try {
 
   std::unique_ptr<fmt::ostream> losses;
   if (!losses_path.empty()) losses = std::make_unique<fmt::ostream>(fmt::output_file(losses_path));
-  std::vector<double> timed_ms, timed_cpu_ms;
+  std::vector<double> timed_ms, timed_cpu_ms, activation_mb, step_peak_mb;
   float last_loss = 0;
   size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
   if (through_trainer) {
     const TrainerRun r = run_trainer(model, params, std::move(opt), tokens, B, T, cfg.model.vocab,
-                                     warmup + steps, precision);
+                                     warmup + steps, precision, recompute);
     timed_ms.assign(r.ms.begin() + warmup, r.ms.end());
     timed_cpu_ms.assign(r.cpu_ms.begin() + warmup, r.cpu_ms.end());
     last_loss = r.last_loss;
@@ -218,6 +228,9 @@ int main(int argc, char** argv) try {
       profile::enable(true);
       CachingAllocator::cpu().reset_peak();  // so the timed steps' peak can be placed
     }
+    const size_t held_before_step = CachingAllocator::cpu().stats().bytes_in_use;
+    if (!profiling) CachingAllocator::cpu().reset_peak();
+    size_t activations = 0;
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = process_cpu_ms();
     // Not a structured binding: clang 14 cannot capture those in a lambda.
@@ -228,8 +241,12 @@ int main(int argc, char** argv) try {
       PrecisionGuard mixed(precision);
       // A training step as the Trainer runs it (dropout is 0 in both configs).
       nn::Ctx ctx{.train = true};
+      ctx.recompute = recompute;
       if (formed_logits) ctx.split_output = nn::Ctx::SplitOutput::never;
-      return cross_entropy(nn::apply(model, p, inputs, ctx), targets);
+      const size_t held = CachingAllocator::cpu().stats().bytes_in_use;
+      Tensor l = cross_entropy(nn::apply(model, p, inputs, ctx), targets);
+      activations = CachingAllocator::cpu().stats().bytes_in_use - held;
+      return l;
     };
     auto [loss, grads] = value_and_grad(loss_fn, params);
     opt.step(params, grads);
@@ -239,6 +256,10 @@ int main(int argc, char** argv) try {
     if (s >= warmup) {
       timed_ms.push_back(ms);
       timed_cpu_ms.push_back(process_cpu_ms() - cpu0);
+      activation_mb.push_back(double(activations) / 1e6);
+      if (!profiling)
+        step_peak_mb.push_back(
+            double(CachingAllocator::cpu().stats().peak_bytes_in_use - held_before_step) / 1e6);
     }
     if (s < 2) allocs_after[s] = CachingAllocator::cpu().stats().system_allocs;
     if (losses) losses->print("step {} loss {:.6f} ms {:.3f}\n", s, last_loss, ms);
@@ -264,10 +285,12 @@ int main(int argc, char** argv) try {
       double(mem.bytes_in_use + mem.bytes_cached) / 1e6);
   fmt::print(
       "RESULT tokens_per_s={:.2f} step_ms_median={:.3f} step_ms_min={:.3f} "
-      "step_ms_max={:.3f} final_loss={:.6f} peak_rss_mb={:.1f}\n",
+      "step_ms_max={:.3f} final_loss={:.6f} peak_rss_mb={:.1f} activation_mb={:.1f} "
+      "step_peak_mb={:.1f}\n",
       tokens_per_s, med, *std::min_element(timed_ms.begin(), timed_ms.end()),
-      *std::max_element(timed_ms.begin(), timed_ms.end()), last_loss,
-      double(ru.ru_maxrss) / 1024.0);
+      *std::max_element(timed_ms.begin(), timed_ms.end()), last_loss, double(ru.ru_maxrss) / 1024.0,
+      activation_mb.empty() ? 0.0 : median(activation_mb),
+      step_peak_mb.empty() ? 0.0 : median(step_peak_mb));
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_gpt_train: {}\n", e.what());

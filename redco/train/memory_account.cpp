@@ -1,0 +1,69 @@
+// Memory accounting of a training step (see memory_account.hpp).
+#include "redco/train/memory_account.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+
+#include "redco/dist/comm.hpp"
+#include "redco/sched/task.hpp"
+
+namespace redco::train {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr int kParts = 5;
+constexpr std::array<const char*, kParts> kNames = {"params", "grads", "opt_state", "activations",
+                                                    "slack"};
+
+std::array<uint64_t, kParts> parts(const MemoryAccount& a) {
+  return {a.params, a.grads, a.opt_state, a.activations, a.slack};
+}
+
+}  // namespace
+
+uint64_t tree_bytes(const ParamTree& tree) {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tree) n += uint64_t(t.nbytes());
+  return n;
+}
+
+std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, dist::Comm* world) {
+  if (!world || world->size() == 1) return {mine};
+  const int n = world->size(), r = world->rank();
+  // [n * kParts] KiB, this rank's slot filled, summed over the ranks: exact
+  // in f32 up to 16 GiB per part.
+  Tensor all = Tensor::zeros(Shape{int64_t(n) * kParts});
+  const std::array<uint64_t, kParts> p = parts(mine);
+  for (int i = 0; i < kParts; ++i) all.data<float>()[r * kParts + i] = float(double(p[i]) / 1024);
+  sched::sync_wait(world->all_reduce(all));
+  std::vector<MemoryAccount> out(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    const float* v = all.data<float>() + k * kParts;
+    auto bytes = [&](int i) { return uint64_t(double(v[i]) * 1024); };
+    out[size_t(k)] = {bytes(0), bytes(1), bytes(2), bytes(3), bytes(4)};
+  }
+  out[size_t(r)] = mine;  // exact for this rank
+  return out;
+}
+
+io::Metrics memory_metrics(const std::vector<MemoryAccount>& ranks) {
+  io::Metrics m;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::array<uint64_t, kParts> p = parts(ranks[r]);
+    for (int i = 0; i < kParts; ++i)
+      m.emplace_back(fmt::format("rank{}.{}_mib", r, kNames[size_t(i)]),
+                     double(p[size_t(i)]) / kMiB);
+  }
+  return m;
+}
+
+std::string describe(const MemoryAccount& a, int rank) {
+  return fmt::format(
+      "memory rank {}: params {:.1f} MiB, grads {:.1f} MiB, optimizer state {:.1f} MiB, "
+      "activations {:.1f} MiB, allocator slack {:.1f} MiB",
+      rank, double(a.params) / kMiB, double(a.grads) / kMiB, double(a.opt_state) / kMiB,
+      double(a.activations) / kMiB, double(a.slack) / kMiB);
+}
+
+}  // namespace redco::train

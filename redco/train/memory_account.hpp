@@ -1,0 +1,44 @@
+#pragma once
+// Where a rank's memory goes in training: its parameters, one step's
+// gradients, the optimizer's state, the activations backward reads, and the
+// caching allocator's slack (free memory it keeps for reuse). fit() measures
+// them on its first step, prints one line per rank and writes them to
+// metrics.jsonl (split "memory": rank<r>.params_mib, .grads_mib,
+// .opt_state_mib, .activations_mib, .slack_mib for every rank r).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "redco/autodiff/value_and_grad.hpp"
+#include "redco/io/events.hpp"
+
+namespace redco::dist {
+class Comm;
+}
+
+namespace redco::train {
+
+struct MemoryAccount {
+  uint64_t params = 0;     // this rank's parameters (its shards under model parallelism)
+  uint64_t grads = 0;      // the gradients of one micro-batch
+  uint64_t opt_state = 0;  // the optimizer's buffers held by this rank
+  // What the caching allocator holds at the end of forward beyond what it
+  // held when forward began: the activations saved for backward.
+  uint64_t activations = 0;
+  uint64_t slack = 0;  // free bytes the caching allocator keeps after the step
+};
+
+// Bytes of every tensor of `tree` (views counted at their own size).
+uint64_t tree_bytes(const ParamTree& tree);
+
+// Every rank's account, indexed by world rank (just `mine` without a world).
+// Collective over `world`.
+std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, dist::Comm* world);
+
+// "rank<r>.<part>_mib" for every rank r and part.
+io::Metrics memory_metrics(const std::vector<MemoryAccount>& ranks);
+
+// "memory rank 0: params 474.7 MiB, grads ..., opt state ..., activations ..., slack ..."
+std::string describe(const MemoryAccount& a, int rank);
+
+}  // namespace redco::train

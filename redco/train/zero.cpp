@@ -1,0 +1,149 @@
+// ZeRO stage 1: optimizer state partitioned by data-parallel rank (zero.hpp).
+#include "redco/train/zero.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "redco/core/error.hpp"
+#include "redco/dist/comm.hpp"
+#include "redco/optim/optimizer.hpp"
+#include "redco/sched/task.hpp"
+
+namespace redco::train {
+namespace {
+
+// The name of the parameter a state key "<kind>.<buffer>.<param>" belongs to
+// (empty for "step").
+std::string param_of(const std::string& key) {
+  const size_t a = key.find('.');
+  const size_t b = a == std::string::npos ? a : key.find('.', a + 1);
+  return b == std::string::npos ? std::string() : key.substr(b + 1);
+}
+
+// Packs `parts` (f32) into one buffer, broadcasts it from `root` over `dp`
+// and copies the received values back into them.
+void broadcast_packed(std::vector<Tensor>& parts, int root, dist::Comm& dp) {
+  int64_t numel = 0;
+  for (const Tensor& t : parts) {
+    REDCO_CHECK(t.dtype() == DType::f32,
+                "ZeRO: parameters and optimizer buffers must be f32, got {}",
+                dtype_name(t.dtype()));
+    numel += t.numel();
+  }
+  if (numel == 0) return;
+  Tensor flat = Tensor::empty(Shape{numel});  // [numel] the parts, packed in order
+  float* at = flat.data<float>();
+  if (dp.rank() == root)
+    for (const Tensor& t : parts) at = std::copy_n(t.data<float>(), t.numel(), at);
+  sched::sync_wait(dp.broadcast(flat, root));
+  if (dp.rank() == root) return;
+  at = flat.data<float>();
+  for (Tensor& t : parts) at += (std::copy_n(at, t.numel(), t.data<float>()), t.numel());
+}
+
+}  // namespace
+
+ZeroPartition::ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_size, int dp_rank)
+    : names_(size_t(dp_size)), rank_(dp_rank) {
+  REDCO_CHECK(int64_t(plan.size()) >= dp_size,
+              "ZeRO: {} parameters cannot be shared out among {} data-parallel replicas (each "
+              "must own one); run without zero_stage or with fewer replicas",
+              plan.size(), dp_size);
+  std::vector<size_t> order(plan.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return plan[a].shape.numel() > plan[b].shape.numel();
+  });
+  std::vector<int64_t> load(size_t(dp_size), 0);
+  for (const size_t i : order) {
+    const auto r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    load[r] += plan[i].shape.numel();
+    owner_.emplace(plan[i].name, int(r));
+    names_[r].push_back(plan[i].name);
+  }
+  for (auto& n : names_) std::sort(n.begin(), n.end());
+  for (const auto& p : plan) all_.push_back(p.name);
+  std::sort(all_.begin(), all_.end());
+}
+
+int ZeroPartition::owner(const std::string& name) const {
+  const auto it = owner_.find(name);
+  REDCO_CHECK(it != owner_.end(), "ZeRO: '{}' is not a parameter of the model", name);
+  return it->second;
+}
+
+ParamTree ZeroPartition::owned(const ParamTree& tree) const {
+  ParamTree out;
+  for (const std::string& n : names_[size_t(rank_)]) out.emplace(n, tree.at(n));
+  return out;
+}
+
+void ZeroPartition::share_params(ParamTree& params, dist::Comm& dp) const {
+  for (int r = 0; r < int(names_.size()); ++r) {
+    std::vector<Tensor> parts;
+    for (const std::string& n : names_[size_t(r)]) parts.push_back(params.at(n));
+    broadcast_packed(parts, r, dp);
+  }
+}
+
+ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params,
+                                    dist::Comm& dp) const {
+  // The buffer kinds ("adamw.m.", "adamw.v.") from this replica's own keys:
+  // every replica runs the same optimizer, so they agree.
+  std::set<std::string> prefixes;
+  for (const auto& [key, t] : state)
+    if (const std::string p = param_of(key); !p.empty())
+      prefixes.insert(key.substr(0, key.size() - p.size()));
+  ParamTree out;
+  for (int r = 0; r < int(names_.size()); ++r) {
+    std::vector<std::string> keys;
+    std::vector<Tensor> parts;
+    for (const std::string& n : names_[size_t(r)])
+      for (const std::string& pre : prefixes) {
+        const auto it = state.find(pre + n);
+        keys.push_back(pre + n);
+        parts.push_back(r == rank_ && it != state.end() ? it->second
+                                                        : Tensor::zeros(params.at(n).shape()));
+      }
+    broadcast_packed(parts, r, dp);
+    for (size_t i = 0; i < keys.size(); ++i) out.emplace(keys[i], parts[i]);
+  }
+  if (const auto it = state.find("step"); it != state.end()) out.emplace("step", it->second);
+  return out;
+}
+
+double ZeroPartition::squared_norm(const ParamTree& owned_grads, dist::Comm& dp) const {
+  // [n * 3]: each parameter's sum of squares as three floats that add up to
+  // the double exactly, filled by its owner only, so the sum over the
+  // replicas (adding zeros) is exact.
+  const auto n = int64_t(all_.size());
+  Tensor parts = Tensor::zeros(Shape{3 * n});
+  float* v = parts.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto it = owned_grads.find(all_[size_t(i)]);
+    if (it == owned_grads.end()) continue;
+    const double ss = optim::sum_of_squares(it->second, it->first);
+    v[3 * i] = float(ss);
+    if (!std::isfinite(ss)) continue;
+    v[3 * i + 1] = float(ss - double(v[3 * i]));
+    v[3 * i + 2] = float(ss - double(v[3 * i]) - double(v[3 * i + 1]));
+  }
+  sched::sync_wait(dp.all_reduce(parts));
+  double total = 0.0;  // in key order, as checked_global_norm adds them
+  for (int64_t i = 0; i < n; ++i)
+    total += double(v[3 * i]) + double(v[3 * i + 1]) + double(v[3 * i + 2]);
+  return total;
+}
+
+ParamTree ZeroPartition::owned_state(const ParamTree& state) const {
+  ParamTree out;
+  for (const auto& [key, t] : state) {
+    const std::string p = param_of(key);
+    if (p.empty() || (owner_.count(p) && owns(p))) out.emplace(key, t);
+  }
+  return out;
+}
+
+}  // namespace redco::train

@@ -114,19 +114,25 @@ struct StepInfo {
   bool skipped = false;  // the loss or a gradient was not finite (NonFinite::skip_step)
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule),
+// group by group: batches and epochs, evaluation, checkpoints, logging and
+// stopping, callbacks. `{.max_steps = 30, .log_every = 1000}` does not compile
+// (log_every comes first); to set fields in any order, assign them:
+//   train::FitOptions<Example> fit;  fit.max_steps = 30;  fit.log_every = 1000;
 template <typename Example>
 struct FitOptions {
+  // -- batches and epochs
   int64_t per_device_batch_size = 0;  // 0: global_batch_size / dp_size()
   int64_t global_batch_size = 0;      // 0: per_device_batch_size × dp_size() (no accumulation)
   int64_t n_epochs = 1;
   bool shuffle = true;
-  // Evaluation: loss over these (split "eval", metric "loss") plus `evaluate`'s metrics,
+  // -- evaluation: loss over these (split "eval", metric "loss") plus `evaluate`'s metrics,
   // after every epoch and every eval_every_steps steps.
   std::span<const Example> eval_examples = {};
   Evaluation<Example> evaluate = {};
   int64_t eval_per_device_batch_size = 0;  // 0: per_device_batch_size
   int64_t eval_every_steps = 0;
-  // Checkpoints in deployer.workdir(): the best by each save_best_by metric
+  // -- checkpoints in deployer.workdir(): the best by each save_best_by metric
   // (ckpt/best-<metric>: parameters and state.json, no optimizer state),
   // periodic ones (ckpt/step-NNNNNN; the newest keep_last are kept, 0 keeps
   // all) and one at the end of fit() when save_at_end (also when max_steps
@@ -137,11 +143,13 @@ struct FitOptions {
   int64_t keep_last = 0;
   bool save_at_end = true;
   bool resume = false;  // continue from the latest ckpt/step-NNNNNN, if any
+  // -- logging and stopping
   int64_t log_every = 10;
   int64_t max_steps = 0;  // > 0: stop once this many steps are done in total
   // Logged with each train line: <items>_per_s, mfu (when FLOPs and the peak
   // are given), the allocator's peak bytes and the process's peak RSS.
   Throughput throughput = {};
+  // -- callbacks and failure handling
   std::function<void(const StepInfo&)> on_step = {};
   // A NaN or infinite loss or gradient: stop with an error naming the step
   // and the tensor (default), or skip the update (see NonFinite).

@@ -15,10 +15,11 @@
 #include <sstream>
 
 #include "redco/core/philox.hpp"
+#include "redco/dist/mesh.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/models/pretrained.hpp"
-#include "redco/dist/mesh.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco_cli.hpp"
 
 using namespace redco;
 using Prompts = std::vector<std::vector<int64_t>>;
@@ -102,9 +103,10 @@ int main(int argc, char** argv) try {
   bool bench = false;
   int64_t batch = 1, prompt_length = 512;
   app.add_option("model", dir, "checkpoint folder (config.json + safetensors)")->required();
-  app.add_option("--prompt", prompt_args, "token ids, e.g. 15496,11,995 (repeatable; default: stdin)");
-  app.add_option("--max-new-tokens", c.max_new_tokens)->check(CLI::NonNegativeNumber);
-  app.add_option("--min-new-tokens", c.min_new_tokens)->check(CLI::NonNegativeNumber);
+  app.add_option("--prompt", prompt_args,
+                 "token ids, e.g. 15496,11,995 (repeatable; default: stdin)");
+  app.add_option("--max-new-tokens", c.max_new_tokens)->check(redco::cli::at_least(0));
+  app.add_option("--min-new-tokens", c.min_new_tokens)->check(redco::cli::at_least(0));
   app.add_option("--eos", c.eos_token_ids, "end-of-sequence ids");
   app.add_option("--pad", c.pad_token_id);
   app.add_flag("--do-sample", c.do_sample);
@@ -116,16 +118,18 @@ int main(int argc, char** argv) try {
   app.add_option("--presence-penalty", c.presence_penalty);
   app.add_option("--frequency-penalty", c.frequency_penalty);
   app.add_option("--no-repeat-ngram-size", c.no_repeat_ngram_size);
-  app.add_option("--num-beams", c.num_beams);
+  app.add_option("--num-beams", c.num_beams)->check(redco::cli::at_least(1));
   app.add_option("--length-penalty", c.length_penalty);
   app.add_flag("--early-stopping", c.early_stopping);
   app.add_option("--num-return-sequences", c.num_return_sequences);
   app.add_option("--seed", c.seed);
-  app.add_option("--n-model-shards,--n_model_shards", shards, "tensor-parallel shards");
+  app.add_option("--n-model-shards", shards, "tensor-parallel shards")
+      ->check(redco::cli::at_least(1));
   app.add_flag("--bench", bench, "time prefill and decode on random prompts (JSON line)");
-  app.add_option("--batch", batch, "--bench: prompts per batch");
-  app.add_option("--prompt-length", prompt_length, "--bench: tokens per prompt");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--batch", batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
+  app.add_option("--prompt-length", prompt_length, "--bench: tokens per prompt")
+      ->check(redco::cli::at_least(1));
+  REDCO_CLI_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = shards, .quiet = true});
   const models::hf::LoadOptions load{.n_shards = shards, .rank = deployer.mp_rank()};
@@ -146,7 +150,8 @@ int main(int argc, char** argv) try {
         if (prompts.empty())
           for (std::string line; std::getline(std::cin, line);)
             if (!parse_ids(line).empty()) prompts.push_back(parse_ids(line));
-        REDCO_CHECK(!prompts.empty(), "redco-generate: no prompts (give --prompt or lines on stdin)");
+        REDCO_CHECK(!prompts.empty(),
+                    "redco-generate: no prompts (give --prompt or lines on stdin)");
         if (bench) run(m, prompts, c, ctx, true, false);  // warm-up: buffers and caches
         run(m, prompts, c, ctx, bench, deployer.is_main());
       },

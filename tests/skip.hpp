@@ -33,7 +33,10 @@ inline std::string python_or_skip(const std::filesystem::path& root, const std::
   std::error_code ec;
   if (!std::filesystem::exists(python, ec))
     skip("no Python venv at " + venv.string() + " (run `tools/setup test`, or set REDCO_VENV)");
-  const std::string cmd = "'" + python.string() + "' -c 'import " + modules + "' >/dev/null 2>&1";
+  // Appended piecewise: GCC 12 reports a false -Wrestrict on "'" + std::string.
+  std::string cmd = "'";
+  cmd += python.string();
+  cmd += "' -c 'import " + modules + "' >/dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0)
     skip(python.string() + " cannot import " + modules + " (run `tools/setup test`)");
   return python.string();

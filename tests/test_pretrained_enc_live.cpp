@@ -55,7 +55,10 @@ void save_changed(const std::string& name, const fs::path& dir) {
 int main() {
   const char* env = std::getenv("REDCO_VENV");
   const fs::path python = (env && *env ? fs::path(env) : root() / ".venv") / "bin" / "python";
-  const std::string probe = "'" + python.string() + "' -c 'import transformers' 2>/dev/null";
+  // Appended piecewise: GCC 12 reports a false -Wrestrict on "'" + std::string.
+  std::string probe = "'";
+  probe += python.string();
+  probe += "' -c 'import transformers' 2>/dev/null";
   if (!fs::exists(python) || std::system(probe.c_str()) != 0) {
     fmt::print("SKIP: no Python with transformers at {} (tools/setup test makes .venv)\n",
                python.string());

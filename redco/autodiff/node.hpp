@@ -102,6 +102,7 @@ class SavedOutput {
   int slot_ = 0;
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct GradOptions {
   bool create_graph = false;  // record the backward pass (for higher-order gradients)
   bool retain_graph =

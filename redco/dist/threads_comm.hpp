@@ -34,6 +34,7 @@
 
 namespace redco::dist {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct ThreadsOptions {
   // How long a collective (or a recv) may wait for the other ranks.
   std::chrono::milliseconds timeout{300'000};

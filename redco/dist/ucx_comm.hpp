@@ -57,6 +57,7 @@
 
 namespace redco::dist {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct UcxOptions {
   int rank = 0;
   int world_size = 1;

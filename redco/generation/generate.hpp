@@ -51,7 +51,7 @@ using OnToken = std::function<bool(int64_t row, int64_t token)>;
 using OnText = std::function<void(int64_t row, std::string_view piece, bool last)>;
 struct TextOptions {
   const data::Tokenizer* tokenizer = nullptr;  // needed by on_text and stop_strings
-  OnText on_text;
+  OnText on_text{};
   bool skip_special_tokens = true;  // in the streamed text
 };
 

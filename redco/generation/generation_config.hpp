@@ -6,6 +6,7 @@
 
 namespace redco::generation {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct GenerationConfig {
   // ---- length and stopping
   int64_t max_new_tokens = 32;

@@ -70,6 +70,7 @@ class StepTimer {
   double last_;
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct ProgressOptions {
   std::ostream* out = nullptr;  // nullptr: std::cout
   // Redraw in place with '\r' (a terminal) or print plain lines (a log file).

@@ -21,6 +21,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct BartConfig {                 // defaults: bart-large
   int64_t vocab = 50265;            // vocab_size
   int64_t dim = 1024;               // d_model

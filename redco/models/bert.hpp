@@ -23,6 +23,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct BertConfig {                 // defaults: bert-base-uncased
   int64_t vocab = 30522;            // vocab_size
   int64_t dim = 768;                // hidden_size

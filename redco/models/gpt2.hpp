@@ -14,6 +14,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct Gpt2Config {             // Hugging Face's GPT2Config defaults
   int64_t vocab = 50257;        // vocab_size
   int64_t context = 1024;       // n_positions: longest sequence (rows of wpe)

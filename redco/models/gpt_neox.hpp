@@ -17,6 +17,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct GptNeoxConfig {              // defaults: GPT-NeoX-20B (transformers' GPTNeoXConfig)
   int64_t vocab = 50432;            // vocab_size
   int64_t dim = 6144;               // hidden_size

@@ -19,6 +19,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct GptjConfig {             // defaults: GPT-J-6B (transformers' GPTJConfig)
   int64_t vocab = 50400;        // vocab_size
   int64_t context = 2048;       // n_positions

@@ -92,7 +92,7 @@ class Config {
 std::map<std::string, std::vector<std::string>> parse_index(std::string_view text,
                                                             const std::string& source);
 
-
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct LoadOptions {
   DType dtype = DType::f32;  // parameters are converted to it (f32, bf16 or f16)
   int n_shards = 1;          // model shards: this rank reads only its slice of each tensor
@@ -105,6 +105,7 @@ struct LoadOptions {
 nn::ParamTree load_weights(const std::filesystem::path& dir, const Layout& layout,
                            const std::vector<shard::ParamSplit>& plan, const LoadOptions& opts);
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct SaveOptions {
   DType dtype = DType::f32;                 // on-disk dtype of floating tensors
   int64_t max_shard_bytes = 5'000'000'000;  // above it: model-0000k-of-0000n + index

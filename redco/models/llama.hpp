@@ -12,6 +12,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct LlamaConfig {            // defaults: LLaMA-7B (6,738,415,616 parameters)
   int64_t vocab = 32000;        // vocab_size
   int64_t dim = 4096;           // hidden_size

@@ -15,6 +15,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct OptConfig {              // defaults: OPT-125m (transformers' OPTConfig)
   int64_t vocab = 50272;        // vocab_size
   int64_t context = 2048;       // max_position_embeddings (the table has 2 more rows)

@@ -30,6 +30,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct T5Config {               // defaults: t5-small's sizes
   int64_t vocab = 32128;        // vocab_size
   int64_t dim = 512;            // d_model

@@ -14,6 +14,7 @@
 
 namespace redco::models {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct MlpClassifierConfig {
   int64_t inputs = 28 * 28;  // C * H * W
   int64_t hidden = 256;
@@ -28,6 +29,7 @@ inline auto mlp_classifier(const MlpClassifierConfig& c) {
 
 using MlpClassifier = decltype(mlp_classifier(MlpClassifierConfig{}));
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct SmallCnnConfig {
   int64_t channels = 1;  // input channels
   int64_t size = 28;     // input height = width; must divide by 4 (two 2x2 poolings)

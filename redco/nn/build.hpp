@@ -22,6 +22,7 @@ inline LayerNorm<true> layer_norm(int64_t dim, float eps = 1e-5f) {
 }
 inline RMSNorm rms_norm(int64_t dim, float eps = 1e-6f) { return {.dim = dim, .eps = eps}; }
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct AttentionOptions {
   int64_t kv_heads = 0;  // 0: as many as query heads; fewer: grouped-query attention
   bool rotary = false;

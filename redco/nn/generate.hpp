@@ -17,6 +17,7 @@
 
 namespace redco::nn {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct GenerateOptions {
   int64_t max_new = 32;     // tokens appended to each row
   float temperature = 1.f;  // logits are divided by it before sampling (> 0)

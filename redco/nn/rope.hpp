@@ -20,6 +20,7 @@ namespace redco::nn {
 
 enum class RopeScaling : uint8_t { none, linear, llama3 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct RopeOptions {
   float base = 10000.f;
   int64_t rotary_dim = 0;  // 0: the whole head

@@ -45,6 +45,7 @@ using DecayMask = std::function<bool(const std::string& name, const Shape& shape
 //     or a digit (GPT-2's ln_1, ln_f; ln1).
 bool default_decay_mask(const std::string& name, const Shape& shape);
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct SgdOptions {
   float momentum = 0.f;
   float dampening = 0.f;
@@ -53,6 +54,7 @@ struct SgdOptions {
   float max_grad_norm = 0.f;  // > 0: clip the global gradient norm to this first
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct AdamOptions {
   float b1 = 0.9f;
   float b2 = 0.999f;
@@ -61,6 +63,7 @@ struct AdamOptions {
   float max_grad_norm = 0.f;
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct AdamWOptions {
   float b1 = 0.9f;
   float b2 = 0.999f;

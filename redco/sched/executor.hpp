@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -20,7 +21,45 @@
 
 #include "redco/sched/run_queue.hpp"
 
+#if defined(__SANITIZE_THREAD__)
+#define REDCO_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define REDCO_TSAN 1
+#endif
+#endif
+#ifdef REDCO_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+#endif
+
 namespace redco::sched {
+
+namespace detail {
+// oneTBB is not built with ThreadSanitizer, so the order its queue gives
+// (everything before task_arena::enqueue happens before the task starts) is
+// invisible to TSan, which then reports every job's captures as a race. Under
+// TSan a job carries a token released just before the enqueue and acquired
+// when it starts; otherwise the job is passed through untouched.
+#ifdef REDCO_TSAN
+// The token is the wrapper's own address inside the std::function (on the
+// heap, so moves keep it): the task reaches it without reading memory first.
+struct HandedOff {
+  std::function<void()> job;
+  void operator()() {
+    __tsan_acquire(this);
+    job();
+  }
+};
+inline std::function<void()> handed_off(std::function<void()> job) {
+  std::function<void()> wrapped = HandedOff{std::move(job)};
+  __tsan_release(wrapped.target<HandedOff>());  // last: the wrapper is complete
+  return wrapped;
+}
+#else
+inline std::function<void()> handed_off(std::function<void()> job) { return job; }
+#endif
+}  // namespace detail
 
 class ComputeExecutor {
  public:
@@ -85,7 +124,7 @@ class ComputeExecutor {
     // enqueue (not a task_group spawn): fire-and-forget work that oneTBB
     // guarantees a worker for even when the submitting thread never joins
     // the arena.
-    arena_.enqueue([this, job = std::move(job)] {
+    arena_.enqueue([this, job = detail::handed_off(std::move(job))] {
       job();
       std::lock_guard lock(mutex_);
       if (--in_flight_ == 0) idle_.notify_all();

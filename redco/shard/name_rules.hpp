@@ -77,6 +77,7 @@ enum class Conv1d : uint8_t {
   never,   // none: everything is nn.Linear (out, in)
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct NameRuleOptions {
   // Attention head size, for the whole-heads check. 0: derived from num_heads
   // and the first query projection; if both are 0 a split only needs the head

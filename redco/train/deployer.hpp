@@ -48,6 +48,7 @@ namespace redco::train {
 // shard::resolve): how checkpoints gather and slice tensors.
 using ShardPlan = std::vector<shard::ParamSplit>;
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct DeployerConfig {
   int n_model_shards = 1;
   uint64_t seed = 0;
@@ -65,6 +66,7 @@ struct DeployerConfig {
 
 // A learning-rate schedule in the units a user thinks in (examples, epochs);
 // the Deployer turns it into optimizer steps with the Trainer's arithmetic.
+// Designated initialisers name these fields in the order declared below (C++20 rule).
 struct ScheduleSpec {
   float learning_rate = 1e-3f;  // the peak rate
   int64_t n_examples = 0;       // training examples per epoch

@@ -60,6 +60,10 @@ struct StepInfo {
   bool skipped = false;  // the loss or a gradient was not finite (NonFinite::skip_step)
 };
 
+// Designated initialisers name these fields in the order declared below (C++20 rule):
+// `{.max_steps = 30, .log_every = 1000}` does not compile (log_every comes
+// first); to set fields in any order, assign them:
+//   train::FitOptions<Example> fit;  fit.max_steps = 30;  fit.log_every = 1000;
 template <typename Example>
 struct FitOptions {
   int64_t per_device_batch_size = 0;  // 0: global_batch_size / dp_size()

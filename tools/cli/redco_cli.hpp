@@ -74,14 +74,19 @@ inline CLI::Validator non_negative() {
 }
 
 // argv with "--foo_bar" / "--foo_bar=x" rewritten to "--foo-bar" where that
-// names an option of `app`. Stops at "--" and at the first positional
-// argument (for redco-run, the program whose own flags must pass untouched).
+// names an option of `app`. Stops at "--", and, for an app in prefix-command
+// mode (redco-run), at the first positional argument: the program after it
+// keeps its own flags untouched. Other apps take positionals between flags.
 inline std::vector<std::string> dashed_args(const CLI::App& app, int argc,
                                             const char* const* argv) {
   std::vector<std::string> out(argv, argv + argc);
   for (size_t i = 1; i < out.size(); ++i) {
     std::string& a = out[i];
-    if (a == "--" || a.empty() || a[0] != '-') break;
+    if (a == "--") break;
+    if (a.empty() || a[0] != '-') {
+      if (app.get_prefix_command()) break;
+      continue;
+    }
     const size_t eq = a.find('=');
     std::string name = a.substr(0, eq);
     if (name.starts_with("--") && name.find('_') != std::string::npos) {

@@ -34,6 +34,7 @@
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco_cli.hpp"
 
 using namespace redco;
 using Prompts = std::vector<std::vector<int64_t>>;
@@ -170,8 +171,8 @@ int main(int argc, char** argv) try {
                "prompts and output are token ids, e.g. 15496,11,995 (the default without a "
                "tokenizer.json in the model folder)");
   app.add_option("--stop", c.stop_strings, "stop strings (text mode; repeatable)");
-  app.add_option("--max-new-tokens", c.max_new_tokens)->check(CLI::NonNegativeNumber);
-  app.add_option("--min-new-tokens", c.min_new_tokens)->check(CLI::NonNegativeNumber);
+  app.add_option("--max-new-tokens", c.max_new_tokens)->check(redco::cli::at_least(0));
+  app.add_option("--min-new-tokens", c.min_new_tokens)->check(redco::cli::at_least(0));
   app.add_option("--eos", c.eos_token_ids, "end-of-sequence ids");
   app.add_option("--pad", c.pad_token_id);
   app.add_option("--decoder-start", c.decoder_start_token_id,
@@ -187,18 +188,20 @@ int main(int argc, char** argv) try {
   app.add_option("--presence-penalty", c.presence_penalty);
   app.add_option("--frequency-penalty", c.frequency_penalty);
   app.add_option("--no-repeat-ngram-size", c.no_repeat_ngram_size);
-  app.add_option("--num-beams", c.num_beams);
+  app.add_option("--num-beams", c.num_beams)->check(redco::cli::at_least(1));
   app.add_option("--length-penalty", c.length_penalty);
   app.add_flag("--early-stopping", c.early_stopping);
   app.add_option("--num-return-sequences", c.num_return_sequences);
   app.add_option("--seed", c.seed);
-  app.add_option("--n-model-shards,--n_model_shards", shards, "tensor-parallel shards");
+  app.add_option("--n-model-shards", shards, "tensor-parallel shards")
+      ->check(redco::cli::at_least(1));
   app.add_option("--dtype", dtype, "weights in memory (bf16: decoding reads half the bytes)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--bench", bench, "time prefill and decode on random prompts (JSON line)");
-  app.add_option("--batch", batch, "--bench: prompts per batch");
-  app.add_option("--prompt-length", prompt_length, "--bench: tokens per prompt");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--batch", batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
+  app.add_option("--prompt-length", prompt_length, "--bench: tokens per prompt")
+      ->check(redco::cli::at_least(1));
+  REDCO_CLI_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = shards, .quiet = true});
   const models::hf::LoadOptions load{.dtype = dtype == "bf16" ? DType::bf16 : DType::f32,

@@ -18,7 +18,7 @@ struct Batch {
 
 int main(int argc, char** argv) try {
   CLI::App app{"Train a CNN on Fashion-MNIST"};
-  int64_t epochs = 3, batch = 64;
+  int64_t epochs = 3, batch = 64, max_steps = 0, eval_size = 0;
   float lr = 0.05f;
   uint64_t seed = 42;
   int n_model_shards = 1;
@@ -29,6 +29,9 @@ int main(int argc, char** argv) try {
   app.add_option("--lr", lr, "peak SGD learning rate (momentum 0.9, cosine decay)")
       ->check(redco::cli::positive());
   app.add_option("--seed", seed);
+  app.add_option("--max-steps", max_steps, "stop after this many steps (0: all epochs)");
+  app.add_option("--eval-size", eval_size, "evaluate on the first N test images (0: all)")
+      ->check(redco::cli::between(0, 10000));
   app.add_option("--n-model-shards", n_model_shards, "tensor-parallel shards of the model")
       ->check(redco::cli::at_least(1));
   app.add_option("--workdir", workdir, "checkpoints, metrics.jsonl, TensorBoard events");
@@ -44,6 +47,7 @@ int main(int argc, char** argv) try {
       test(static_cast<size_t>(test_set.count));
   std::iota(train.begin(), train.end(), 0);
   std::iota(test.begin(), test.end(), n_train);
+  if (eval_size > 0) test.resize(size_t(eval_size));
   auto image = [&](int64_t id) {
     return id < n_train ? std::pair{&train_set, id} : std::pair{&test_set, id - n_train};
   };
@@ -81,11 +85,13 @@ int main(int argc, char** argv) try {
                       .n_epochs = epochs,
                       .eval_examples = test,
                       .evaluate = {predictor, accuracy},
+                      .eval_every_steps = max_steps,  // a run cut short is evaluated at its end
                       .save_best_by = {{"accuracy", train::Mode::max}},
                       .save_every_steps = 200,
                       .keep_last = 2,
                       .resume = resume,
-                      .log_every = 50});
+                      .log_every = 50,
+                      .max_steps = max_steps});
 } catch (const std::exception& e) {
   fmt::print(stderr, "classification: {}\n", e.what());
   return 1;

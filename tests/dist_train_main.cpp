@@ -21,10 +21,10 @@
 #include <thread>
 
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/launch_env.hpp"
-#include "redco/dist/mesh.hpp"
-#include "redco/dist/threads_comm.hpp"
-#include "redco/dist/ucx_comm.hpp"
+#include "redco/comm/launch_env.hpp"
+#include "redco/comm/mesh.hpp"
+#include "redco/comm/threads_comm.hpp"
+#include "redco/comm/ucx_comm.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/train/data_parallel.hpp"
@@ -45,16 +45,16 @@ Tensor tokens(int64_t rows, uint64_t step, uint64_t stream) {
   return Tensor::from<int64_t>(std::span<const int64_t>(ids), Shape{rows, kLen});
 }
 
-std::unique_ptr<dist::Comm> connect(const dist::LaunchEnv& env) {
-  return dist::connect_ucx(dist::ucx_options(env));
+std::unique_ptr<comm::Comm> connect(const comm::LaunchEnv& env) {
+  return comm::connect_ucx(comm::ucx_options(env));
 }
 
-void run_training(dist::Comm& world, int steps, int64_t batch, int step_ms) {
+void run_training(comm::Comm& world, int steps, int64_t batch, int step_ms) {
   const models::Gpt2Config cfg{
       .vocab = kVocab, .context = kLen, .dim = 32, .layers = 2, .heads = 4, .dropout = 0.f};
   const auto model = models::gpt2(cfg);
   const auto order = train::param_order(shard::resolve(model, 1));
-  dist::Mesh mesh(world, 1);
+  comm::Mesh mesh(world, 1);
   train::DataParallel data(mesh.dp_comm(), 16 << 10);  // several buckets per step
   ParamTree params = nn::init_params(model, 7);
   optim::Optimizer opt = optim::sgd(0.5f, {.momentum = 0.9f});
@@ -69,7 +69,7 @@ void run_training(dist::Comm& world, int steps, int64_t batch, int step_ms) {
     data.finish(grads);
     opt.step(params, grads);
     Tensor global = loss.detach().clone();  // [] f32: this replica's mean loss
-    sched::sync_wait(mesh.dp_comm().all_reduce(global, dist::ReduceOp::mean));
+    sched::sync_wait(mesh.dp_comm().all_reduce(global, comm::ReduceOp::mean));
     if (world.rank() == 0) std::printf("step %d loss %.9g\n", step, double(global.item()));
     std::fflush(stdout);
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
@@ -90,13 +90,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (!pid_file.empty()) std::ofstream(pid_file) << ::getpid() << "\n";
-    const dist::LaunchEnv env = dist::detect_launch_env();
+    const comm::LaunchEnv env = comm::detect_launch_env();
     if (env.world_size > 1) {
-      std::unique_ptr<dist::Comm> world = connect(env);
+      std::unique_ptr<comm::Comm> world = connect(env);
       run_training(*world, steps, batch, step_ms);
       sched::sync_wait(world->barrier());
     } else {
-      dist::ThreadsWorld alone(1);
+      comm::ThreadsWorld alone(1);
       run_training(alone.comm(0), steps, batch, step_ms);
     }
   } catch (const std::exception& e) {

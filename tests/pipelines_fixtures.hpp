@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/trainer.hpp"

@@ -13,13 +13,13 @@
 #include <thread>
 #include <vector>
 
-#include "redco/dist/mesh.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/mesh.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/sched/executor.hpp"
 #include "redco/sched/when_all.hpp"
 
 using namespace redco;
-using namespace redco::dist;
+using namespace redco::comm;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
 using sched::sync_wait;

@@ -82,7 +82,7 @@ TEST_CASE("custom step: FedAvg equals the hand-computed average on 1 and 2 repli
   for (int world : {1, 2}) {
     INFO("replicas " << world);
     std::vector<Vec> got(static_cast<size_t>(world));
-    auto body = [&](dist::Comm* comm, int rank) {
+    auto body = [&](comm::Comm* comm, int rank) {
       Deployer d({.seed = 13, .quiet = true, .world = comm});
       Trainer trainer(
           d, model, collate_clients,
@@ -94,8 +94,8 @@ TEST_CASE("custom step: FedAvg equals the hand-computed average on 1 and 2 repli
     if (world == 1) {
       body(nullptr, 0);
     } else {
-      dist::ThreadsWorld w(world);
-      w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+      comm::ThreadsWorld w(world);
+      w.run([&](comm::Comm& c) { body(&c, c.rank()); });
     }
     for (const Vec& g : got) check_vec(g, want, 2e-6);
   }
@@ -316,7 +316,7 @@ TEST_CASE("per-epoch examples from the model and a custom step on a dp x mp mesh
   };
   auto run = [&](int world, int mp, bool custom = true) {
     std::vector<std::vector<double>> losses(static_cast<size_t>(world));
-    auto body = [&](dist::Comm* comm, int rank) {
+    auto body = [&](comm::Comm* comm, int rank) {
       Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = comm});
       Trainer trainer(d, gpt, lm_collate, lm_loss,
                       optim::sgd(optim::constant(custom ? 0.2f : 0.1f)));
@@ -333,8 +333,8 @@ TEST_CASE("per-epoch examples from the model and a custom step on a dp x mp mesh
     if (world == 1) {
       body(nullptr, 0);
     } else {
-      dist::ThreadsWorld w(world);
-      w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+      comm::ThreadsWorld w(world);
+      w.run([&](comm::Comm& c) { body(&c, c.rank()); });
     }
     for (const auto& l : losses) CHECK(l == losses[0]);
     return losses[0];

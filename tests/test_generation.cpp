@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "generation_goldens.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/pretrained.hpp"
@@ -90,7 +90,7 @@ TEST_CASE("generation on 2 model shards gives the 1-shard tokens", "[generation]
           const auto want = generation::generate(whole.model, whole.params, prompts, greedy);
           const auto want_beams = generation::generate(whole.model, whole.params, prompts, beams);
           std::vector<generation::Generated> got(2), got_beams(2);
-          dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+          comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
             const auto part =
                 models::from_pretrained<M>(fixture(name), {.n_shards = 2, .rank = comm.rank()});
             nn::Ctx ctx;

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "generation_goldens.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
@@ -167,7 +167,7 @@ TEST_CASE("encoder-decoders on 2 model shards give the 1-shard tokens", "[genera
           const auto want_beams =
               generation::generate_seq2seq(whole.model, whole.params, kSources, beams);
           std::vector<generation::Generated> got(2), got_beams(2);
-          dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+          comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
             const auto part = models::from_pretrained<M>(test::hf_fixture(name),
                                                          {.n_shards = 2, .rank = comm.rank()});
             nn::Ctx ctx;

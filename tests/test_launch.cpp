@@ -17,10 +17,10 @@
 #include <string>
 #include <thread>
 
+#include "redco/comm/launch_env.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/launch_env.hpp"
 
-using namespace redco::dist;
+using namespace redco::comm;
 using Catch::Contains;
 using Strings = std::vector<std::string>;
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/train/trainer.hpp"
 
 using namespace redco;
@@ -122,7 +122,7 @@ struct Spec {
 // fit() on `world` threads; every rank's Run (they must agree).
 std::vector<Run> run(const std::vector<Example>& data, PoisonedLoss loss, const Spec& s) {
   std::vector<Run> runs(size_t(s.world));
-  auto body = [&](dist::Comm* world, int rank) {
+  auto body = [&](comm::Comm* world, int rank) {
     Run& r = runs[size_t(rank)];
     std::ostringstream console;
     Deployer d({.n_model_shards = s.mp,
@@ -154,8 +154,8 @@ std::vector<Run> run(const std::vector<Example>& data, PoisonedLoss loss, const 
   if (s.world == 1) {
     body(nullptr, 0);
   } else {
-    dist::ThreadsWorld w(s.world);
-    w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+    comm::ThreadsWorld w(s.world);
+    w.run([&](comm::Comm& c) { body(&c, c.rank()); });
   }
   return runs;
 }

@@ -9,8 +9,8 @@
 
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/mesh.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/mesh.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/vision.hpp"
 #include "redco/nn/parallel_ops.hpp"
@@ -40,7 +40,7 @@ Tensor token_batch(int64_t rows, int64_t len, uint64_t stream) {
 TEST_CASE("reduce_from_parallel sums forward and passes the gradient through", "[parallel]") {
   const Tensor w = randn({2, 3}, 9);
   std::vector<Tensor> out(2), grads(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const int r = comm.rank();
     Tensor x = randn({2, 3}, uint64_t(r)).set_requires_grad(true);
     Tensor y = nn::reduce_from_parallel(x, comm);
@@ -57,7 +57,7 @@ TEST_CASE("reduce_from_parallel sums forward and passes the gradient through", "
 TEST_CASE("copy_to_parallel is the identity whose gradient sums over ranks", "[parallel]") {
   const Tensor x0 = randn({3, 4}, 1);
   std::vector<Tensor> out(2), grads(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const int r = comm.rank();
     Tensor x = x0.clone().set_requires_grad(true);
     Tensor y = nn::copy_to_parallel(x, comm);
@@ -81,7 +81,7 @@ TEST_CASE("gather_from_parallel concatenates and hands back each rank's slice", 
     Shape part = w.shape();
     part[axis] /= 2;
     std::vector<Tensor> out(2), grads(2), parts(2);
-    dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
       const int r = comm.rank();
       parts[size_t(r)] = randn(part, 40 + uint64_t(r));
       Tensor x = parts[size_t(r)].clone().set_requires_grad(true);
@@ -173,7 +173,7 @@ std::vector<LossAndGrads> tensor_parallel_run(int mp, const Tensor& ids, const T
   const auto model = models::gpt2(tiny_gpt());
   const auto plan = shard::resolve(model, mp);
   std::vector<LossAndGrads> out(static_cast<size_t>(mp));
-  dist::ThreadsWorld(mp).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(mp).run([&](comm::Comm& comm) {
     LossAndGrads& mine = out[size_t(comm.rank())];
     const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), mp);
     auto [loss, grads] = value_and_grad(
@@ -225,7 +225,7 @@ TEST_CASE("vocab-parallel cross entropy skips ignored labels like cross_entropy"
   const Tensor want_grad = grad({want_loss}, {whole})[0];
   std::vector<float> losses(2);
   std::vector<Tensor> grads(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const int r = comm.rank();
     Tensor mine = slice(logits, 1, 4 * r, 4 * r + 4).clone().set_requires_grad(true);
     const Tensor loss = train::vocab_parallel_cross_entropy(mine, labels, comm);
@@ -252,8 +252,8 @@ TrainRun train_on_mesh(int dp, int mp) {
   const auto model = models::gpt2(tiny_gpt());
   const auto plan = shard::resolve(model, mp);
   TrainRun run;
-  dist::ThreadsWorld(dp * mp).run([&](dist::Comm& world) {
-    dist::Mesh mesh(world, mp);
+  comm::ThreadsWorld(dp * mp).run([&](comm::Comm& world) {
+    comm::Mesh mesh(world, mp);
     ParamTree params = train::init_shard(nn::param_entries(model), plan, 5, mesh.mp_rank(), mp);
     // A small bucket size, so gradients travel in several buckets.
     train::DataParallel data(mesh.dp_comm(), 4096);
@@ -273,7 +273,7 @@ TrainRun train_on_mesh(int dp, int mp) {
       data.finish(grads);
       opt.step(params, grads);
       Tensor global = loss.detach().clone();
-      sched::sync_wait(mesh.dp_comm().all_reduce(global, dist::ReduceOp::mean));
+      sched::sync_wait(mesh.dp_comm().all_reduce(global, comm::ReduceOp::mean));
       losses.push_back(global.item());
     }
     ParamTree whole;
@@ -307,7 +307,7 @@ TEST_CASE("dp x mp training gives the single-rank losses and parameters", "[para
 
 TEST_CASE("DataParallel rejects a batch that does not split", "[parallel]") {
   std::vector<std::string> errors(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     train::DataParallel data(comm);
     try {
       data.local_batch(Tensor::zeros({3, 2}));
@@ -322,7 +322,7 @@ TEST_CASE("DataParallel::average means gradients over replicas, bucket by bucket
   const std::vector<std::string> order{"a", "b", "c"};
   std::vector<ParamTree> out(2);
   std::vector<size_t> buckets(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const uint64_t r = uint64_t(comm.rank());
     ParamTree grads{
         {"a", randn({3, 2}, 60 + r)}, {"b", randn({5}, 70 + r)}, {"c", randn({2, 2}, 80 + r)}};
@@ -350,7 +350,7 @@ TrainRun train_cnn(int dp) {
       models::small_cnn({.channels = 1, .size = 8, .classes = 4, .conv1 = 4, .conv2 = 4});
   const auto order = train::param_order(shard::resolve(model, 1));
   TrainRun run;
-  dist::ThreadsWorld(dp).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(dp).run([&](comm::Comm& comm) {
     ParamTree params = nn::init_params(model, 9);
     train::DataParallel data(comm, 256);
     optim::Optimizer opt = optim::sgd(0.1f, {.momentum = 0.9f});
@@ -369,7 +369,7 @@ TrainRun train_cnn(int dp) {
       data.finish(grads);
       opt.step(params, grads);
       Tensor global = loss.detach().clone();
-      sched::sync_wait(comm.all_reduce(global, dist::ReduceOp::mean));
+      sched::sync_wait(comm.all_reduce(global, comm::ReduceOp::mean));
       losses.push_back(global.item());
     }
     if (comm.rank() == 0)

@@ -250,7 +250,7 @@ MeshResult run_lm_pair(int world, int mp) {
   };
   const std::vector<Seq> data = make_seqs(64);
   std::vector<MeshResult> per_rank(static_cast<size_t>(world));
-  auto body = [&](dist::Comm* comm, int rank) {
+  auto body = [&](comm::Comm* comm, int rank) {
     Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = comm});
     Trainer trainer(
         d, pair, lm_collate, loss,
@@ -269,8 +269,8 @@ MeshResult run_lm_pair(int world, int mp) {
   if (world == 1) {
     body(nullptr, 0);
   } else {
-    dist::ThreadsWorld w(world);
-    w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+    comm::ThreadsWorld w(world);
+    w.run([&](comm::Comm& c) { body(&c, c.rank()); });
   }
   for (const MeshResult& r : per_rank) CHECK(bitwise_equal(r.params, per_rank[0].params));
   return per_rank[0];

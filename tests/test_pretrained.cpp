@@ -21,9 +21,9 @@
 #include "gradcheck.hpp"
 #include "hf_fixtures.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/core/allocator.hpp"
 #include "redco/core/philox.hpp"
-#include "redco/dist/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/optim/optimizer.hpp"
@@ -66,7 +66,7 @@ Tensor logits_of(const models::Pretrained<M>& p, const Tensor& ids) {
 template <typename M>
 Tensor sharded_logits(const fs::path& dir, int n, const Tensor& ids) {
   std::vector<Tensor> out(static_cast<size_t>(n));
-  dist::ThreadsWorld(n).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(n).run([&](comm::Comm& comm) {
     const auto p = models::from_pretrained<M>(dir, {.n_shards = n, .rank = comm.rank()});
     NoGradGuard no_grad;
     nn::Ctx ctx;
@@ -612,7 +612,7 @@ TEST_CASE("gradients of imported models on 2 shards are the slices of the 1-shar
           const auto plan = shard::resolve(whole.model, 2);
           std::vector<nn::ParamTree> got(2);
           std::vector<float> losses(2);
-          dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+          comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
             const auto part =
                 models::from_pretrained<M>(fixtures() / name, {.n_shards = 2, .rank = comm.rank()});
             nn::Ctx ctx;

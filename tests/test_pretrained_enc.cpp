@@ -15,7 +15,7 @@
 
 #include "gradcheck.hpp"
 #include "hf_fixtures.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/train/parallel.hpp"
@@ -56,7 +56,7 @@ struct Outputs {
 // Logits and encoder states for source `ids` (padded as `mask` says, if defined).
 template <typename M>
 Outputs run(const M& model, const nn::ParamTree& params, const Seq2SeqGolden& g, const Tensor& mask,
-            dist::Comm* mp = nullptr) {
+            comm::Comm* mp = nullptr) {
   NoGradGuard no_grad;
   nn::Ctx ctx;
   ctx.mp = mp;
@@ -72,7 +72,7 @@ template <typename M>
 std::vector<Outputs> sharded(const fs::path& dir, int n, const Seq2SeqGolden& g,
                              const Tensor& mask) {
   std::vector<Outputs> out(static_cast<size_t>(n));
-  dist::ThreadsWorld(n).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(n).run([&](comm::Comm& comm) {
     const auto p = models::from_pretrained<M>(dir, {.n_shards = n, .rank = comm.rank()});
     out[size_t(comm.rank())] = run(p.model, p.params, g, mask, &comm);
   });
@@ -143,7 +143,7 @@ EncoderGolden encoder_golden(const std::string& name) {
 // is the model's encoder alone over the same parameters.
 template <typename M, typename E>
 Outputs classify(const M& model, const E& encoder, const nn::ParamTree& params, const Tensor& ids,
-                 const Tensor& types, const Tensor& mask, dist::Comm* mp = nullptr) {
+                 const Tensor& types, const Tensor& mask, comm::Comm* mp = nullptr) {
   NoGradGuard no_grad;
   nn::Ctx ctx;
   ctx.mp = mp;
@@ -178,7 +178,7 @@ void check_encoder(const std::string& name, Encoder make_encoder, std::vector<in
   for (int n : shard_counts) {
     INFO(n << " model shards");
     std::vector<Outputs> out(static_cast<size_t>(n));
-    dist::ThreadsWorld(n).run([&](dist::Comm& comm) {
+    comm::ThreadsWorld(n).run([&](comm::Comm& comm) {
       const auto part =
           models::from_pretrained<M>(fixtures() / name, {.n_shards = n, .rank = comm.rank()});
       out[size_t(comm.rank())] = classify(part.model, make_encoder(part.config), part.params,

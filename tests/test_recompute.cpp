@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "redco/comm/threads_comm.hpp"
 #include "redco/core/allocator.hpp"
-#include "redco/dist/threads_comm.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/trainer.hpp"
@@ -202,7 +202,7 @@ std::pair<ParamTree, std::vector<double>> fit(int world, int mp, bool recompute,
     for (int t = 0; t < 17; ++t) w.ids.push_back(int64_t(rng() % 64));
   const auto gpt = models::gpt2(kGpt);
   std::vector<std::pair<ParamTree, std::vector<double>>> out(static_cast<size_t>(world));
-  auto rank = [&](dist::Comm* c) {
+  auto rank = [&](comm::Comm* c) {
     train::Deployer d(
         {.n_model_shards = mp, .seed = 3, .workdir = workdir, .quiet = true, .world = c});
     train::Trainer trainer(
@@ -223,8 +223,8 @@ std::pair<ParamTree, std::vector<double>> fit(int world, int mp, bool recompute,
     rank(nullptr);
     return out[0];
   }
-  dist::ThreadsWorld w(world);
-  w.run([&](dist::Comm& c) { rank(&c); });
+  comm::ThreadsWorld w(world);
+  w.run([&](comm::Comm& c) { rank(&c); });
   return out[0];
 }
 

@@ -11,7 +11,7 @@
 
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/models/bart.hpp"
 #include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
@@ -84,7 +84,7 @@ template <typename M>
 std::vector<Run> mp_ranks(const M& model, int mp, const LossFn& loss_of) {
   const auto plan = shard::resolve(model, mp);
   std::vector<Run> runs(static_cast<size_t>(mp));
-  dist::ThreadsWorld(mp).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(mp).run([&](comm::Comm& comm) {
     const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), mp);
     Tensor out;
     auto [loss, grads] = value_and_grad(
@@ -396,7 +396,7 @@ TEST_CASE("cross_entropy on vocabulary-split logits skips ignored labels", "[ten
     const int64_t m = 8 / mp;
     std::vector<float> losses(static_cast<size_t>(mp)), ignored(static_cast<size_t>(mp));
     std::vector<Tensor> grads(static_cast<size_t>(mp));
-    dist::ThreadsWorld(mp).run([&](dist::Comm& comm) {
+    comm::ThreadsWorld(mp).run([&](comm::Comm& comm) {
       const int64_t begin = comm.rank() * m;
       Tensor mine = slice(logits, 2, begin, begin + m).clone().set_requires_grad(true);
       const Tensor split = nn::split_by(mine, comm, -1);
@@ -418,7 +418,7 @@ TEST_CASE("whole() gathers split tensors and reduces partial sums", "[tensor_par
   const Tensor logits = split_logits(), w = randn({2, 3, 8}, 51);
   std::vector<Tensor> gathered(2), summed(2), grads(2), locals(2);
   std::vector<bool> plain(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const size_t r = size_t(comm.rank());
     Tensor mine = slice(logits, 2, 4 * int64_t(r), 4 * int64_t(r) + 4).clone();
     mine.set_requires_grad(true);
@@ -447,7 +447,7 @@ TEST_CASE("evaluation returns whole logits, so prediction works as on one rank",
   const Tensor want = nn::apply(model, nn::init_params(model, 5), ids);
   const auto plan = shard::resolve(model, 2);
   std::vector<Tensor> logits(2), predicted(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), 2);
     nn::Ctx ctx{.mp = &comm};  // train = false
     logits[size_t(comm.rank())] = nn::apply(model, shard, ids, ctx);
@@ -465,7 +465,7 @@ TEST_CASE("a split tensor read as a whole one fails, naming whole()", "[tensor_p
   const Tensor ids = tokens(2, 8, 16, 13);
   const auto plan = shard::resolve(model, 2);
   std::vector<std::string> softmax_error(2), values_error(2), reshape_error(2), shape(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const size_t r = size_t(comm.rank());
     const ParamTree shard = train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), 2);
     nn::Ctx ctx = training_ctx();
@@ -513,7 +513,7 @@ TEST_CASE("shards without their group, or cut for another group size, are refuse
   const ParamTree quarters =
       train::shard_params(nn::init_params(model, 5), shard::resolve(model, 4), 0, 4);
   std::vector<std::string> errors(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     nn::Ctx ctx{.mp = &comm};
     try {
       nn::apply(model, quarters, images, ctx);
@@ -530,7 +530,7 @@ TEST_CASE("shards without their group, or cut for another group size, are refuse
   const ParamTree table =
       train::shard_params(nn::init_params(told, 5), shard::resolve(told, 2), 0, 2);
   std::vector<std::string> head_errors(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const ParamTree mine =
         train::init_shard(nn::param_entries(told), shard::resolve(told, 2), 5, comm.rank(), 2);
     nn::Ctx ctx{.mp = &comm};

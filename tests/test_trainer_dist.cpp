@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/vision.hpp"
@@ -130,10 +130,10 @@ struct Mesh {
 const std::vector<Mesh> kMeshes = {{1, 1}, {2, 1}, {2, 2}, {4, 2}};
 
 // fn(world communicator or nullptr, world rank) on `world` threads, or here alone.
-void on_ranks(int world, const std::function<void(dist::Comm*, int)>& fn) {
+void on_ranks(int world, const std::function<void(comm::Comm*, int)>& fn) {
   if (world == 1) return fn(nullptr, 0);
-  dist::ThreadsWorld w(world);
-  w.run([&](dist::Comm& c) { fn(&c, c.rank()); });
+  comm::ThreadsWorld w(world);
+  w.run([&](comm::Comm& c) { fn(&c, c.rank()); });
 }
 
 optim::Optimizer make_opt() {
@@ -168,7 +168,7 @@ template <typename Model, typename Data, typename Collate, typename Loss>
 Result run_fit(const Model& model, const Data& data, Collate collate, Loss loss, Mesh mesh,
                const FitSpec& spec = {}) {
   std::vector<Result> per_rank(size_t(mesh.world));
-  on_ranks(mesh.world, [&](dist::Comm* world, int rank) {
+  on_ranks(mesh.world, [&](comm::Comm* world, int rank) {
     Deployer d({.n_model_shards = mesh.mp,
                 .seed = 3,
                 .workdir = spec.workdir,
@@ -241,7 +241,7 @@ TEST_CASE("predictions come back whole and in input order on every rank", "[trai
   auto predict_on = [&](Mesh m) {
     std::vector<std::vector<std::string>> per_rank(size_t(m.world));
     std::vector<double> losses(size_t(m.world));
-    on_ranks(m.world, [&](dist::Comm* world, int rank) {
+    on_ranks(m.world, [&](comm::Comm* world, int rank) {
       Deployer d({.n_model_shards = m.mp, .seed = 3, .world = world});
       Predictor p(d, gpt, lm_collate, lm_predict);
       per_rank[size_t(rank)] = p.predict(data, 4, params);  // whole params are sliced
@@ -314,7 +314,7 @@ TEST_CASE("only rank 0 logs, prints and writes metrics", "[trainer_dist]") {
   const std::vector<Image> data = make_images(64), valid = make_images(12);
   TempDir tmp;
   std::vector<std::ostringstream> consoles(2);
-  on_ranks(2, [&](dist::Comm* world, int rank) {
+  on_ranks(2, [&](comm::Comm* world, int rank) {
     Deployer d(
         {.seed = 3, .workdir = tmp.path, .console = &consoles[size_t(rank)], .world = world});
     Trainer t(d, cnn, im_collate, im_loss, make_opt());
@@ -343,11 +343,11 @@ TEST_CASE("only rank 0 logs, prints and writes metrics", "[trainer_dist]") {
 }
 
 TEST_CASE("a mesh that does not fit the world is one clear error", "[trainer_dist]") {
-  dist::ThreadsWorld w(2);
-  CHECK_THROWS_WITH(w.run([&](dist::Comm& c) { Deployer d({.n_model_shards = 3, .world = &c}); }),
+  comm::ThreadsWorld w(2);
+  CHECK_THROWS_WITH(w.run([&](comm::Comm& c) { Deployer d({.n_model_shards = 3, .world = &c}); }),
                     Catch::Contains("n_model_shards = 3 does not divide the 2 ranks"));
-  dist::ThreadsWorld w2(2);
-  CHECK_THROWS_WITH(w2.run([&](dist::Comm& c) {
+  comm::ThreadsWorld w2(2);
+  CHECK_THROWS_WITH(w2.run([&](comm::Comm& c) {
     Deployer d({.world = &c});
     Trainer t(d, cnn, im_collate, im_loss, make_opt());
     t.fit(make_images(16), {.global_batch_size = 3});

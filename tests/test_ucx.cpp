@@ -26,13 +26,13 @@
 #include <thread>
 #include <vector>
 
+#include "redco/comm/rendezvous.hpp"
+#include "redco/comm/ucx_comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/rendezvous.hpp"
-#include "redco/dist/ucx_comm.hpp"
 #include "redco/sched/when_all.hpp"
 
 using namespace redco;
-using namespace redco::dist;
+using namespace redco::comm;
 using Clock = std::chrono::steady_clock;
 
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/memory_account.hpp"
@@ -69,7 +69,7 @@ Result fit(const Run& run) {
   const std::vector<Window> data = windows();
   const auto gpt = models::gpt2(kGpt);
   std::vector<Result> out(static_cast<size_t>(run.world));
-  auto rank = [&](dist::Comm* c) {
+  auto rank = [&](comm::Comm* c) {
     train::Deployer d({.n_model_shards = run.mp,
                        .seed = 3,
                        .workdir = run.workdir,
@@ -97,8 +97,8 @@ Result fit(const Run& run) {
     rank(nullptr);
     return out[0];
   }
-  dist::ThreadsWorld w(run.world);
-  w.run([&](dist::Comm& c) { rank(&c); });
+  comm::ThreadsWorld w(run.world);
+  w.run([&](comm::Comm& c) { rank(&c); });
   Result all = out[0];
   all.state_bytes.clear();
   for (const Result& r : out) {
@@ -216,8 +216,8 @@ TEST_CASE("ZeRO-2 averages each gradient into its owner as the all-reduce does",
   for (const int world : {2, 4}) {
     INFO("dp " << world);
     std::vector<ParamTree> plain(static_cast<size_t>(world)), owned(plain.size());
-    dist::ThreadsWorld w(world);
-    w.run([&](dist::Comm& c) {
+    comm::ThreadsWorld w(world);
+    w.run([&](comm::Comm& c) {
       ParamTree g = nn::init_params(gpt, uint64_t(10 + c.rank()));  // this rank's "gradients"
       ParamTree h;
       for (const auto& [k, t] : g) h.emplace(k, t.clone());

@@ -18,26 +18,26 @@
 // process) runs the same ops in the same order, which is the SPMD rule the
 // communicator needs to pair calls.
 #include "redco/autodiff/functional.hpp"
-#include "redco/dist/comm.hpp"
+#include "redco/comm/comm.hpp"
 
 namespace redco::nn {
 
-Tensor copy_to_parallel(const Tensor& x, dist::Comm& comm);
-Tensor reduce_from_parallel(const Tensor& x, dist::Comm& comm);
-Tensor gather_from_parallel(const Tensor& x, dist::Comm& comm, int dim);
+Tensor copy_to_parallel(const Tensor& x, comm::Comm& comm);
+Tensor reduce_from_parallel(const Tensor& x, comm::Comm& comm);
+Tensor gather_from_parallel(const Tensor& x, comm::Comm& comm, int dim);
 
 namespace detail {
 // The in-place all-reduce on a private copy, so callers' tensors stay put.
-inline Tensor all_reduce_copy(const Tensor& x, dist::Comm& comm) {
+inline Tensor all_reduce_copy(const Tensor& x, comm::Comm& comm) {
   Tensor out = x.detach().clone();
-  sched::sync_wait(comm.all_reduce(out, dist::ReduceOp::sum));
+  sched::sync_wait(comm.all_reduce(out, comm::ReduceOp::sum));
   return out;
 }
 }  // namespace detail
 
-inline Tensor copy_to_parallel(const Tensor& x, dist::Comm& comm) {
+inline Tensor copy_to_parallel(const Tensor& x, comm::Comm& comm) {
   if (comm.size() == 1) return x;
-  dist::Comm* c = &comm;
+  comm::Comm* c = &comm;
   // A fresh tensor (not x itself) so the node has an output of its own.
   return record("copy_to_parallel", {x}, x.detach().clone(),
                 [c](const Node&, const TensorList& g) -> TensorList {
@@ -45,9 +45,9 @@ inline Tensor copy_to_parallel(const Tensor& x, dist::Comm& comm) {
                 });
 }
 
-inline Tensor reduce_from_parallel(const Tensor& x, dist::Comm& comm) {
+inline Tensor reduce_from_parallel(const Tensor& x, comm::Comm& comm) {
   if (comm.size() == 1) return x;
-  dist::Comm* c = &comm;
+  comm::Comm* c = &comm;
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -61,7 +61,7 @@ inline Tensor reduce_from_parallel(const Tensor& x, dist::Comm& comm) {
 namespace detail {
 // x split along `dim` is gathered with the communicator's dim-0 all_gather:
 // move `dim` to the front, gather, move it back.
-inline Tensor all_gather_dim(const Tensor& x, dist::Comm& comm, int dim) {
+inline Tensor all_gather_dim(const Tensor& x, comm::Comm& comm, int dim) {
   NoGradGuard no_grad;
   Tensor front = dim == 0 ? x.detach().clone() : transpose(x.detach(), 0, dim).clone();
   Shape gathered = front.shape();
@@ -72,7 +72,7 @@ inline Tensor all_gather_dim(const Tensor& x, dist::Comm& comm, int dim) {
 }
 }  // namespace detail
 
-inline Tensor gather_from_parallel(const Tensor& x, dist::Comm& comm, int dim) {
+inline Tensor gather_from_parallel(const Tensor& x, comm::Comm& comm, int dim) {
   if (dim < 0) dim += x.rank();
   REDCO_CHECK(dim >= 0 && dim < x.rank(), "gather_from_parallel: dim {} out of range for {}", dim,
               x.shape());

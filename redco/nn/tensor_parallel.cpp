@@ -31,7 +31,7 @@ Tensor alias(const Tensor& t, std::shared_ptr<const Placement> placement, const 
 // dims keep its meaning), this rank holding `part` of the `part * n` entries.
 class SplitPlacement final : public Placement {
  public:
-  SplitPlacement(dist::Comm& comm, int dim_from_end, int64_t part)
+  SplitPlacement(comm::Comm& comm, int dim_from_end, int64_t part)
       : comm_(&comm), dim_(dim_from_end), part_(part) {}
 
   std::string describe() const override {
@@ -60,14 +60,14 @@ class SplitPlacement final : public Placement {
                 "nn::whole() before reshaping it",
                 op, t.shape(), describe());
   }
-  dist::Comm* comm_;
+  comm::Comm* comm_;
   int dim_;
   int64_t part_;
 };
 
 class PartialPlacement final : public Placement {
  public:
-  explicit PartialPlacement(dist::Comm& comm) : comm_(&comm) {}
+  explicit PartialPlacement(comm::Comm& comm) : comm_(&comm) {}
   std::string describe() const override {
     return fmt::format("rank {}'s term of a sum over {} model-parallel ranks", comm_->rank(),
                        comm_->size());
@@ -79,12 +79,12 @@ class PartialPlacement final : public Placement {
   }
 
  private:
-  dist::Comm* comm_;
+  comm::Comm* comm_;
 };
 
 }  // namespace
 
-Tensor split_by(const Tensor& part, dist::Comm& comm, int dim) {
+Tensor split_by(const Tensor& part, comm::Comm& comm, int dim) {
   if (comm.size() == 1) return part;
   REDCO_CHECK(!part.placement(), "split_by: the tensor is already {}",
               part.placement()->describe());
@@ -92,7 +92,7 @@ Tensor split_by(const Tensor& part, dist::Comm& comm, int dim) {
   return alias(part, std::make_shared<SplitPlacement>(comm, from_end, part.dim(dim)), "split_by");
 }
 
-Tensor partial_sum(const Tensor& part, dist::Comm& comm) {
+Tensor partial_sum(const Tensor& part, comm::Comm& comm) {
   if (comm.size() == 1) return part;
   REDCO_CHECK(!part.placement(), "partial_sum: the tensor is already {}",
               part.placement()->describe());
@@ -246,7 +246,7 @@ Tensor finish_output(const Tensor& y, Ctx& ctx) {
 
 // ---- vocabulary-parallel pieces ------------------------------------------------------------
 
-Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, dist::Comm& mp) {
+Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, comm::Comm& mp) {
   if (mp.size() == 1) return embedding(table_shard, ids);
   const int64_t rows = table_shard.dim(0), begin = int64_t(mp.rank()) * rows;
   std::vector<int64_t> mine = ids.values<int64_t>();
@@ -265,7 +265,7 @@ Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, di
   return reduce_from_parallel(embedding(table_shard, local_ids) * mask, mp);
 }
 
-Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, dist::Comm& mp,
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, comm::Comm& mp,
                                     int64_t ignore_index) {
   REDCO_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be i64, got {}{}",
               dtype_name(labels.dtype()), labels.shape());

@@ -35,9 +35,9 @@ namespace redco::nn {
 // ---- placements --------------------------------------------------------------------------
 // `part` (this rank's slice along `dim`, the slices in rank order along
 // `dim`), marked as split across `comm`. Differentiable (an identity).
-Tensor split_by(const Tensor& part, dist::Comm& comm, int dim = -1);
+Tensor split_by(const Tensor& part, comm::Comm& comm, int dim = -1);
 // `part` marked as this rank's term of a sum over `comm`.
-Tensor partial_sum(const Tensor& part, dist::Comm& comm);
+Tensor partial_sum(const Tensor& part, comm::Comm& comm);
 // The whole tensor: split parts gathered, partial sums reduced, a tensor with
 // no placement returned as is. Collective over the tensor's group when it has
 // a placement (every rank must call it). Differentiable.
@@ -93,12 +93,12 @@ Tensor finish_output(const Tensor& y, Ctx& ctx);
 // The token embedding with the table split by vocabulary rows: each rank looks
 // up the ids it holds (zeros elsewhere) and the partial results are summed.
 // ids i64 [...] -> [..., d], whole on every rank.
-Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, dist::Comm& mp);
+Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, comm::Comm& mp);
 // cross_entropy(whole logits, labels) from this rank's logits [..., V/mp]
 // (columns [rank * V/mp, ...)): the row max and the sum of exponentials are
 // all-reduced, so whole logits are never formed. Labels i64 [...]; rows
 // labelled ignore_index are skipped. The loss is the same on every rank.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& labels,
-                                    dist::Comm& mp, int64_t ignore_index = -100);
+                                    comm::Comm& mp, int64_t ignore_index = -100);
 
 }  // namespace redco::nn

@@ -22,7 +22,7 @@
 #include "redco/nn/name.hpp"
 #include "redco/shard/spec.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 class Comm;
 }
 namespace redco::nn {
@@ -248,7 +248,7 @@ struct Ctx {
   // whole model here). Parameters are then this rank's shards (see
   // train::shard_params), and each layer tells from the shapes of the shards
   // it receives whether it is split, adding the collectives of the plan.
-  dist::Comm* mp = nullptr;
+  comm::Comm* mp = nullptr;
   // Whether the current activation is split by features (its last dim) across
   // mp, as Walker::sharded() says at plan time; layers that need whole
   // features gather first. nn::apply resets it.

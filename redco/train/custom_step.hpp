@@ -29,7 +29,7 @@
 #include <utility>
 
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/comm.hpp"
+#include "redco/comm/comm.hpp"
 #include "redco/sched/task.hpp"
 #include "redco/train/bound_model.hpp"
 #include "redco/train/param_groups.hpp"
@@ -46,7 +46,7 @@ template <nn::Layer L>
 class StepContext {
  public:
   StepContext(const L& model, const ParamTree& params, const ParamGroups& groups, nn::Ctx ctx,
-              dist::Comm* dp, int64_t step)
+              comm::Comm* dp, int64_t step)
       : model_(&model),
         params_(&params),
         groups_(&groups),
@@ -100,7 +100,7 @@ class StepContext {
   // data-parallel replicas (f32). Collective over the replicas.
   void dp_mean(ParamTree& tree) const {
     if (!dp_ || dp_->size() == 1) return;
-    for (auto& [name, t] : tree) sched::sync_wait(dp_->all_reduce(t, dist::ReduceOp::mean));
+    for (auto& [name, t] : tree) sched::sync_wait(dp_->all_reduce(t, comm::ReduceOp::mean));
   }
 
  private:
@@ -108,7 +108,7 @@ class StepContext {
   const ParamTree* params_;
   const ParamGroups* groups_;
   nn::Ctx ctx_;
-  dist::Comm* dp_;
+  comm::Comm* dp_;
   int64_t step_;
   ParamTree trained_;
   std::deque<ParamTree> bound_;  // the trees bind() made this step (stable addresses)

@@ -13,7 +13,7 @@ namespace redco::train {
 
 // ---- data parallel ----------------------------------------------------------------------
 
-DataParallel::DataParallel(dist::Comm& dp, size_t bucket_bytes)
+DataParallel::DataParallel(comm::Comm& dp, size_t bucket_bytes)
     : dp_(&dp), bucket_bytes_(std::max<size_t>(bucket_bytes, 1)) {}
 
 DataParallel::~DataParallel() = default;
@@ -87,7 +87,7 @@ constexpr int kOwnerTag = 3664;  // point-to-point tag of ZeRO-2 gradient sends 
 // ZeRO stage 2: the bucket's mean formed at its owner only: the others send
 // their part, the owner sums the parts in rank order and divides, as the
 // threads communicator's all-reduce does. A sender frees its copy once sent.
-sched::Task<void> reduce_to_owner(Bucket& b, dist::Comm& dp) {
+sched::Task<void> reduce_to_owner(Bucket& b, comm::Comm& dp) {
   const int n = dp.size(), me = dp.rank();
   if (me != b.owner) {
     co_await dp.send(b.flat, b.owner, kOwnerTag);
@@ -120,20 +120,20 @@ sched::Task<void> reduce_to_owner(Bucket& b, dist::Comm& dp) {
 // Starts bucket b's mean all-reduce. Every dp rank builds the same buckets
 // and completes them in the same order (the same graph runs backward in the
 // same order), so the k-th all_reduce call pairs with the k-th everywhere.
-void launch(DataParallel::Step& step, size_t b, dist::Comm& dp) {
+void launch(DataParallel::Step& step, size_t b, comm::Comm& dp) {
   ++step.outstanding;
   ++step.launched;
   sched::RunQueue*& current = sched::RunQueue::current();
   sched::RunQueue* const outer = std::exchange(current, &step.queue);
   Bucket& bucket = step.buckets[b];
-  run_reduction(bucket.owner < 0 ? dp.all_reduce(bucket.flat, dist::ReduceOp::mean)
+  run_reduction(bucket.owner < 0 ? dp.all_reduce(bucket.flat, comm::ReduceOp::mean)
                                  : reduce_to_owner(bucket, dp),
                 &step);
   current = outer;
 }
 
 // Copies a final gradient into its bucket; the bucket's last one starts it.
-void arrive(DataParallel::Step& step, const std::string& name, const Tensor& g, dist::Comm& dp) {
+void arrive(DataParallel::Step& step, const std::string& name, const Tensor& g, comm::Comm& dp) {
   const Slot& s = step.slots.at(name);
   Bucket& b = step.buckets[s.bucket];
   const Tensor src = g.dtype() == DType::f32 ? g.detach() : g.to(DType::f32);
@@ -180,7 +180,7 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
 ParamTree DataParallel::watch(const ParamTree& params, const std::vector<std::string>& order) {
   begin(params, order);
   Step* step = step_.get();
-  dist::Comm* dp = dp_;
+  comm::Comm* dp = dp_;
   ParamTree out;
   for (const auto& [name, p] : params) {
     // An identity op on the parameter: the engine runs its backward once the

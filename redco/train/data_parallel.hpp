@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/comm.hpp"
+#include "redco/comm/comm.hpp"
 #include "redco/train/zero.hpp"
 
 namespace redco::train {
@@ -19,7 +19,7 @@ namespace redco::train {
 class DataParallel {
  public:
   // Gradients are all-reduced in buckets of at least `bucket_bytes` (f32).
-  explicit DataParallel(dist::Comm& dp, size_t bucket_bytes = size_t(25) << 20);
+  explicit DataParallel(comm::Comm& dp, size_t bucket_bytes = size_t(25) << 20);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -58,7 +58,7 @@ class DataParallel {
  private:
   void begin(const ParamTree& shapes, const std::vector<std::string>& order);
 
-  dist::Comm* dp_;
+  comm::Comm* dp_;
   size_t bucket_bytes_;
   const ZeroPartition* owners_ = nullptr;
   std::unique_ptr<Step> step_;

@@ -12,18 +12,18 @@
 #include <numeric>
 #include <streambuf>
 
+#include "redco/comm/launch_env.hpp"
+#include "redco/comm/mesh.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/core/error.hpp"
 #include "redco/core/heartbeat.hpp"
-#include "redco/dist/launch_env.hpp"
-#include "redco/dist/mesh.hpp"
-#include "redco/dist/threads_comm.hpp"
 #include "redco/sched/task.hpp"
 #include "redco/train/sharded_checkpoint.hpp"
 
 // UCX is optional: without it the Deployer runs one process (or threads).
 #if __has_include(<ucp/api/ucp.h>)
 #define REDCO_HAS_UCX 1
-#include "redco/dist/ucx_comm.hpp"
+#include "redco/comm/ucx_comm.hpp"
 #else
 #define REDCO_HAS_UCX 0
 #endif
@@ -35,9 +35,9 @@ namespace redco::train {
 namespace {
 
 // The world of a process started by a launcher: a rendezvous at rank 0, then UCX.
-std::unique_ptr<dist::Comm> connect(const dist::LaunchEnv& env) {
+std::unique_ptr<comm::Comm> connect(const comm::LaunchEnv& env) {
 #if REDCO_HAS_UCX
-  return dist::connect_ucx(dist::ucx_options(env));
+  return comm::connect_ucx(comm::ucx_options(env));
 #else
   fail(
       "this process is rank {} of {} (started by {}), but redco was built without UCX, which "
@@ -63,15 +63,15 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
               "Deployer: zero_stage must be 0 (off), 1 (optimizer state partitioned over the "
               "data-parallel replicas) or 2 (gradients too), got {}",
               config_.zero_stage);
-  dist::Comm* world = config_.world;
+  comm::Comm* world = config_.world;
   if (!world) {
-    const dist::LaunchEnv env = dist::detect_launch_env();
+    const comm::LaunchEnv env = comm::detect_launch_env();
     restart_ = env.restart;
     if (env.world_size > 1) {
       connected_ = connect(env);
       world = connected_.get();
     } else {
-      alone_ = std::make_unique<dist::ThreadsWorld>(1);
+      alone_ = std::make_unique<comm::ThreadsWorld>(1);
       world = &alone_->comm(0);
     }
   }
@@ -79,7 +79,7 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
               "Deployer: n_model_shards = {} does not divide the {} ranks of this run; start a "
               "multiple of {} ranks (redco-run -n) or pass --n_model_shards with a divisor of {}",
               config_.n_model_shards, world->size(), config_.n_model_shards, world->size());
-  mesh_ = std::make_unique<dist::Mesh>(*world, config_.n_model_shards);
+  mesh_ = std::make_unique<comm::Mesh>(*world, config_.n_model_shards);
 }
 
 Deployer::~Deployer() = default;

@@ -15,7 +15,7 @@
 // communicator the caller built, e.g. ThreadsWorld::comm(r) to run ranks as
 // threads of one process); the launch environment (redco-run, Slurm, Open
 // MPI: a TCP rendezvous at rank 0, then UCX between the processes); else this
-// process alone. They form a dist::Mesh of dp_size() = ranks / n_model_shards
+// process alone. They form a comm::Mesh of dp_size() = ranks / n_model_shards
 // data-parallel replicas of n_model_shards model shards each, so the same
 // program runs on one device, N threads, N processes or N hosts, changed only
 // by flags and environment. Collective methods (marked so below) must be
@@ -36,11 +36,11 @@
 #include "redco/shard/name_rules.hpp"
 #include "redco/train/rng.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 class Comm;
 class Mesh;
 class ThreadsWorld;
-}  // namespace redco::dist
+}  // namespace redco::comm
 
 namespace redco::train {
 
@@ -57,7 +57,7 @@ struct DeployerConfig {
   std::ostream* console = nullptr;     // where console output goes; nullptr: std::cout
   // The ranks of this run; nullptr: from the launch environment, else this process alone.
   // Not owned: it must outlive the Deployer.
-  dist::Comm* world = nullptr;
+  comm::Comm* world = nullptr;
   // ZeRO over the data-parallel replicas (train/zero.hpp): 0 off, 1 the
   // optimizer's state partitioned by replica, 2 the gradients as well (each
   // averaged into its owner only). Combines with n_model_shards.
@@ -108,7 +108,7 @@ class Deployer {
   int mp_rank() const;  // this rank's model shard
   int rank() const;     // in the world
   bool is_main() const { return rank() == 0; }  // the rank that writes logs and prints
-  dist::Mesh& mesh() const { return *mesh_; }
+  comm::Mesh& mesh() const { return *mesh_; }
   // Collective: returns once every rank has called it.
   void barrier() const;
 
@@ -163,9 +163,9 @@ class Deployer {
   DeployerConfig config_;
   int restart_ = 0;
   std::unique_ptr<io::MetricsLog> log_;
-  std::unique_ptr<dist::ThreadsWorld> alone_;  // the world of a single-process run
-  std::unique_ptr<dist::Comm> connected_;      // the world from the launch environment
-  std::unique_ptr<dist::Mesh> mesh_;
+  std::unique_ptr<comm::ThreadsWorld> alone_;  // the world of a single-process run
+  std::unique_ptr<comm::Comm> connected_;      // the world from the launch environment
+  std::unique_ptr<comm::Mesh> mesh_;
 };
 
 }  // namespace redco::train

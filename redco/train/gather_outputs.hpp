@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "redco/comm/comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/comm.hpp"
 #include "redco/sched/task.hpp"
 #include "redco/train/pipeline.hpp"
 
@@ -31,7 +31,7 @@ inline constexpr bool serializable_v =
         cereal::traits::is_input_serializable<T, cereal::BinaryInputArchive>::value;
 
 // Every replica's bytes, indexed by its rank in `dp`. Collective over `dp`.
-inline std::vector<std::string> all_gather_bytes(const std::string& mine, dist::Comm& dp) {
+inline std::vector<std::string> all_gather_bytes(const std::string& mine, comm::Comm& dp) {
   const int n = dp.size();
   Tensor size = Tensor::empty(Shape{1}, DType::i64);  // [1] this replica's byte count
   size.data<int64_t>()[0] = int64_t(mine.size());
@@ -53,7 +53,7 @@ inline std::vector<std::string> all_gather_bytes(const std::string& mine, dist::
 // All outputs in input order, from this replica's (in the order of its
 // slices). Collective over `dp`.
 template <typename Value>
-std::vector<Value> gather_outputs(std::vector<Value> mine, const Slices& slices, dist::Comm& dp) {
+std::vector<Value> gather_outputs(std::vector<Value> mine, const Slices& slices, comm::Comm& dp) {
   if constexpr (!serializable_v<Value>) {
     fail(
         "Predictor: to gather predictions from {} data-parallel replicas their type must be "

@@ -5,7 +5,7 @@
 
 #include <array>
 
-#include "redco/dist/comm.hpp"
+#include "redco/comm/comm.hpp"
 #include "redco/sched/task.hpp"
 
 namespace redco::train {
@@ -28,7 +28,7 @@ uint64_t tree_bytes(const ParamTree& tree) {
   return n;
 }
 
-std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, dist::Comm* world) {
+std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, comm::Comm* world) {
   if (!world || world->size() == 1) return {mine};
   const int n = world->size(), r = world->rank();
   // [n * kParts] KiB, this rank's slot filled, summed over the ranks: exact

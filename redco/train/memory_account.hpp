@@ -12,7 +12,7 @@
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/io/events.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 class Comm;
 }
 
@@ -33,7 +33,7 @@ uint64_t tree_bytes(const ParamTree& tree);
 
 // Every rank's account, indexed by world rank (just `mine` without a world).
 // Collective over `world`.
-std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, dist::Comm* world);
+std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, comm::Comm* world);
 
 // "rank<r>.<part>_mib" for every rank r and part.
 io::Metrics memory_metrics(const std::vector<MemoryAccount>& ranks);

@@ -87,7 +87,7 @@ ParamTree init_shard(const std::vector<nn::ParamEntry>& entries,
   return out;
 }
 
-Tensor unshard(const Tensor& local, const shard::ParamSplit& split, dist::Comm& mp) {
+Tensor unshard(const Tensor& local, const shard::ParamSplit& split, comm::Comm& mp) {
   if (split.split_dim < 0 || mp.size() == 1) return local;
   REDCO_CHECK(split.fused_blocks == 1,
               "unshard: '{}' is split per fused block, which a plain gather does not undo",
@@ -104,11 +104,11 @@ std::vector<std::string> param_order(const std::vector<shard::ParamSplit>& plan)
 
 // ---- vocabulary-parallel pieces ------------------------------------------------------------
 
-Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, dist::Comm& mp) {
+Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, comm::Comm& mp) {
   return nn::vocab_parallel_embedding(table_shard, ids, mp);
 }
 
-Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, dist::Comm& mp,
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, comm::Comm& mp,
                                     int64_t ignore_index) {
   return nn::vocab_parallel_cross_entropy(logits, labels, mp, ignore_index);
 }

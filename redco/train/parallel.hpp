@@ -1,5 +1,5 @@
 #pragma once
-// Data and tensor parallelism over a dist::Mesh.
+// Data and tensor parallelism over a comm::Mesh.
 //
 // Tensor parallel: every rank of a model-parallel group holds only its shard
 // of each parameter (shard_params / init_shard, following the plan from
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "redco/dist/comm.hpp"
+#include "redco/comm/comm.hpp"
 #include "redco/nn/tensor_parallel.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/data_parallel.hpp"
@@ -45,18 +45,18 @@ ParamTree init_shard(const std::vector<nn::ParamEntry>& entries,
 
 // The whole tensor from every mp rank's shard (an all-gather along the split
 // dimension; a replicated tensor is returned as is). Collective over `mp`.
-Tensor unshard(const Tensor& local, const shard::ParamSplit& split, dist::Comm& mp);
+Tensor unshard(const Tensor& local, const shard::ParamSplit& split, comm::Comm& mp);
 
 // ---- vocabulary-parallel pieces (nn::vocab_parallel_*) ------------------------------------
 
 // The token embedding with the table split by vocabulary rows.
-Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, dist::Comm& mp);
+Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, comm::Comm& mp);
 
 // cross_entropy(full logits, labels) from vocabulary-split logits [..., V/mp]
 // without gathering them. cross_entropy(logits, labels) does this by itself
 // for the split logits nn::apply returns.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& labels,
-                                    dist::Comm& mp, int64_t ignore_index = -100);
+                                    comm::Comm& mp, int64_t ignore_index = -100);
 
 // Parameter names in execution order, for DataParallel::average.
 std::vector<std::string> param_order(const std::vector<shard::ParamSplit>& plan);

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "redco/comm/comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/comm.hpp"
 #include "redco/sched/task.hpp"
 
 namespace redco::train {
@@ -185,7 +185,7 @@ ParamTree ParamGroups::saved_of(const ParamTree& params) const {
   return out;
 }
 
-bool ParamGroups::step_all(ParamTree& params, const ParamTree& grads, double loss, dist::Comm* mp) {
+bool ParamGroups::step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp) {
   const size_t n = trained_.size();
   std::vector<double> split_sq(n), whole_sq(n);
   bool finite = std::isfinite(loss);

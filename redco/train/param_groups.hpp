@@ -44,7 +44,7 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/train/deployer.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 class Comm;
 }
 
@@ -106,7 +106,7 @@ class ParamGroups {
   // `mp`, the model-parallel group, when given; replicated ones counted
   // once). Returns false, changing nothing, when the loss or any gradient on
   // any model shard is not finite. Collective over `mp`.
-  bool step_all(ParamTree& params, const ParamTree& grads, double loss, dist::Comm* mp);
+  bool step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp);
   // The polyak updates, after every step.
   void after_step(ParamTree& params) const;
 

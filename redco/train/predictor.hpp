@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "redco/comm/mesh.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/mesh.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
@@ -110,7 +110,7 @@ class Predictor {
     const int64_t n = int64_t(std::ranges::size(examples));
     const detail::Slices slices(n, per_device_batch_size, deployer_->dp_size(),
                                 deployer_->dp_rank());
-    dist::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
+    comm::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
     std::vector<Value> out;
     out.reserve(size_t(n));
     NoGradGuard no_grad;

@@ -54,7 +54,7 @@ std::vector<io::TensorSpec> whole_specs(const ParamTree& tree, const SplitIndex&
 
 // Rank 0 makes the temporary folder and both files, then tells the others
 // the folder's name (a u8 [256] broadcast; empty: rank 0 failed).
-std::optional<fs::path> open_folder(dist::Comm& world, const fs::path& dir,
+std::optional<fs::path> open_folder(comm::Comm& world, const fs::path& dir,
                                     const std::string& state_json,
                                     const std::vector<io::TensorSpec> (&specs)[2],
                                     std::optional<io::SharedSafetensorsFile> (&files)[2]) {
@@ -95,7 +95,7 @@ std::optional<fs::path> open_folder(dist::Comm& world, const fs::path& dir,
 // Tensor i goes to world rank i % world; its model-parallel group gathers it.
 // A failed write is remembered, not thrown, so this rank still joins every
 // gather its group expects; returns the first error ("" if none).
-std::string write_tensors(dist::Mesh& mesh, const ParamTree (&trees)[2], const SplitIndex& index,
+std::string write_tensors(comm::Mesh& mesh, const ParamTree (&trees)[2], const SplitIndex& index,
                           std::optional<io::SharedSafetensorsFile> (&files)[2]) {
   const int world = mesh.shape().world_size, rank = mesh.rank();
   std::string error;
@@ -119,7 +119,7 @@ std::string write_tensors(dist::Mesh& mesh, const ParamTree (&trees)[2], const S
 
 }  // namespace
 
-void agree(dist::Comm& world, bool ok, const std::string& what) {
+void agree(comm::Comm& world, bool ok, const std::string& what) {
   if (world.size() == 1) {
     REDCO_CHECK(ok, "{} failed", what);
     return;
@@ -133,7 +133,7 @@ void agree(dist::Comm& world, bool ok, const std::string& what) {
   REDCO_CHECK(ranks.empty(), "{} failed on rank(s) {}; see their errors above", what, ranks);
 }
 
-Tensor gather_whole(const Tensor& local, const shard::ParamSplit& split, dist::Comm& mp) {
+Tensor gather_whole(const Tensor& local, const shard::ParamSplit& split, comm::Comm& mp) {
   if (split.split_dim < 0 || mp.size() == 1) return local;
   NoGradGuard no_grad;
   const int d = split.split_dim;
@@ -156,10 +156,10 @@ Tensor gather_whole(const Tensor& local, const shard::ParamSplit& split, dist::C
   return concat(parts, d);
 }
 
-void save_sharded_checkpoint(dist::Mesh& mesh, const fs::path& dir, const ParamTree& params,
+void save_sharded_checkpoint(comm::Mesh& mesh, const fs::path& dir, const ParamTree& params,
                              const ParamTree& opt_state, const std::string& state_json,
                              const ShardPlan& plan) {
-  dist::Comm& world = mesh.world();
+  comm::Comm& world = mesh.world();
   if (world.size() == 1) return io::save_checkpoint(dir, params, opt_state, state_json);
   const SplitIndex index = index_plan(plan);
   const std::vector<io::TensorSpec> specs[2] = {whole_specs(params, index, false),
@@ -229,9 +229,9 @@ ParamTree read_slices(const io::SafetensorsReader& file, const SplitIndex& index
 
 }  // namespace
 
-io::Checkpoint load_sharded_checkpoint(dist::Mesh& mesh, const fs::path& dir,
+io::Checkpoint load_sharded_checkpoint(comm::Mesh& mesh, const fs::path& dir,
                                        const ShardPlan& plan) {
-  dist::Comm& world = mesh.world();
+  comm::Comm& world = mesh.world();
   // Rank 0 alone may repair an interrupted publish (io::load_checkpoint does);
   // the others read once it has.
   io::Checkpoint c;

@@ -17,7 +17,7 @@
 #include <filesystem>
 #include <string>
 
-#include "redco/dist/mesh.hpp"
+#include "redco/comm/mesh.hpp"
 #include "redco/io/checkpoint.hpp"
 #include "redco/train/deployer.hpp"
 
@@ -26,24 +26,24 @@ namespace redco::train {
 // Collective over mesh.world(). `params` and `opt_state` hold this rank's
 // shards under `plan`; optimizer buffers "<kind>.<buffer>.<param>" follow
 // their parameter's split, anything else (the step count) is whole.
-void save_sharded_checkpoint(dist::Mesh& mesh, const std::filesystem::path& dir,
+void save_sharded_checkpoint(comm::Mesh& mesh, const std::filesystem::path& dir,
                              const ParamTree& params, const ParamTree& opt_state,
                              const std::string& state_json, const ShardPlan& plan);
 
 // Collective over mesh.world(): this rank's shards under `plan` of every
 // parameter (the file must hold exactly the plan's parameters, each with the
 // plan's shape) and of the optimizer state.
-io::Checkpoint load_sharded_checkpoint(dist::Mesh& mesh, const std::filesystem::path& dir,
+io::Checkpoint load_sharded_checkpoint(comm::Mesh& mesh, const std::filesystem::path& dir,
                                        const ShardPlan& plan);
 
 // The whole tensor from this rank's shard: an all-gather over `mp` along the
 // split dimension, reassembled block by block for fused splits (GPT-2's
 // c_attn). A replicated tensor is returned as is. Collective over `mp`.
-Tensor gather_whole(const Tensor& local, const shard::ParamSplit& split, dist::Comm& mp);
+Tensor gather_whole(const Tensor& local, const shard::ParamSplit& split, comm::Comm& mp);
 
 // Throws on every rank when any rank's `ok` is false, naming the failed ranks
 // and `what`; so one rank's error stops the others instead of leaving them
 // waiting. Collective over `world`.
-void agree(dist::Comm& world, bool ok, const std::string& what);
+void agree(comm::Comm& world, bool ok, const std::string& what);
 
 }  // namespace redco::train

@@ -63,8 +63,8 @@
 #include <utility>
 #include <vector>
 
+#include "redco/comm/mesh.hpp"
 #include "redco/core/allocator.hpp"
-#include "redco/dist/mesh.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
 #include "redco/shard/plan.hpp"
@@ -194,7 +194,7 @@ class Trainer {
 
   // The forward context: the model-parallel group when there is one.
   nn::Ctx ctx(bool train, uint64_t step) const {
-    dist::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
+    comm::Comm* mp = deployer_->n_model_shards() > 1 ? &deployer_->mesh().mp_comm() : nullptr;
     nn::Ctx c{.train = train, .seed = deployer_->seed(), .step = step, .mp = mp};
     c.recompute = train && recompute_;
     return c;
@@ -400,7 +400,7 @@ class Trainer {
   std::optional<StepOutcome> custom_step(Step& step_fn, const Batch& batch, FitDriver& run) {
     const int64_t step = run.position().step;
     const int64_t j = deployer_->dp_rank();
-    dist::Comm* dp = dp_ ? &deployer_->mesh().dp_comm() : nullptr;
+    comm::Comm* dp = dp_ ? &deployer_->mesh().dp_comm() : nullptr;
     StepContext<L> sc(model_, params_, groups_,
                       ctx(true, uint64_t(step * deployer_->dp_size() + j)), dp, step);
     StepResult r =
@@ -540,7 +540,7 @@ class Trainer {
   double dp_mean(double local) const {
     if (deployer_->dp_size() == 1) return local;
     Tensor t = Tensor::full(Shape{1}, float(local));  // [1]
-    sched::sync_wait(deployer_->mesh().dp_comm().all_reduce(t, dist::ReduceOp::mean));
+    sched::sync_wait(deployer_->mesh().dp_comm().all_reduce(t, comm::ReduceOp::mean));
     return double(t.data<float>()[0]);
   }
 

@@ -6,8 +6,8 @@
 #include <numeric>
 #include <set>
 
+#include "redco/comm/comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/comm.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
 
@@ -24,7 +24,7 @@ std::string param_of(const std::string& key) {
 
 // Packs `parts` (f32) into one buffer, broadcasts it from `root` over `dp`
 // and copies the received values back into them.
-void broadcast_packed(std::vector<Tensor>& parts, int root, dist::Comm& dp) {
+void broadcast_packed(std::vector<Tensor>& parts, int root, comm::Comm& dp) {
   int64_t numel = 0;
   for (const Tensor& t : parts) {
     REDCO_CHECK(t.dtype() == DType::f32,
@@ -80,7 +80,7 @@ ParamTree ZeroPartition::owned(const ParamTree& tree) const {
   return out;
 }
 
-void ZeroPartition::share_params(ParamTree& params, dist::Comm& dp) const {
+void ZeroPartition::share_params(ParamTree& params, comm::Comm& dp) const {
   for (int r = 0; r < int(names_.size()); ++r) {
     std::vector<Tensor> parts;
     for (const std::string& n : names_[size_t(r)]) parts.push_back(params.at(n));
@@ -89,7 +89,7 @@ void ZeroPartition::share_params(ParamTree& params, dist::Comm& dp) const {
 }
 
 ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params,
-                                    dist::Comm& dp) const {
+                                    comm::Comm& dp) const {
   // The buffer kinds ("adamw.m.", "adamw.v.") from this replica's own keys:
   // every replica runs the same optimizer, so they agree.
   std::set<std::string> prefixes;
@@ -114,7 +114,7 @@ ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& par
   return out;
 }
 
-double ZeroPartition::squared_norm(const ParamTree& owned_grads, dist::Comm& dp) const {
+double ZeroPartition::squared_norm(const ParamTree& owned_grads, comm::Comm& dp) const {
   // [n * 3]: each parameter's sum of squares as three floats that add up to
   // the double exactly, filled by its owner only, so the sum over the
   // replicas (adding zeros) is exact.

@@ -32,7 +32,7 @@
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/shard/name_rules.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 class Comm;
 }
 
@@ -50,15 +50,15 @@ class ZeroPartition {
   ParamTree owned(const ParamTree& tree) const;
   // Every parameter of `params` (this rank's shards, updated in place) set to
   // its owner's values. Collective over the data-parallel group `dp`.
-  void share_params(ParamTree& params, dist::Comm& dp) const;
+  void share_params(ParamTree& params, comm::Comm& dp) const;
   // The whole optimizer state (the form Optimizer::state() has without
   // ZeRO): this replica's buffers and every other owner's. `params` give the
   // buffers' shapes. Collective over `dp`.
-  ParamTree full_state(const ParamTree& state, const ParamTree& params, dist::Comm& dp) const;
+  ParamTree full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp) const;
   // ZeRO-2: the squared global gradient norm from each replica's own
   // gradients (`owned_grads`), bit for bit as optim::checked_global_norm
   // forms it over all of them; NaN when any is not finite. Collective over `dp`.
-  double squared_norm(const ParamTree& owned_grads, dist::Comm& dp) const;
+  double squared_norm(const ParamTree& owned_grads, comm::Comm& dp) const;
   // The part of a whole optimizer state this replica keeps ("step" and the
   // buffers of the parameters it owns).
   ParamTree owned_state(const ParamTree& state) const;

@@ -8,12 +8,12 @@
 #include <string>
 #include <string_view>
 
+#include "redco/comm/launch_env.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/launch_env.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  redco::dist::Environ env;
+  redco::comm::Environ env;
   std::string_view first;
   for (size_t at = 0; at <= text.size();) {
     size_t end = text.find('\n', at);
@@ -26,20 +26,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     at = end + 1;
   }
   try {
-    (void)redco::dist::expand_slurm_nodelist(first);
+    (void)redco::comm::expand_slurm_nodelist(first);
   } catch (const redco::Error&) {
   }
   try {
-    (void)redco::dist::slurm_tasks_on_node(first, int(size % 7));
+    (void)redco::comm::slurm_tasks_on_node(first, int(size % 7));
   } catch (const redco::Error&) {
   }
   try {
-    (void)redco::dist::parse_host_port(first, "REDCO_HOST0");
+    (void)redco::comm::parse_host_port(first, "REDCO_HOST0");
   } catch (const redco::Error&) {
   }
   env["REDCO_HOST0"] = "127.0.0.1:29500";
   try {
-    (void)redco::dist::detect_launch_env(env);
+    (void)redco::comm::detect_launch_env(env);
   } catch (const redco::Error&) {
   }
   return 0;

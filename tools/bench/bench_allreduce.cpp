@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "redco/comm/launch_env.hpp"
+#include "redco/comm/ucx_comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/launch_env.hpp"
-#include "redco/dist/ucx_comm.hpp"
 
 using namespace redco;
 using Clock = std::chrono::steady_clock;
@@ -27,12 +27,12 @@ namespace {
 // Enough calls for ~256 MiB of traffic per size, at least 3.
 int default_iters(size_t bytes) { return int(std::max<size_t>(3, (size_t(256) << 20) / bytes)); }
 
-double bench_size(dist::Comm& comm, size_t bytes, int iters) {
+double bench_size(comm::Comm& comm, size_t bytes, int iters) {
   Tensor t = Tensor::full(Shape{int64_t(bytes / 4)}, 1.0f);    // [bytes/4] f32
-  sched::sync_wait(comm.all_reduce(t, dist::ReduceOp::mean));  // warm-up: wires the peers
+  sched::sync_wait(comm.all_reduce(t, comm::ReduceOp::mean));  // warm-up: wires the peers
   sched::sync_wait(comm.barrier());
   const Clock::time_point t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) sched::sync_wait(comm.all_reduce(t, dist::ReduceOp::mean));
+  for (int i = 0; i < iters; ++i) sched::sync_wait(comm.all_reduce(t, comm::ReduceOp::mean));
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
   // The mean of equal buffers is the buffer: anything else is a broken reduction.
   const float* x = t.data<float>();
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   CLI::App app{"all-reduce bus bandwidth of the UCX communicator (run under redco-run -n N)"};
   std::vector<double> sizes_mb{1, 16, 64, 256};
   int iters = 0;
-  dist::UcxOptions defaults;
+  comm::UcxOptions defaults;
   size_t small_kb = defaults.small_bytes >> 10, segment_kb = defaults.segment_bytes >> 10;
   app.add_option("--sizes-mb", sizes_mb, "buffer sizes in MiB")->delimiter(',');
   app.add_option("--iters", iters, "timed calls per size (default: ~256 MiB of traffic)");
@@ -55,11 +55,11 @@ int main(int argc, char** argv) {
   app.add_option("--segment-kb", segment_kb, "ring segment size (UcxOptions)");
   CLI11_PARSE(app, argc, argv);
   try {
-    const dist::LaunchEnv env = dist::detect_launch_env();
+    const comm::LaunchEnv env = comm::detect_launch_env();
     REDCO_CHECK(env.world_size >= 2,
                 "bench_allreduce needs at least 2 ranks: run it under redco-run -n 2");
-    std::unique_ptr<dist::Comm> comm = dist::connect_ucx([&] {
-      dist::UcxOptions o = dist::ucx_options(env);
+    std::unique_ptr<comm::Comm> comm = comm::connect_ucx([&] {
+      comm::UcxOptions o = comm::ucx_options(env);
       o.small_bytes = small_kb << 10;
       o.segment_bytes = segment_kb << 10;
       return o;

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "redco/autodiff/value_and_grad.hpp"
+#include "redco/comm/launch_env.hpp"
+#include "redco/comm/ucx_comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/launch_env.hpp"
-#include "redco/dist/ucx_comm.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/data_parallel.hpp"
 #include "redco/train/parallel.hpp"
@@ -70,9 +70,9 @@ void report(const std::vector<double>& t_overlap, const std::vector<double>& t_s
 
 // Forwards to a communicator and notes when each all_reduce is called, to
 // show where in backward the buckets start.
-class NotingComm final : public dist::Comm {
+class NotingComm final : public comm::Comm {
  public:
-  explicit NotingComm(dist::Comm& inner) : inner_(inner) {}
+  explicit NotingComm(comm::Comm& inner) : inner_(inner) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   int world_rank(int r) const override { return inner_.world_rank(r); }
@@ -80,11 +80,11 @@ class NotingComm final : public dist::Comm {
   std::vector<Clock::time_point> calls;
 
  protected:
-  Task do_all_reduce(uint64_t, Tensor t, dist::ReduceOp op) override {
+  Task do_all_reduce(uint64_t, Tensor t, comm::ReduceOp op) override {
     calls.push_back(Clock::now());
     return inner_.all_reduce(t, op);
   }
-  Task do_reduce_scatter(uint64_t, Tensor in, Tensor out, dist::ReduceOp op) override {
+  Task do_reduce_scatter(uint64_t, Tensor in, Tensor out, comm::ReduceOp op) override {
     return inner_.reduce_scatter(in, out, op);
   }
   Task do_all_gather(uint64_t, Tensor in, Tensor out) override {
@@ -96,7 +96,7 @@ class NotingComm final : public dist::Comm {
   Task do_recv(uint64_t, Tensor t, int peer, int tag) override { return inner_.recv(t, peer, tag); }
 
  private:
-  dist::Comm& inner_;
+  comm::Comm& inner_;
 };
 
 struct Setup {
@@ -105,7 +105,7 @@ struct Setup {
   int steps = 10, threads = 1;
 };
 
-void run(dist::Comm& world, const Setup& s) {
+void run(comm::Comm& world, const Setup& s) {
   NotingComm comm(world);
   const models::Gpt2Config cfg{.vocab = s.vocab,
                                .context = s.len,
@@ -186,10 +186,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, size_t(s.threads));
   try {
-    const dist::LaunchEnv env = dist::detect_launch_env();
+    const comm::LaunchEnv env = comm::detect_launch_env();
     REDCO_CHECK(env.world_size >= 2,
                 "bench_dp_overlap needs at least 2 ranks: run it under redco-run -n 2");
-    std::unique_ptr<dist::Comm> comm = dist::connect_ucx(dist::ucx_options(env));
+    std::unique_ptr<comm::Comm> comm = comm::connect_ucx(comm::ucx_options(env));
     run(*comm, s);
     sched::sync_wait(comm->barrier());
   } catch (const std::exception& e) {

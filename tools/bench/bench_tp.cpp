@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "redco/autodiff/value_and_grad.hpp"
+#include "redco/comm/launch_env.hpp"
+#include "redco/comm/threads_comm.hpp"
+#include "redco/comm/ucx_comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/launch_env.hpp"
-#include "redco/dist/threads_comm.hpp"
-#include "redco/dist/ucx_comm.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/train/parallel.hpp"
 
@@ -44,7 +44,7 @@ Tensor tokens(const Setup& s, uint64_t stream) {
   return Tensor::from<int64_t>(std::span<const int64_t>(ids), Shape{s.batch, s.len});
 }
 
-void run(dist::Comm& mp, const Setup& s) {
+void run(comm::Comm& mp, const Setup& s) {
   const models::Gpt2Config cfg{.vocab = s.vocab,
                                .context = s.len,
                                .dim = s.dim,
@@ -95,13 +95,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, size_t(s.threads));
   try {
-    const dist::LaunchEnv env = dist::detect_launch_env();
+    const comm::LaunchEnv env = comm::detect_launch_env();
     if (env.world_size == 1) {
-      dist::ThreadsWorld alone(1);
+      comm::ThreadsWorld alone(1);
       run(alone.comm(0), s);
       return 0;
     }
-    std::unique_ptr<dist::Comm> comm = dist::connect_ucx(dist::ucx_options(env));
+    std::unique_ptr<comm::Comm> comm = comm::connect_ucx(comm::ucx_options(env));
     run(*comm, s);
     sched::sync_wait(comm->barrier());
   } catch (const std::exception& e) {

@@ -28,8 +28,8 @@
 #include <tuple>
 #include <type_traits>
 
+#include "redco/comm/mesh.hpp"
 #include "redco/core/philox.hpp"
-#include "redco/dist/mesh.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"

@@ -59,7 +59,7 @@ void HangWatch::reset() {
   last_round_ns_ = 0;
 }
 
-void HangWatch::export_to(dist::Environ& env, int slot) const {
+void HangWatch::export_to(comm::Environ& env, int slot) const {
   if (!slots_) return;
   env["REDCO_HEARTBEAT_FD"] = std::to_string(fd_);
   env["REDCO_HEARTBEAT_SLOT"] = std::to_string(slot);

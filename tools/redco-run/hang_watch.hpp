@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "redco/comm/launch_env.hpp"
 #include "redco/core/heartbeat.hpp"
-#include "redco/dist/launch_env.hpp"
 
 namespace redco::run {
 
@@ -33,7 +33,7 @@ class HangWatch {
   // Clears every slot: before each attempt at the job.
   void reset();
   // REDCO_HEARTBEAT_FD, REDCO_HEARTBEAT_SLOT and REDCO_HANG_TIMEOUT for a rank.
-  void export_to(dist::Environ& env, int slot) const;
+  void export_to(comm::Environ& env, int slot) const;
   // How often the supervisor should call check(), in milliseconds.
   int period_ms() const;
   // Call once per supervision round, before check(): false when this launcher

@@ -4,7 +4,7 @@
 //   redco-run -n 8 --nnodes 2 --node-rank 1 --host0 node01:29500 -- ./prog
 //   srun --ntasks-per-node=1 redco-run -n 8 --from-env -- ./prog
 //
-// Each child gets the REDCO_* variables that dist::detect_launch_env() reads
+// Each child gets the REDCO_* variables that comm::detect_launch_env() reads
 // (global rank = node_rank * n + local rank). Output is forwarded line by line
 // with a `[rank r] ` prefix, or rank 0's only. If any rank fails, the others
 // are stopped (SIGTERM, then SIGKILL after --grace seconds) and redco-run exits
@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "hang_watch.hpp"
+#include "redco/comm/launch_env.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/launch_env.hpp"
 #include "redco_cli.hpp"
 
 namespace {
@@ -85,7 +85,7 @@ int free_local_port() {
 }
 
 JobPlan plan_from_env(const Options& o) {
-  dist::LaunchEnv le = dist::detect_launch_env();
+  comm::LaunchEnv le = comm::detect_launch_env();
   REDCO_CHECK(le.source == "slurm" || le.source == "openmpi",
               "--from-env: no Slurm or Open MPI environment found (source '{}'); start "
               "redco-run with srun or mpirun, one per node, or pass --nnodes/--node-rank/--host0",
@@ -108,16 +108,16 @@ JobPlan make_plan(const Options& o) {
                 "a free port there, the same on every node",
                 o.nnodes);
     p.port = free_local_port();
-    p.token = dist::random_job_token();
+    p.token = comm::random_job_token();
     return p;
   }
-  dist::HostPort hp = dist::parse_host_port(o.host0, "--host0");
-  dist::check_resolvable(hp.host, "--host0");
+  comm::HostPort hp = comm::parse_host_port(o.host0, "--host0");
+  comm::check_resolvable(hp.host, "--host0");
   p.host0 = hp.host;
   p.port = hp.port;
   // Launchers on different nodes cannot share a random value, so the token is
   // derived from what they are all given.
-  p.token = o.nnodes == 1 && o.job_id == "default" ? dist::random_job_token()
+  p.token = o.nnodes == 1 && o.job_id == "default" ? comm::random_job_token()
                                                    : "job-" + o.job_id + "@" + o.host0;
   return p;
 }
@@ -125,7 +125,7 @@ JobPlan make_plan(const Options& o) {
 // This process's environment plus the REDCO_* variables of one rank.
 std::vector<std::string> child_environ(const JobPlan& p, const Options& o, int local, int restart,
                                        const run::HangWatch& watch) {
-  dist::Environ env = dist::current_environ();
+  comm::Environ env = comm::current_environ();
   std::string host = p.host0.find(':') != std::string::npos ? "[" + p.host0 + "]" : p.host0;
   env["REDCO_RANK"] = std::to_string(p.node_rank * p.nprocs + local);
   env["REDCO_WORLD_SIZE"] = std::to_string(p.nnodes * p.nprocs);
@@ -485,7 +485,7 @@ int run_with_restarts(JobPlan plan, const Options& o) {
     // no straggler of the last attempt can join the new one.
     if (plan.nnodes == 1 && o.host0.empty() && !o.from_env) {
       plan.port = free_local_port();
-      plan.token = dist::random_job_token();
+      plan.token = comm::random_job_token();
     }
   }
 }

@@ -1,4 +1,4 @@
-#include "redco/dist/rendezvous.hpp"
+#include "redco/comm/rendezvous.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -19,7 +19,7 @@
 
 #include "redco/core/error.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -377,4 +377,4 @@ std::vector<std::string> Rendezvous::join(const std::string& blob) {
   return blobs;
 }
 
-}  // namespace redco::dist
+}  // namespace redco::comm

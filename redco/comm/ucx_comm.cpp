@@ -1,4 +1,4 @@
-#include "redco/dist/ucx_comm.hpp"
+#include "redco/comm/ucx_comm.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "redco/comm/ucx_world.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/ucx_world.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 using namespace ucx_detail;
 namespace {
 
@@ -449,4 +449,4 @@ UcxOptions ucx_options(const LaunchEnv& env) {
           .timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000))};
 }
 
-}  // namespace redco::dist
+}  // namespace redco::comm

@@ -9,7 +9,7 @@
 // memory, single-copy CMA for large messages; ~1.5x TCP loopback's
 // bandwidth) and an idle TCP one that reports the peer's death.
 //
-//   auto comm = dist::connect_ucx({.rank = r, .world_size = n, .host0 = "10.0.0.1",
+//   auto comm = comm::connect_ucx({.rank = r, .world_size = n, .host0 = "10.0.0.1",
 //                                  .port = 29500, .job_token = token,
 //                                  .plan_hash = plan_hash});
 //   sched::sync_wait(comm->all_reduce(grad, ReduceOp::mean));
@@ -51,11 +51,11 @@
 #include <memory>
 #include <string>
 
-#include "redco/dist/comm.hpp"
-#include "redco/dist/launch_env.hpp"
-#include "redco/dist/rendezvous.hpp"
+#include "redco/comm/comm.hpp"
+#include "redco/comm/launch_env.hpp"
+#include "redco/comm/rendezvous.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 
 // Designated initialisers name these fields in the order declared below (C++20 rule).
 struct UcxOptions {
@@ -87,4 +87,4 @@ std::unique_ptr<Comm> connect_ucx(const UcxOptions& options);
 // size, host and token fields are ignored: the rendezvous has them.
 std::unique_ptr<Comm> connect_ucx(Rendezvous& rendezvous, const UcxOptions& options);
 
-}  // namespace redco::dist
+}  // namespace redco::comm

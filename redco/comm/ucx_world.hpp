@@ -16,13 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "redco/comm/ucx_comm.hpp"
 #include "redco/core/heartbeat.hpp"
 #include "redco/core/tensor.hpp"
-#include "redco/dist/ucx_comm.hpp"
 #include "redco/sched/event.hpp"
 #include "redco/sched/progress.hpp"
 
-namespace redco::dist::ucx_detail {
+namespace redco::comm::ucx_detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -140,4 +140,4 @@ std::string init_worker(World& w);
 // blobs (see ucx_world.cpp for why same-host peers get two).
 void connect_peers(World& w, const std::vector<std::string>& blobs);
 
-}  // namespace redco::dist::ucx_detail
+}  // namespace redco::comm::ucx_detail

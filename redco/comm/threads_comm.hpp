@@ -30,9 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "redco/dist/comm.hpp"
+#include "redco/comm/comm.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 
 // Designated initialisers name these fields in the order declared below (C++20 rule).
 struct ThreadsOptions {
@@ -71,4 +71,4 @@ class ThreadsWorld {
   std::vector<std::unique_ptr<Comm>> comms_;
 };
 
-}  // namespace redco::dist
+}  // namespace redco::comm

@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-namespace redco::dist {
+namespace redco::comm {
 
 using Environ = std::map<std::string, std::string>;
 
@@ -74,4 +74,4 @@ void check_resolvable(const std::string& host, std::string_view what);
 // A fresh random token (hex), for jobs started by one redco-run.
 std::string random_job_token();
 
-}  // namespace redco::dist
+}  // namespace redco::comm

@@ -1,4 +1,4 @@
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,7 +14,7 @@
 #include "redco/sched/progress.hpp"
 #include "redco/sched/run_queue.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 namespace detail {
 
 using Clock = std::chrono::steady_clock;
@@ -589,4 +589,4 @@ void ThreadsWorld::run(const std::function<void(Comm&)>& fn) {
   if (!state_->failure.empty()) throw Error(state_->failure);
 }
 
-}  // namespace redco::dist
+}  // namespace redco::comm

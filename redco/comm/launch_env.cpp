@@ -1,4 +1,4 @@
-#include "redco/dist/launch_env.hpp"
+#include "redco/comm/launch_env.hpp"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -13,7 +13,7 @@
 
 extern char** environ;
 
-namespace redco::dist {
+namespace redco::comm {
 namespace {
 
 // The variable names one source uses, so every error names what to fix.
@@ -392,4 +392,4 @@ std::string random_job_token() {
   return fmt::format("{:016x}{:016x}", dist(rd), dist(rd));
 }
 
-}  // namespace redco::dist
+}  // namespace redco::comm

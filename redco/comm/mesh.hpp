@@ -11,10 +11,10 @@
 #include <memory>
 #include <vector>
 
+#include "redco/comm/comm.hpp"
 #include "redco/core/error.hpp"
-#include "redco/dist/comm.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 
 // The arithmetic of the grid, without communicators.
 struct MeshShape {
@@ -73,4 +73,4 @@ class Mesh {
   std::unique_ptr<Comm> mp_, dp_;
 };
 
-}  // namespace redco::dist
+}  // namespace redco::comm

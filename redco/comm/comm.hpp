@@ -31,7 +31,7 @@
 #include "redco/core/tensor.hpp"
 #include "redco/sched/task.hpp"
 
-namespace redco::dist {
+namespace redco::comm {
 
 enum class ReduceOp { sum, mean };
 
@@ -106,4 +106,4 @@ class Comm {
   P2pSeqs send_seq_, recv_seq_;
 };
 
-}  // namespace redco::dist
+}  // namespace redco::comm

@@ -1,6 +1,6 @@
 // The UCX world: World's methods, the UCX completion callbacks, and the
 // connection set-up (worker, endpoints, log handler). See ucx_world.hpp.
-#include "redco/dist/ucx_world.hpp"
+#include "redco/comm/ucx_world.hpp"
 
 #include <fmt/format.h>
 #include <ucs/debug/log_def.h>
@@ -13,7 +13,7 @@
 
 #include "redco/core/error.hpp"
 
-namespace redco::dist::ucx_detail {
+namespace redco::comm::ucx_detail {
 namespace {
 
 void check_ucs(ucs_status_t st, const char* what) {
@@ -314,4 +314,4 @@ std::string init_worker(World& w) {
   return blob;
 }
 
-}  // namespace redco::dist::ucx_detail
+}  // namespace redco::comm::ucx_detail

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-namespace redco::dist {
+namespace redco::comm {
 
 // Designated initialisers name these fields in the order declared below (C++20 rule).
 struct RendezvousOptions {
@@ -62,4 +62,4 @@ class Rendezvous {
   int port_ = 0;
 };
 
-}  // namespace redco::dist
+}  // namespace redco::comm

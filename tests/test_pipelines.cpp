@@ -221,6 +221,42 @@ TEST_CASE("per-epoch examples from the current model resume bit for bit", "[pipe
   CHECK(bitwise_equal(resumed, straight));
 }
 
+TEST_CASE("per-epoch examples with passes: each pass a fresh order of the same examples",
+          "[pipelines]") {
+  // Example i of epoch e has y = 100 e + i, so the loss sees which one it got.
+  std::vector<int64_t> calls;
+  auto examples = [&](int64_t epoch) {
+    calls.push_back(epoch);
+    std::vector<Point> out = make_points(6, 2);
+    for (size_t i = 0; i < out.size(); ++i) out[i].y = float(100 * epoch + int64_t(i));
+    return out;
+  };
+  std::vector<int64_t> seen;  // the examples in the order the steps used them
+  auto loss = [&](auto& m, const Batch& b, Rng) {
+    for (int64_t i = 0; i < b.y.numel(); ++i) seen.push_back(int64_t(b.y.data<float>()[i]));
+    return mse(m(b.x), b.y);
+  };
+  Deployer d({.seed = 3, .quiet = true});
+  Trainer trainer(d, nn::linear(kIn, 1), collate, loss, optim::sgd(optim::constant(0.f)));
+  int64_t steps = 0;
+  trainer.fit(
+      per_epoch(6, examples, {.passes = 3}),
+      {.global_batch_size = 4, .n_epochs = 2, .on_step = [&](const StepInfo&) { ++steps; }});
+  CHECK(calls == std::vector<int64_t>{0, 1});  // made once per epoch
+  CHECK(steps == 8);                           // floor(3 x 6 / 4) a epoch
+  std::vector<int64_t> want;
+  for (int64_t e = 0; e < 2; ++e) {
+    std::vector<int64_t> epoch;  // the three passes' orders, the last partial batch dropped
+    for (int64_t p = 0; p < 3; ++p)
+      for (const int64_t i : d.epoch_order(e * 3 + p, 6)) epoch.push_back(100 * e + i);
+    want.insert(want.end(), epoch.begin(), epoch.begin() + 16);
+  }
+  CHECK(seen == want);
+  CHECK(d.epoch_order(0, 6) != d.epoch_order(1, 6));  // the passes do differ
+  CHECK_THROWS_WITH(trainer.fit(per_epoch(6, examples, {.passes = 0}), {.global_batch_size = 4}),
+                    Catch::Contains("needs passes >= 1"));
+}
+
 TEST_CASE("per-epoch examples: a wrong count is one clear error", "[pipelines]") {
   Deployer d({.seed = 11, .quiet = true});
   Trainer trainer(

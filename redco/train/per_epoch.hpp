@@ -20,6 +20,13 @@
 // Under model parallelism it is collective over the model shards, as any
 // forward pass is.
 //
+// Several passes. per_epoch(n, fn, {.passes = k}) visits the epoch's n
+// examples k times, each pass in its own order (PPO's optimisation epochs
+// over one batch of rollouts): the epoch is floor(k * n / global_batch_size)
+// steps, pass p is ordered by deployer.epoch_order(epoch * k + p, n), and a
+// batch that straddles two passes takes the end of one and the start of the
+// next. fn is still called once per epoch. k = 1 is the plain per_epoch.
+//
 // Exact resume. A resumed run equals an uninterrupted one bit for bit when
 // the examples are a function of the epoch (and, in the second form, of the
 // model and the Rng it receives) alone: a checkpoint written in the middle of
@@ -35,15 +42,21 @@
 
 namespace redco::train {
 
+// Designated initialisers name these fields in the order declared below (C++20 rule).
+struct PerEpochOptions {
+  int64_t passes = 1;  // visits of the epoch's examples, each in its own order
+};
+
 template <typename F>
 struct PerEpoch {
   int64_t n = 0;  // examples in every epoch
   F fn;
+  int64_t passes = 1;
 };
 
 template <typename F>
-PerEpoch<F> per_epoch(int64_t n, F fn) {
-  return {n, std::move(fn)};
+PerEpoch<F> per_epoch(int64_t n, F fn, PerEpochOptions options = {}) {
+  return {n, std::move(fn), options.passes};
 }
 
 template <typename T>

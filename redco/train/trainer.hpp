@@ -237,7 +237,7 @@ class Trainer {
     while (!run.done()) {
       const Position at = run.position();
       const auto& train = examples_at(source, at, fresh);
-      const std::vector<int64_t> order = deployer_->epoch_order(at.epoch, n, o.shuffle);
+      const std::vector<int64_t> order = epoch_order(source, at.epoch, o.shuffle);
       const int64_t micro = run.micro_batch(), first = at.step_in_epoch * run.accumulation();
       const int64_t n_micro = run.steps_per_epoch() * run.accumulation() - first;
       // Micro-batch i of this epoch, this replica's share of it: replicas take
@@ -268,14 +268,36 @@ class Trainer {
 
   // ---- per-epoch examples -----------------------------------------------------------------
 
+  // Examples an epoch visits: with per_epoch, n per pass.
   template <typename Source>
   static int64_t examples_size(const Source& s) {
     if constexpr (is_per_epoch<Source>::value) {
       REDCO_CHECK(s.n > 0, "fit: per_epoch(n, ...) needs n > 0 examples per epoch, got {}", s.n);
-      return s.n;
+      REDCO_CHECK(s.passes >= 1, "fit: per_epoch(n, fn, {{.passes = {}}}) needs passes >= 1",
+                  s.passes);
+      return s.n * s.passes;
     } else {
       return int64_t(std::ranges::size(s));
     }
+  }
+
+  // The epoch's order: the passes' orders one after the other (indices into
+  // the epoch's examples).
+  template <typename Source>
+  std::vector<int64_t> epoch_order(const Source& s, int64_t epoch, bool shuffle) const {
+    if constexpr (is_per_epoch<Source>::value) {
+      if (s.passes > 1) {
+        std::vector<int64_t> order;
+        order.reserve(size_t(s.n * s.passes));
+        for (int64_t p = 0; p < s.passes; ++p) {
+          const std::vector<int64_t> pass =
+              deployer_->epoch_order(epoch * s.passes + p, s.n, shuffle);
+          order.insert(order.end(), pass.begin(), pass.end());
+        }
+        return order;
+      }
+    }
+    return deployer_->epoch_order(epoch, examples_size(s), shuffle);
   }
 
   // The examples of the epoch at `at`: the range itself, or the per-epoch

@@ -144,6 +144,33 @@ TEST_CASE("adapter-only checkpoints leave the frozen part out and resume bit for
   CHECK_FALSE(file.contains("frozen.bias"));
 }
 
+TEST_CASE("a polyak target starts as a copy of its source; given parameters are kept",
+          "[pipelines]") {
+  const auto net = nn::linear(kIn, 4) | nn::tanh() | nn::linear(4, 1);
+  const auto pair = nn::parts(nn::named<"online">(net), nn::named<"target">(net));
+  auto groups = [] {
+    return ParamGroups()
+        .train("online", optim::sgd(optim::constant(0.1f)))
+        .freeze("target")
+        .polyak("target", "online", 0.5f);
+  };
+  const auto loss = [](auto& m, const Batch& b, Rng) { return mse(part<"online">(m)(b.x), b.y); };
+  Deployer d({.seed = 4, .quiet = true});
+  const ParamTree init = nn::init_params(pair, 4);
+  // Initialised apart (each parameter has its own stream), then copied.
+  CHECK_FALSE(bitwise_equal(ParamTree{{"w", init.at("online.fc_1.weight")}},
+                            ParamTree{{"w", init.at("target.fc_1.weight")}}));
+  Trainer fresh(d, pair, collate, loss, groups());
+  for (const auto& [n, t] : fresh.params()) {
+    INFO(n);
+    const std::string twin = n.starts_with("target.") ? "online" + n.substr(6) : n;
+    CHECK(std::memcmp(t.raw(), fresh.params().at(twin).raw(), t.nbytes()) == 0);
+    CHECK(std::memcmp(t.raw(), init.at(twin).raw(), t.nbytes()) == 0);  // the source's own init
+  }
+  Trainer given(d, pair, collate, loss, groups(), clone(init));
+  CHECK(bitwise_equal(given.params(), init));
+}
+
 TEST_CASE("a polyak target is the tau-mix of its source after every step", "[pipelines]") {
   const std::vector<Point> data = make_points(16, 3);
   const auto net = nn::linear(kIn, 4) | nn::tanh() | nn::linear(4, 1);

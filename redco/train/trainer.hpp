@@ -101,6 +101,7 @@ class Trainer {
         plan_(shard::resolve(model_, deployer.n_model_shards())),
         params_(initial_params(std::move(params))) {
     groups_.bind(plan_);
+    if (!params) groups_.start_targets(params_);  // given parameters are taken as they are
     order_ = groups_.trained_only(param_order(plan_));
     saved_plan_ = groups_.saved_plan(plan_);
     if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());

@@ -86,9 +86,9 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     const double xv = xr.lo + (xr.hi - xr.lo) * i / 4, yv = yr.lo + (yr.hi - yr.lo) * i / 4;
     out += fmt::format(
         "<line x1=\"{0:.2f}\" y1=\"{1}\" x2=\"{0:.2f}\" y2=\"{2}\" stroke=\"#ddd\"/>\n"
-        "<text x=\"{0:.2f}\" y=\"{3}\" text-anchor=\"middle\">{4:g}</text>\n"
+        "<text x=\"{0:.2f}\" y=\"{3}\" text-anchor=\"middle\">{4:.4g}</text>\n"
         "<line x1=\"{5}\" y1=\"{6:.2f}\" x2=\"{7}\" y2=\"{6:.2f}\" stroke=\"#ddd\"/>\n"
-        "<text x=\"{8}\" y=\"{9:.2f}\" text-anchor=\"end\">{10:g}</text>\n",
+        "<text x=\"{8}\" y=\"{9:.2f}\" text-anchor=\"end\">{10:.4g}</text>\n",
         px(xv), y0, y1, y1 + 16, xv, x0, py(yv), x1, x0 - 6, py(yv) + 4, yv);
   }
   out += fmt::format(

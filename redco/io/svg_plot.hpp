@@ -12,7 +12,7 @@
 // height - kBottom] in SVG pixels; x grows right, y up (so a larger value
 // has a smaller SVG y). Axis ranges are the data's minimum and maximum over
 // every series, widened to a unit around a single value; five ticks per
-// axis, labelled with %g. Each series is one <polyline> (points "x,y ..."
+// axis, labelled with 4 significant digits. Each series is one <polyline> (points "x,y ..."
 // with two decimals), coloured from a fixed palette, named in a legend.
 // Text is XML-escaped.
 #include <filesystem>

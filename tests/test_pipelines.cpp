@@ -4,6 +4,7 @@
 // bit). Expected values are computed by hand in double from closed-form
 // gradients of a linear model (tests/pipelines_fixtures.hpp).
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "pipelines_fixtures.hpp"
@@ -282,6 +283,80 @@ TEST_CASE("per-epoch examples with passes: each pass a fresh order of the same e
   CHECK(d.epoch_order(0, 6) != d.epoch_order(1, 6));  // the passes do differ
   CHECK_THROWS_WITH(trainer.fit(per_epoch(6, examples, {.passes = 0}), {.global_batch_size = 4}),
                     Catch::Contains("needs passes >= 1"));
+}
+
+TEST_CASE("per-replica examples: each replica trains on its own, gradients averaged",
+          "[pipelines]") {
+  // Replica r's example i of epoch e has y = 1000 r + 100 e + i (r from its Rng's stream).
+  constexpr int kReplicas = 2;
+  std::vector<std::vector<int64_t>> counts(kReplicas), seen(kReplicas);
+  std::vector<uint64_t> streams(kReplicas);
+  std::vector<ParamTree> finals(kReplicas);
+  auto body = [&](dist::Comm& c) {
+    const int r = c.rank();
+    auto examples = [&](int64_t epoch, auto&, Rng rng, int64_t count) {
+      counts[size_t(r)].push_back(count);
+      streams[size_t(r)] = rng.stream;
+      std::vector<Point> out = make_points(count, uint64_t(r));
+      for (size_t i = 0; i < out.size(); ++i) out[i].y = float(1000 * r + 100 * epoch + int64_t(i));
+      return out;
+    };
+    auto loss = [&](auto& m, const Batch& b, Rng) {
+      for (int64_t i = 0; i < b.y.numel(); ++i)
+        seen[size_t(r)].push_back(int64_t(b.y.data<float>()[i]));
+      return mse(m(b.x), b.y * 0.001f);
+    };
+    Deployer d({.seed = 8, .quiet = true, .world = &c});
+    Trainer trainer(d, nn::linear(kIn, 1), collate, loss, optim::sgd(optim::constant(0.1f)));
+    trainer.fit(per_epoch(12, examples, {.passes = 2, .per_replica = true}),
+                {.global_batch_size = 4, .n_epochs = 2});
+    finals[size_t(r)] = clone(trainer.params());
+  };
+  dist::ThreadsWorld w(kReplicas);
+  w.run(body);
+  CHECK(streams[0] != streams[1]);  // the replicas draw differently
+  for (int r = 0; r < kReplicas; ++r) {
+    INFO("replica " << r);
+    CHECK(counts[size_t(r)] == std::vector<int64_t>{6, 6});  // 12 / 2 each epoch
+    // 6 steps an epoch (2 x 12 / 4), each taking 2 of this replica's own examples:
+    // both passes over its 6, every one twice.
+    REQUIRE(seen[size_t(r)].size() == 24);
+    std::map<int64_t, int> visits;
+    for (const int64_t y : seen[size_t(r)]) ++visits[y];
+    CHECK(visits.size() == 12);
+    for (const auto& [y, k] : visits) {
+      CHECK(y / 1000 == r);
+      CHECK(k == 2);
+    }
+  }
+  CHECK(bitwise_equal(finals[0], finals[1]));  // one model: the averaged gradients
+  // What cannot work is one clear error (messages kept per rank: Catch checks on one thread).
+  std::vector<std::string> errors(2 * kReplicas);
+  dist::ThreadsWorld w2(kReplicas);
+  w2.run([&](dist::Comm& c) {
+    Deployer d({.seed = 8, .quiet = true, .world = &c});
+    Trainer trainer(
+        d, nn::linear(kIn, 1), collate,
+        [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
+        optim::sgd(optim::constant(0.1f)));
+    auto counted = [](int64_t, auto&, Rng, int64_t count) { return make_points(count, 1); };
+    auto three = [](int64_t, auto&, Rng) { return make_points(4, 1); };
+    try {
+      trainer.fit(per_epoch(7, counted, {.per_replica = true}), {.global_batch_size = 2});
+    } catch (const Error& e) {
+      errors[size_t(2 * c.rank())] = e.what();
+    }
+    try {
+      trainer.fit(per_epoch(8, three, {.per_replica = true}), {.global_batch_size = 2});
+    } catch (const Error& e) {
+      errors[size_t(2 * c.rank() + 1)] = e.what();
+    }
+  });
+  for (int r = 0; r < kReplicas; ++r) {
+    CHECK_THAT(errors[size_t(2 * r)], Catch::Contains("n must be a multiple of the replicas"));
+    CHECK_THAT(errors[size_t(2 * r + 1)],
+               Catch::Contains("needs fn(int64_t epoch, model&, Rng, int64_t count)"));
+  }
 }
 
 TEST_CASE("per-epoch examples: a wrong count is one clear error", "[pipelines]") {

@@ -9,6 +9,7 @@
 //   build/samples/reinforcement_learning/ddpg --workdir ddpg_pendulum
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "common.hpp"
 #include "redco_cli.hpp"
@@ -58,13 +59,13 @@ int main(int argc, char** argv) try {
   app.add_option("--workdir", workdir, "metrics.jsonl, TensorBoard events, returns.svg");
   REDCO_CLI_PARSE(app, argc, argv);
 
-  rl::VectorEnv envs(env_name, n_envs, seed);  // an unknown name: one error listing the tasks
-  const rl::EnvInfo info = envs.info();
+  // An unknown name: one error listing the tasks.
+  const rl::EnvInfo info = rl::VectorEnv(env_name, 1, seed).info();
   REDCO_CHECK(info.action_dim == 1 && info.obs_dim == 3,
               "{} has discrete actions; DDPG needs a continuous one (Pendulum-v1); ppo solves "
               "CartPole-v1 and Acrobot-v1",
               env_name);
-  const int64_t D = info.obs_dim, N = n_envs;
+  const int64_t D = info.obs_dim;
   const float max_action = info.action_high;
   auto actor = nn::linear(D, hidden) | nn::relu() | nn::linear(hidden, hidden) | nn::relu() |
                nn::linear(hidden, 1) | nn::tanh();  // times max_action
@@ -114,12 +115,15 @@ int main(int argc, char** argv) try {
 
   // The replay buffer: a ring of the last `buffer` transitions.
   std::vector<Transition> replay;
-  int64_t next_slot = 0, env_steps = 0;
-  std::vector<float> actions(static_cast<size_t>(N));
+  int64_t next_slot = 0, env_steps = 0;   // env steps of all processes
+  std::optional<rl::VectorEnv> own_envs;  // this process's share of the --envs environments
+  std::vector<float> actions;
   rl_sample::Returns returns;
-  const int64_t updates = N * horizon;  // steps per epoch
+  const int64_t updates = n_envs * horizon;  // steps per epoch
   Deployer deployer({.seed = seed, .workdir = workdir});
   auto collect = [&](auto& policy, Rng rng, bool random) {  // one step of every env
+    rl::VectorEnv& envs = *own_envs;
+    const int64_t N = envs.size();
     const std::span<const float> o = envs.observations();
     if (random) {
       for (int64_t i = 0; i < N; ++i)
@@ -147,17 +151,26 @@ int main(int argc, char** argv) try {
       next_slot = (next_slot + 1) % buffer;
     }
     returns.collect(envs);
-    env_steps += N;
+    env_steps += n_envs;
   };
   // Epoch e: more transitions (epoch 0 first adds `warmup` random ones), then
   // `updates` minibatches drawn uniformly from the buffer.
-  auto examples = [&](int64_t epoch, auto& policy, Rng rng) {
-    for (int64_t t = 0; epoch == 0 && t * N < warmup; ++t)
+  // Each data-parallel replica steps its own envs into its own buffer and
+  // draws its share (count) of the minibatches from it.
+  auto examples = [&](int64_t epoch, auto& policy, Rng rng, int64_t count) {
+    REDCO_CHECK(count % (horizon * batch) == 0,
+                "--envs {} do not split evenly over the data-parallel processes", n_envs);
+    if (!own_envs) {
+      const Rng r = rng.split("envs");
+      own_envs.emplace(env_name, count / (horizon * batch), uint64_t(r.bits(0)) << 32 | r.bits(1));
+      actions.resize(size_t(own_envs->size()));
+    }
+    for (int64_t t = 0; epoch == 0 && t * n_envs < warmup; ++t)
       collect(policy, rng.split("warmup").split(uint64_t(t)), true);
     for (int64_t t = 0; t < horizon; ++t)
       collect(policy, rng.split("explore").split(uint64_t(t)), false);
     returns.epoch_done(deployer, epoch, epoch * updates, env_steps, print_every);
-    std::vector<Transition> out(size_t(updates * batch));
+    std::vector<Transition> out(static_cast<size_t>(count));
     const Rng draw = rng.split("draw");
     for (size_t j = 0; j < out.size(); ++j)
       out[j] = replay[size_t(draw.uniform01(j) * double(replay.size()))];
@@ -172,7 +185,7 @@ int main(int argc, char** argv) try {
                       .freeze("target_critic")
                       .polyak("target_actor", "actor", tau)
                       .polyak("target_critic", "critic", tau));
-  trainer.fit(per_epoch(updates * batch, examples),
+  trainer.fit(per_epoch(updates * batch, examples, {.per_replica = true}),
               {.global_batch_size = batch,
                .n_epochs = epochs,
                .shuffle = false,

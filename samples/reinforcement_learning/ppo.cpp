@@ -6,6 +6,7 @@
 //   build/samples/reinforcement_learning/ppo --env CartPole-v1 --workdir ppo_cartpole
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "common.hpp"
 #include "redco_cli.hpp"
@@ -52,15 +53,15 @@ int main(int argc, char** argv) try {
   app.add_option("--workdir", workdir, "metrics.jsonl, TensorBoard events, returns.svg");
   REDCO_CLI_PARSE(app, argc, argv);
 
-  rl::VectorEnv envs(env_name, n_envs, seed);  // an unknown name: one error listing the tasks
-  const rl::EnvInfo info = envs.info();
+  // An unknown name: one error listing the tasks.
+  const rl::EnvInfo info = rl::VectorEnv(env_name, 1, seed).info();
   REDCO_CHECK(info.n_actions > 0,
               "{} has continuous actions; this PPO samples discrete ones (CartPole-v1, "
               "Acrobot-v1); ddpg solves Pendulum-v1",
               env_name);
-  const int64_t D = info.obs_dim, A = info.n_actions, N = n_envs, T = horizon;
-  REDCO_CHECK(batch <= N * T, "--batch-size {} is more than an epoch's {} transitions", batch,
-              N * T);
+  const int64_t D = info.obs_dim, A = info.n_actions, T = horizon;
+  REDCO_CHECK(batch <= n_envs * T, "--batch-size {} is more than an epoch's {} transitions", batch,
+              n_envs * T);
   auto mlp = [&](int64_t out) {
     return nn::linear(D, hidden) | nn::tanh() | nn::linear(hidden, hidden) | nn::tanh() |
            nn::linear(hidden, out);
@@ -100,16 +101,29 @@ int main(int argc, char** argv) try {
     return argmax(part<"actor">(m)(b.obs), 1).template values<int64_t>();
   };
 
-  // Rollout buffers, [T, N] (obs [T, N, D]), reused every epoch.
-  std::vector<float> obs(size_t(T * N * D)), rew(size_t(T * N)), val(size_t(T * N)),
-      next_val(size_t(T * N)), logp(size_t(T * N)), adv(size_t(T * N)), ret(size_t(T * N));
-  std::vector<int64_t> act(size_t(T * N));
-  std::vector<uint8_t> term(size_t(T * N)), ends(size_t(T * N));
+  // This process's envs and rollout buffers, [T, N] (obs [T, N, D]), made by the first epoch.
+  std::optional<rl::VectorEnv> own_envs;
+  std::vector<float> obs, rew, val, next_val, logp, adv, ret;
+  std::vector<int64_t> act;
+  std::vector<uint8_t> term, ends;
   rl_sample::Returns returns;
-  const int64_t steps_per_epoch = Deployer::steps_per_epoch(passes * N * T, batch);
+  const int64_t steps_per_epoch = Deployer::steps_per_epoch(passes * n_envs * T, batch);
   Deployer deployer({.seed = seed, .workdir = workdir});
-  // Episodes run on across epochs: each epoch continues the envs where the last one stopped.
-  auto rollouts = [&](int64_t epoch, auto& policy, Rng rng) {
+  // Each data-parallel replica steps its own share of the --envs environments
+  // (count = its share of the transitions) with its own seed; episodes run on
+  // across epochs: each epoch continues the envs where the last one stopped.
+  auto rollouts = [&](int64_t epoch, auto& policy, Rng rng, int64_t count) {
+    REDCO_CHECK(count % T == 0, "--envs {} do not split evenly over the data-parallel processes",
+                n_envs);
+    const int64_t N = count / T;
+    if (!own_envs) {
+      const Rng r = rng.split("envs");
+      own_envs.emplace(env_name, N, uint64_t(r.bits(0)) << 32 | r.bits(1));
+      for (auto* v : {&obs, &rew, &val, &next_val, &logp, &adv, &ret})
+        v->resize(size_t(T * N * (v == &obs ? D : 1)));
+      act.resize(size_t(T * N)), term.resize(size_t(T * N)), ends.resize(size_t(T * N));
+    }
+    rl::VectorEnv& envs = *own_envs;
     auto actor = part<"actor">(policy);
     auto critic = part<"critic">(policy);
     auto values = [&](std::span<const float> o, auto&& use) {  // the critic on [N, D] observations
@@ -148,7 +162,8 @@ int main(int argc, char** argv) try {
       if (!ends[size_t((T - 1) * N + i)]) next_val[size_t((T - 1) * N + i)] = v;
     });
     rl::gae({rew, val, next_val, term, ends, N}, {.gamma = gamma, .lambda = lambda}, adv, ret);
-    returns.epoch_done(deployer, epoch, epoch * steps_per_epoch, (epoch + 1) * N * T, print_every);
+    returns.epoch_done(deployer, epoch, epoch * steps_per_epoch, (epoch + 1) * n_envs * T,
+                       print_every);
     std::vector<Transition> out(size_t(N * T));
     for (size_t j = 0; j < out.size(); ++j) {
       std::copy_n(obs.begin() + int64_t(j) * D, D, out[j].obs.begin());
@@ -165,7 +180,7 @@ int main(int argc, char** argv) try {
           .train("critic", optim::adam(optim::linear(critic_lr, 0.f, epochs * steps_per_epoch),
                                        {.eps = 1e-5f, .max_grad_norm = 0.5f})));
   trainer.fit(
-      per_epoch(N * T, rollouts, {.passes = passes}),
+      per_epoch(n_envs * T, rollouts, {.passes = passes, .per_replica = true}),
       {.global_batch_size = batch, .n_epochs = epochs, .log_every = steps_per_epoch * print_every});
   returns.plot(deployer, fmt::format("PPO on {}", env_name));
 

@@ -26,6 +26,7 @@
 #include "redco/optim/schedule.hpp"
 #include "redco/privacy/accountant.hpp"
 #include "redco/privacy/per_example.hpp"
+#include "redco/rl/returns.hpp"
 #include "redco/rl/vector_env.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/trainer.hpp"

@@ -4,6 +4,7 @@
 // bit). Expected values are computed by hand in double from closed-form
 // gradients of a linear model (tests/pipelines_fixtures.hpp).
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "pipelines_fixtures.hpp"
@@ -144,6 +145,33 @@ TEST_CASE("adapter-only checkpoints leave the frozen part out and resume bit for
   CHECK_FALSE(file.contains("frozen.bias"));
 }
 
+TEST_CASE("a polyak target starts as a copy of its source; given parameters are kept",
+          "[pipelines]") {
+  const auto net = nn::linear(kIn, 4) | nn::tanh() | nn::linear(4, 1);
+  const auto pair = nn::parts(nn::named<"online">(net), nn::named<"target">(net));
+  auto groups = [] {
+    return ParamGroups()
+        .train("online", optim::sgd(optim::constant(0.1f)))
+        .freeze("target")
+        .polyak("target", "online", 0.5f);
+  };
+  const auto loss = [](auto& m, const Batch& b, Rng) { return mse(part<"online">(m)(b.x), b.y); };
+  Deployer d({.seed = 4, .quiet = true});
+  const ParamTree init = nn::init_params(pair, 4);
+  // Initialised apart (each parameter has its own stream), then copied.
+  CHECK_FALSE(bitwise_equal(ParamTree{{"w", init.at("online.fc_1.weight")}},
+                            ParamTree{{"w", init.at("target.fc_1.weight")}}));
+  Trainer fresh(d, pair, collate, loss, groups());
+  for (const auto& [n, t] : fresh.params()) {
+    INFO(n);
+    const std::string twin = n.starts_with("target.") ? "online" + n.substr(6) : n;
+    CHECK(std::memcmp(t.raw(), fresh.params().at(twin).raw(), t.nbytes()) == 0);
+    CHECK(std::memcmp(t.raw(), init.at(twin).raw(), t.nbytes()) == 0);  // the source's own init
+  }
+  Trainer given(d, pair, collate, loss, groups(), clone(init));
+  CHECK(bitwise_equal(given.params(), init));
+}
+
 TEST_CASE("a polyak target is the tau-mix of its source after every step", "[pipelines]") {
   const std::vector<Point> data = make_points(16, 3);
   const auto net = nn::linear(kIn, 4) | nn::tanh() | nn::linear(4, 1);
@@ -219,6 +247,116 @@ TEST_CASE("per-epoch examples from the current model resume bit for bit", "[pipe
   const ParamTree resumed = run(b.path, 0, true);
   CHECK(calls == std::vector<int64_t>{2, 3});  // epoch 2 rebuilt from its starting parameters
   CHECK(bitwise_equal(resumed, straight));
+}
+
+TEST_CASE("per-epoch examples with passes: each pass a fresh order of the same examples",
+          "[pipelines]") {
+  // Example i of epoch e has y = 100 e + i, so the loss sees which one it got.
+  std::vector<int64_t> calls;
+  auto examples = [&](int64_t epoch) {
+    calls.push_back(epoch);
+    std::vector<Point> out = make_points(6, 2);
+    for (size_t i = 0; i < out.size(); ++i) out[i].y = float(100 * epoch + int64_t(i));
+    return out;
+  };
+  std::vector<int64_t> seen;  // the examples in the order the steps used them
+  auto loss = [&](auto& m, const Batch& b, Rng) {
+    for (int64_t i = 0; i < b.y.numel(); ++i) seen.push_back(int64_t(b.y.data<float>()[i]));
+    return mse(m(b.x), b.y);
+  };
+  Deployer d({.seed = 3, .quiet = true});
+  Trainer trainer(d, nn::linear(kIn, 1), collate, loss, optim::sgd(optim::constant(0.f)));
+  int64_t steps = 0;
+  trainer.fit(
+      per_epoch(6, examples, {.passes = 3}),
+      {.global_batch_size = 4, .n_epochs = 2, .on_step = [&](const StepInfo&) { ++steps; }});
+  CHECK(calls == std::vector<int64_t>{0, 1});  // made once per epoch
+  CHECK(steps == 8);                           // floor(3 x 6 / 4) a epoch
+  std::vector<int64_t> want;
+  for (int64_t e = 0; e < 2; ++e) {
+    std::vector<int64_t> epoch;  // the three passes' orders, the last partial batch dropped
+    for (int64_t p = 0; p < 3; ++p)
+      for (const int64_t i : d.epoch_order(e * 3 + p, 6)) epoch.push_back(100 * e + i);
+    want.insert(want.end(), epoch.begin(), epoch.begin() + 16);
+  }
+  CHECK(seen == want);
+  CHECK(d.epoch_order(0, 6) != d.epoch_order(1, 6));  // the passes do differ
+  CHECK_THROWS_WITH(trainer.fit(per_epoch(6, examples, {.passes = 0}), {.global_batch_size = 4}),
+                    Catch::Contains("needs passes >= 1"));
+}
+
+TEST_CASE("per-replica examples: each replica trains on its own, gradients averaged",
+          "[pipelines]") {
+  // Replica r's example i of epoch e has y = 1000 r + 100 e + i (r from its Rng's stream).
+  constexpr int kReplicas = 2;
+  std::vector<std::vector<int64_t>> counts(kReplicas), seen(kReplicas);
+  std::vector<uint64_t> streams(kReplicas);
+  std::vector<ParamTree> finals(kReplicas);
+  auto body = [&](dist::Comm& c) {
+    const int r = c.rank();
+    auto examples = [&](int64_t epoch, auto&, Rng rng, int64_t count) {
+      counts[size_t(r)].push_back(count);
+      streams[size_t(r)] = rng.stream;
+      std::vector<Point> out = make_points(count, uint64_t(r));
+      for (size_t i = 0; i < out.size(); ++i) out[i].y = float(1000 * r + 100 * epoch + int64_t(i));
+      return out;
+    };
+    auto loss = [&](auto& m, const Batch& b, Rng) {
+      for (int64_t i = 0; i < b.y.numel(); ++i)
+        seen[size_t(r)].push_back(int64_t(b.y.data<float>()[i]));
+      return mse(m(b.x), b.y * 0.001f);
+    };
+    Deployer d({.seed = 8, .quiet = true, .world = &c});
+    Trainer trainer(d, nn::linear(kIn, 1), collate, loss, optim::sgd(optim::constant(0.1f)));
+    trainer.fit(per_epoch(12, examples, {.passes = 2, .per_replica = true}),
+                {.global_batch_size = 4, .n_epochs = 2});
+    finals[size_t(r)] = clone(trainer.params());
+  };
+  dist::ThreadsWorld w(kReplicas);
+  w.run(body);
+  CHECK(streams[0] != streams[1]);  // the replicas draw differently
+  for (int r = 0; r < kReplicas; ++r) {
+    INFO("replica " << r);
+    CHECK(counts[size_t(r)] == std::vector<int64_t>{6, 6});  // 12 / 2 each epoch
+    // 6 steps an epoch (2 x 12 / 4), each taking 2 of this replica's own examples:
+    // both passes over its 6, every one twice.
+    REQUIRE(seen[size_t(r)].size() == 24);
+    std::map<int64_t, int> visits;
+    for (const int64_t y : seen[size_t(r)]) ++visits[y];
+    CHECK(visits.size() == 12);
+    for (const auto& [y, k] : visits) {
+      CHECK(y / 1000 == r);
+      CHECK(k == 2);
+    }
+  }
+  CHECK(bitwise_equal(finals[0], finals[1]));  // one model: the averaged gradients
+  // What cannot work is one clear error (messages kept per rank: Catch checks on one thread).
+  std::vector<std::string> errors(2 * kReplicas);
+  dist::ThreadsWorld w2(kReplicas);
+  w2.run([&](dist::Comm& c) {
+    Deployer d({.seed = 8, .quiet = true, .world = &c});
+    Trainer trainer(
+        d, nn::linear(kIn, 1), collate,
+        [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
+        optim::sgd(optim::constant(0.1f)));
+    auto counted = [](int64_t, auto&, Rng, int64_t count) { return make_points(count, 1); };
+    auto three = [](int64_t, auto&, Rng) { return make_points(4, 1); };
+    try {
+      trainer.fit(per_epoch(7, counted, {.per_replica = true}), {.global_batch_size = 2});
+    } catch (const Error& e) {
+      errors[size_t(2 * c.rank())] = e.what();
+    }
+    try {
+      trainer.fit(per_epoch(8, three, {.per_replica = true}), {.global_batch_size = 2});
+    } catch (const Error& e) {
+      errors[size_t(2 * c.rank() + 1)] = e.what();
+    }
+  });
+  for (int r = 0; r < kReplicas; ++r) {
+    CHECK_THAT(errors[size_t(2 * r)], Catch::Contains("n must be a multiple of the replicas"));
+    CHECK_THAT(errors[size_t(2 * r + 1)],
+               Catch::Contains("needs fn(int64_t epoch, model&, Rng, int64_t count)"));
+  }
 }
 
 TEST_CASE("per-epoch examples: a wrong count is one clear error", "[pipelines]") {

@@ -235,6 +235,15 @@ void ParamGroups::after_step(ParamTree& params) const {
   }
 }
 
+void ParamGroups::start_targets(ParamTree& params) const {
+  for (const Polyak& p : polyak_)
+    for (const auto& [target, source] : p.pairs) {
+      Tensor& t = params.at(target);
+      const Tensor& s = params.at(source);
+      std::copy_n(s.data<float>(), s.numel(), t.data<float>());
+    }
+}
+
 optim::Optimizer& ParamGroups::optimizer(const std::string& name) {
   return const_cast<optim::Optimizer&>(std::as_const(*this).optimizer(name));
 }

@@ -29,6 +29,10 @@
 // under their usual names ("adam.m.actor.0.weight"; parameters are disjoint)
 // and its step count as "step.<group>" ("step" with a single group).
 //
+// A polyak target starts as a copy of its source when the Trainer
+// initialises the parameters itself (DQN's and DDPG's target networks);
+// parameters given to the Trainer are taken as they are.
+//
 // Polyak averaging runs after every optimizer step, in place on this rank's
 // shards: for each parameter target.X, t = (1 - tau) * t + tau * s with s the
 // source's source.X (f32, element by element). Both parts must have the same
@@ -109,6 +113,9 @@ class ParamGroups {
   bool step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp);
   // The polyak updates, after every step.
   void after_step(ParamTree& params) const;
+  // Every polyak target set to its source (bitwise): where a Trainer that
+  // initialises the parameters itself starts them.
+  void start_targets(ParamTree& params) const;
 
   // For logs and state.json: the first trained group's.
   float lr() const;

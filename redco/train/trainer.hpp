@@ -101,6 +101,7 @@ class Trainer {
         plan_(shard::resolve(model_, deployer.n_model_shards())),
         params_(initial_params(std::move(params))) {
     groups_.bind(plan_);
+    if (!params) groups_.start_targets(params_);  // given parameters are taken as they are
     order_ = groups_.trained_only(param_order(plan_));
     saved_plan_ = groups_.saved_plan(plan_);
     if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
@@ -237,14 +238,15 @@ class Trainer {
     while (!run.done()) {
       const Position at = run.position();
       const auto& train = examples_at(source, at, fresh);
-      const std::vector<int64_t> order = deployer_->epoch_order(at.epoch, n, o.shuffle);
+      const std::vector<int64_t> order = epoch_order(source, at.epoch, o.shuffle);
       const int64_t micro = run.micro_batch(), first = at.step_in_epoch * run.accumulation();
       const int64_t n_micro = run.steps_per_epoch() * run.accumulation() - first;
       // Micro-batch i of this epoch, this replica's share of it: replicas take
       // consecutive slices, so the step covers the same examples at any dp_size.
       const int64_t dp = deployer_->dp_size(), rank = deployer_->dp_rank();
       auto make = [&](int64_t i) {
-        const int64_t begin = ((first + i) * dp + rank) * micro;
+        const int64_t begin =
+            per_replica(source) ? (first + i) * micro : ((first + i) * dp + rank) * micro;
         const auto idx = std::span(order).subspan(size_t(begin), size_t(micro));
         const auto ex = detail::gather(train, idx);
         return collate_(std::span<const Ex>(ex));
@@ -268,14 +270,63 @@ class Trainer {
 
   // ---- per-epoch examples -----------------------------------------------------------------
 
+  // Examples an epoch visits: with per_epoch, n per pass.
   template <typename Source>
   static int64_t examples_size(const Source& s) {
     if constexpr (is_per_epoch<Source>::value) {
       REDCO_CHECK(s.n > 0, "fit: per_epoch(n, ...) needs n > 0 examples per epoch, got {}", s.n);
+      REDCO_CHECK(s.passes >= 1, "fit: per_epoch(n, fn, {{.passes = {}}}) needs passes >= 1",
+                  s.passes);
+      return s.n * s.passes;
+    } else {
+      return int64_t(std::ranges::size(s));
+    }
+  }
+
+  // Each data-parallel replica makes its own share of the epoch's examples.
+  template <typename Source>
+  static bool per_replica(const Source& s) {
+    if constexpr (is_per_epoch<Source>::value) {
+      return s.per_replica;
+    } else {
+      return false;
+    }
+  }
+  // The examples this replica holds in an epoch (per pass).
+  template <typename Source>
+  int64_t local_size(const Source& s) const {
+    if constexpr (is_per_epoch<Source>::value) {
+      if (s.per_replica) {
+        REDCO_CHECK(s.n % deployer_->dp_size() == 0,
+                    "fit: per_epoch(n = {}, fn, {{.per_replica = true}}) on {} data-parallel "
+                    "replicas: n must be a multiple of the replicas",
+                    s.n, deployer_->dp_size());
+        return s.n / deployer_->dp_size();
+      }
       return s.n;
     } else {
       return int64_t(std::ranges::size(s));
     }
+  }
+
+  // The epoch's order: the passes' orders one after the other (indices into
+  // the epoch's examples).
+  template <typename Source>
+  std::vector<int64_t> epoch_order(const Source& s, int64_t epoch, bool shuffle) const {
+    if constexpr (is_per_epoch<Source>::value) {
+      if (s.passes > 1 || s.per_replica) {
+        const int64_t n = local_size(s);
+        std::vector<int64_t> order;
+        order.reserve(size_t(n * s.passes));
+        for (int64_t p = 0; p < s.passes; ++p) {
+          const std::vector<int64_t> pass =
+              deployer_->epoch_order(epoch * s.passes + p, n, shuffle);
+          order.insert(order.end(), pass.begin(), pass.end());
+        }
+        return order;
+      }
+    }
+    return deployer_->epoch_order(epoch, examples_size(s), shuffle);
   }
 
   // The examples of the epoch at `at`: the range itself, or the per-epoch
@@ -288,7 +339,11 @@ class Trainer {
     } else {
       if (at.step_in_epoch != 0 && fresh) return *fresh;
       auto& fn = const_cast<Source&>(source).fn;  // stateful functions are the user's business
-      if constexpr (EpochOnlyFn<decltype(source.fn)>) {
+      using Fn = decltype(source.fn);
+      REDCO_CHECK(!source.per_replica || (EpochCountFn<Fn, L>),
+                  "fit: per_epoch(n, fn, {{.per_replica = true}}) needs fn(int64_t epoch, model&, "
+                  "Rng, int64_t count) returning this replica's count examples");
+      if constexpr (EpochOnlyFn<Fn>) {
         fresh.emplace(fn(at.epoch));
       } else {
         keep_epoch_start_ = true;
@@ -303,12 +358,22 @@ class Trainer {
                     at.epoch);
         NoGradGuard no_grad;
         BoundModel<L> bound(model_, epoch_start_, ctx(false, uint64_t(at.epoch)));
-        fresh.emplace(fn(at.epoch, bound, deployer_->rng(Purpose::examples, uint64_t(at.epoch))));
+        const Rng rng = deployer_->rng(Purpose::examples, uint64_t(at.epoch));
+        if constexpr (EpochCountFn<Fn, L>) {
+          fresh.emplace(fn(at.epoch, bound,
+                           source.per_replica ? rng.split(uint64_t(deployer_->dp_rank())) : rng,
+                           local_size(source)));
+        } else {
+          fresh.emplace(fn(at.epoch, bound, rng));
+        }
       }
-      REDCO_CHECK(int64_t(std::ranges::size(*fresh)) == source.n,
+      REDCO_CHECK(int64_t(std::ranges::size(*fresh)) == local_size(source),
                   "fit: the per-epoch examples of epoch {} are {}, but per_epoch(n, ...) said n = "
-                  "{}; return the same number every epoch",
-                  at.epoch, std::ranges::size(*fresh), source.n);
+                  "{}{}; return the same number every epoch",
+                  at.epoch, std::ranges::size(*fresh), source.n,
+                  source.per_replica ? fmt::format(" (each of {} replicas: {})",
+                                                   deployer_->dp_size(), local_size(source))
+                                     : "");
       return *fresh;
     }
   }

@@ -72,6 +72,8 @@ inline CLI::Validator positive() {
 inline CLI::Validator non_negative() {
   return detail::bounds(0, std::numeric_limits<double>::infinity(), false);
 }
+// Real numbers in [lo, hi] (a discount, a probability).
+inline CLI::Validator in_range(double lo, double hi) { return detail::bounds(lo, hi, false); }
 
 // argv with "--foo_bar" / "--foo_bar=x" rewritten to "--foo-bar" where that
 // names an option of `app`. Stops at "--", and, for an app in prefix-command

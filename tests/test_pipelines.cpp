@@ -292,7 +292,7 @@ TEST_CASE("per-replica examples: each replica trains on its own, gradients avera
   std::vector<std::vector<int64_t>> counts(kReplicas), seen(kReplicas);
   std::vector<uint64_t> streams(kReplicas);
   std::vector<ParamTree> finals(kReplicas);
-  auto body = [&](dist::Comm& c) {
+  auto body = [&](comm::Comm& c) {
     const int r = c.rank();
     auto examples = [&](int64_t epoch, auto&, Rng rng, int64_t count) {
       counts[size_t(r)].push_back(count);
@@ -312,7 +312,7 @@ TEST_CASE("per-replica examples: each replica trains on its own, gradients avera
                 {.global_batch_size = 4, .n_epochs = 2});
     finals[size_t(r)] = clone(trainer.params());
   };
-  dist::ThreadsWorld w(kReplicas);
+  comm::ThreadsWorld w(kReplicas);
   w.run(body);
   CHECK(streams[0] != streams[1]);  // the replicas draw differently
   for (int r = 0; r < kReplicas; ++r) {
@@ -332,8 +332,8 @@ TEST_CASE("per-replica examples: each replica trains on its own, gradients avera
   CHECK(bitwise_equal(finals[0], finals[1]));  // one model: the averaged gradients
   // What cannot work is one clear error (messages kept per rank: Catch checks on one thread).
   std::vector<std::string> errors(2 * kReplicas);
-  dist::ThreadsWorld w2(kReplicas);
-  w2.run([&](dist::Comm& c) {
+  comm::ThreadsWorld w2(kReplicas);
+  w2.run([&](comm::Comm& c) {
     Deployer d({.seed = 8, .quiet = true, .world = &c});
     Trainer trainer(
         d, nn::linear(kIn, 1), collate,

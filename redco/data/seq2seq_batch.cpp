@@ -6,6 +6,19 @@
 
 namespace redco::data {
 
+std::vector<std::string> sources(std::span<const TextPair> pairs) {
+  std::vector<std::string> out;
+  out.reserve(pairs.size());
+  for (const TextPair& p : pairs) out.push_back(p.source);
+  return out;
+}
+std::vector<std::string> targets(std::span<const TextPair> pairs) {
+  std::vector<std::string> out;
+  out.reserve(pairs.size());
+  for (const TextPair& p : pairs) out.push_back(p.target);
+  return out;
+}
+
 std::vector<std::vector<int64_t>> Seq2SeqBatch::source_rows() const {
   const int64_t B = source.shape()[0], T = source.shape()[1];
   const int64_t* ids = source.data<int64_t>();        // [B, T]
@@ -47,7 +60,7 @@ Seq2SeqEncoder Seq2SeqEncoder::pretrained(Tokenizer tok, int64_t max_length,
   return e;
 }
 
-std::vector<std::vector<int64_t>> Seq2SeqEncoder::ids_of(std::span<const std::string> texts) const {
+std::vector<std::vector<int64_t>> Seq2SeqEncoder::ids(std::span<const std::string> texts) const {
   const EncodingBatch enc = tok_.encode_batch(texts, /*add_special_tokens=*/true);
   std::vector<std::vector<int64_t>> out(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -82,7 +95,7 @@ Seq2SeqBatch Seq2SeqEncoder::encode(std::span<const std::string> sources,
   REDCO_CHECK(!sources.empty() && sources.size() == targets.size(),
               "Seq2SeqEncoder::encode: {} sources but {} targets; give one target per source",
               sources.size(), targets.size());
-  const auto src = ids_of(sources), tgt = ids_of(targets);
+  const auto src = ids(sources), tgt = ids(targets);
   Seq2SeqBatch b;
   b.source = padded(src, pad_id());
   std::vector<std::vector<int64_t>> ones(src.size());

@@ -23,6 +23,13 @@
 
 namespace redco::data {
 
+// A source text and its target (translation, summary, answer).
+struct TextPair {
+  std::string source, target;
+};
+std::vector<std::string> sources(std::span<const TextPair> pairs);
+std::vector<std::string> targets(std::span<const TextPair> pairs);
+
 struct Seq2SeqBatch {
   Tensor source;       // i64 [B, Ts]: encoder input ids, right-padded
   Tensor source_mask;  // i64 [B, Ts]: 1 for a token, 0 for padding
@@ -48,6 +55,11 @@ class Seq2SeqEncoder {
   // Sources and targets of one batch, each truncated to max_length tokens.
   Seq2SeqBatch encode(std::span<const std::string> sources,
                       std::span<const std::string> targets) const;
+  Seq2SeqBatch encode(std::span<const TextPair> pairs) const {
+    return encode(data::sources(pairs), data::targets(pairs));
+  }
+  // Each text's ids as the batches hold them: special tokens and eos included, truncated.
+  std::vector<std::vector<int64_t>> ids(std::span<const std::string> texts) const;
   // Generated ids as text: up to the first end-of-sequence id, special tokens left out.
   std::string decode(std::span<const int64_t> ids) const;
   // What generate_seq2seq needs besides the decoding choices: the pad,
@@ -63,9 +75,6 @@ class Seq2SeqEncoder {
 
  private:
   Seq2SeqEncoder(Tokenizer tok, int64_t max_length);
-  // Each text's ids, special tokens and the appended eos included.
-  std::vector<std::vector<int64_t>> ids_of(std::span<const std::string> texts) const;
-
   Tokenizer tok_;
   int64_t max_length_ = 0, vocab_ = 0;
   bool append_eos_ = false;  // with_eos: the tokenizer adds no special tokens

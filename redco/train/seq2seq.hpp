@@ -1,0 +1,41 @@
+#pragma once
+// An encoder-decoder (T5, BART) in a loss or predict function: the model
+// bound by the Trainer or Predictor, run on a data::Seq2SeqBatch.
+//
+//   auto loss = [](auto& model, const data::Seq2SeqBatch& b, train::Rng) {
+//     return cross_entropy(train::seq2seq_logits(model, b), b.labels);
+//   };
+//   auto predict = [&](auto& model, const data::Seq2SeqBatch& b, train::Rng) {
+//     return train::seq2seq_generate(model, b, {.max_new_tokens = 64, .num_beams = 4});
+//   };
+#include <vector>
+
+#include "redco/data/seq2seq_batch.hpp"
+#include "redco/generation/generate.hpp"
+#include "redco/train/bound_model.hpp"
+
+namespace redco::train {
+
+// The decoder's logits [B, Tt, V] for b.decoder_in, the encoder reading b.source.
+template <nn::Layer L>
+Tensor seq2seq_logits(BoundModel<L>& model, const data::Seq2SeqBatch& b) {
+  nn::Ctx& ctx = model.ctx();
+  ctx.source = b.source, ctx.source_mask = b.source_mask;
+  Tensor logits = model(b.decoder_in);
+  ctx.source = Tensor(), ctx.source_mask = Tensor();
+  return logits;
+}
+
+// The ids each source row generates (KV cache; greedy, sampling or beam
+// search as `config` says; generation::generate_seq2seq), on this rank's
+// shards of the model: every rank of a model-parallel group gets the same.
+template <nn::Layer L>
+std::vector<std::vector<int64_t>> seq2seq_generate(BoundModel<L>& model,
+                                                   const data::Seq2SeqBatch& b,
+                                                   const generation::GenerationConfig& config) {
+  return generation::generate_seq2seq(model.layer(), model.params(), b.source_rows(), config,
+                                      model.ctx())
+      .sequences;
+}
+
+}  // namespace redco::train

@@ -41,9 +41,10 @@
 // all-reduce) carry the adapter's term. Backward, the replicated factor's
 // gradient on a rank covers only its rows (columns) of W: it enters through
 // nn::to_parallel (identity forward, all-reduce backward), as a whole
-// activation enters a column-parallel layer. The result is the TP = 1 one. Adapters share the base
-// weight's group, so a group that shard::resolve replicates keeps them whole
-// too. The compile-time plan (shard::plan_v) has no targets to see and lists
+// activation enters a column-parallel layer. The result is the TP = 1 one.
+// Adapters share the base weight's group, so a group that shard::resolve
+// replicates keeps them whole too (whether W arrived split is read from its
+// shape against the whole shape the walk declared, as layers do). The compile-time plan (shard::plan_v) has no targets to see and lists
 // the base model's parameters; param_entries and shard::resolve list the
 // adapters with the roles above.
 #include <string>

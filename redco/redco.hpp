@@ -22,6 +22,7 @@
 #include "redco/generation/generate.hpp"
 #include "redco/nn/generate.hpp"
 #include "redco/nn/model.hpp"
+#include "redco/nn/lora.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/optim/schedule.hpp"
 #include "redco/privacy/accountant.hpp"

@@ -282,6 +282,14 @@ class Params {
     return p;
   }
 
+  // This view reading `tree` instead, naming on with the same counter (a
+  // layer that substitutes some parameters: nn::Lora's merged weights).
+  Params with_tree(const ParamTree& tree) const {
+    Params p = *this;
+    p.tree_ = &tree;
+    return p;
+  }
+
   // Mirrors Walker::child / content / indexed.
   template <typename C, typename F>
   auto child(F&& body) const {

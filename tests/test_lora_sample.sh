@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The LoRA sample at a small size with its bar (exit 0: the adapters lower the
+# held-out WEB loss by 0.15 nats on a frozen KJV-trained base, and their
+# checkpoint is under 10% of the model), then the adapter checkpoint (LoRA
+# tensors only) and the merged export; with the test venv, transformers loads
+# the export and its loss on held-out WEB verses matches the sample's.
+# Exits 77 (SKIP) without the KJV and WEB SWORD modules or libsword.
+#   test_lora_sample.sh <lora>
+set -uo pipefail
+exe=$1
+for m in engKJV2006eb engWEB2015eb; do
+  [ -d "/usr/share/sword/modules/texts/ztext/$m" ] || {
+    echo "SKIP: the $m SWORD module is not installed (apt-get install sword-text-kjv sword-text-web)"
+    exit 77; }
+done
+tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+small=(--vocab 512 --dim 64 --layers 2 --base-steps 150 --steps 150 --lr 1e-2 --rank 4
+       --targets c_attn,c_fc)
+out=$("$exe" "${small[@]}" --workdir "$tmp/w" --export "$tmp/export" 2>&1)
+status=$?
+if [ $status -ne 0 ] && echo "$out" | grep -q 'built without libsword'; then
+  echo "SKIP: redco was built without libsword"; exit 77
+fi
+echo "$out" | grep -v '^train\|^eval\|^memory'
+[ $status -eq 0 ] || { echo "FAIL: the bar (see above)"; exit 1; }
+ck=$(ls -d "$tmp"/w/ckpt/step-* | tail -1)
+py=$(dirname "$0")/../.venv/bin/python
+for f in config.json model.safetensors tokenizer.json; do
+  [ -f "$tmp/export/$f" ] || { echo "FAIL: the export has no $f"; exit 1; }
+done
+if [ -x "$py" ] && "$py" -c "import transformers, safetensors" 2>/dev/null; then
+  "$py" - "$ck/params.safetensors" "$tmp/export" <<'PY' || { echo "FAIL: see above"; exit 1; }
+import math, sys
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+names = sorted(load_file(sys.argv[1]))
+assert names and all(".lora_A" in n or ".lora_B" in n for n in names), names[:5]
+print(f"adapter checkpoint: {len(names)} tensors, all LoRA")
+m = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()
+tok = PreTrainedTokenizerFast(tokenizer_file=sys.argv[2] + "/tokenizer.json")
+text = "Then Jonah prayed to Yahweh, his God, out of the fish's belly."  # Jonah 2:1, WEB
+ids = torch.tensor([tok.encode(text)])
+loss = m(ids, labels=ids).loss.item()
+print(f"transformers on the merged export: loss {loss:.3f} on a held-out WEB verse")
+sys.exit(0 if loss < math.log(m.config.vocab_size) - 1 else 1)
+PY
+fi
+echo "PASS"

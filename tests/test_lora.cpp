@@ -15,7 +15,7 @@
 
 #include "gradcheck.hpp"
 #include "hf_fixtures.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/nn/lora.hpp"
@@ -74,10 +74,10 @@ void randomise_b(nn::ParamTree& params, float std = 0.3f) {
 }
 
 // fn(world communicator or nullptr) on `world` threads, or here alone.
-void on_ranks(int world, const std::function<void(dist::Comm*)>& fn) {
+void on_ranks(int world, const std::function<void(comm::Comm*)>& fn) {
   if (world == 1) return fn(nullptr);
-  dist::ThreadsWorld w(world);
-  w.run([&](dist::Comm& c) { fn(&c); });
+  comm::ThreadsWorld w(world);
+  w.run([&](comm::Comm& c) { fn(&c); });
 }
 
 }  // namespace
@@ -221,7 +221,7 @@ TEST_CASE("lora: two model shards train as one", "[lora]") {
   auto run = [&](int mp) {
     std::vector<double> losses;
     nn::ParamTree whole;
-    on_ranks(mp, [&](dist::Comm* world) {
+    on_ranks(mp, [&](comm::Comm* world) {
       Deployer d({.n_model_shards = mp, .seed = 3, .quiet = true, .world = world});
       nn::ParamTree start = nn::with_adapters(model, base, 5);
       randomise_b(start, 0.3f);  // so that A's gradients are not zero at step 1

@@ -163,3 +163,41 @@ TEST_CASE("render errors name the font or the value", "[render]") {
   // Malformed UTF-8 still renders (as replacement characters).
   CHECK(ink_bounds(data::render_line(sans, "a\xff\xfe b", {.size = 12.f}, 16, 60)).right > 0);
 }
+
+TEST_CASE("wrap_words cuts at spaces within the width", "[render]") {
+  using V = std::vector<std::string>;
+  CHECK(data::wrap_words("In the beginning God created", 12) ==
+        V{"In the", "beginning", "God created"});
+  CHECK(data::wrap_words("  a  b ", 3) == V{"a b"});
+  CHECK(data::wrap_words("Mahershalalhashbaz came", 8) == V{"Mahersha", "came"});  // cut word
+  CHECK(data::wrap_words("", 5).empty());
+  for (const std::string& l :
+       data::wrap_words("And God said, Let there be light: and there was light.", 10))
+    CHECK(l.size() <= 10);
+  CHECK_THROWS_WITH(data::wrap_words("x", 0), Contains("max_chars"));
+}
+
+TEST_CASE("draw_style stays in its ranges and depends on (seed, key) only", "[render]") {
+  const data::StyleRange r{
+      .min_size = 10.f, .max_size = 14.f, .max_x = 3.f, .max_y = 2.f, .max_noise = 0.2f};
+  std::vector<int> fonts(3, 0);
+  double size_sum = 0;
+  for (uint64_t key = 0; key < 600; ++key) {
+    const data::DrawnStyle d = data::draw_style(r, 3, 7, key);
+    REQUIRE(d.style.size >= 10.f);
+    REQUIRE(d.style.size <= 14.f);
+    REQUIRE((d.style.x >= 0.f && d.style.x <= 3.f && d.style.y >= 0.f && d.style.y <= 2.f));
+    REQUIRE((d.style.noise >= 0.f && d.style.noise <= 0.2f));
+    REQUIRE(d.font < 3);
+    ++fonts[d.font];
+    size_sum += d.style.size;
+  }
+  for (int n : fonts) CHECK(n > 150);            // each font about a third of the time
+  CHECK(std::abs(size_sum / 600 - 12.0) < 0.2);  // uniform: mean at the middle
+  const auto a = data::draw_style(r, 3, 7, 5), b = data::draw_style(r, 3, 7, 5);
+  CHECK((a.style.size == b.style.size && a.style.seed == b.style.seed && a.font == b.font));
+  CHECK(data::draw_style(r, 3, 8, 5).style.size != a.style.size);
+  CHECK(data::draw_style(r, 3, 7, 6).style.seed != a.style.seed);
+  CHECK_THROWS_WITH(data::draw_style({.min_size = 5.f, .max_size = 4.f}, 3, 7, 0),
+                    Contains("min_size"));
+}

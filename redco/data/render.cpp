@@ -184,6 +184,42 @@ Font::Font(Font&&) noexcept = default;
 Font& Font::operator=(Font&&) noexcept = default;
 const std::filesystem::path& Font::file() const { return impl_->file; }
 
+DrawnStyle draw_style(const StyleRange& r, size_t fonts, uint64_t seed, uint64_t key) {
+  REDCO_CHECK(fonts > 0, "draw_style: no fonts to choose from");
+  REDCO_CHECK(r.min_size > 0.f && r.min_size <= r.max_size && r.max_x >= 0.f && r.max_y >= 0.f &&
+                  r.max_noise >= 0.f,
+              "draw_style: ranges must be non-negative with 0 < min_size <= max_size");
+  float u[5];  // uniform [0, 1): size, x, y, noise, font
+  philox_uniform(u, 5, seed, stream_of("draw_style"), int64_t(key) * 5, 0.f, 1.f);
+  DrawnStyle d;
+  d.style = {.size = r.min_size + (r.max_size - r.min_size) * u[0],
+             .x = r.max_x * u[1],
+             .y = r.max_y * u[2],
+             .noise = r.max_noise * u[3],
+             .seed = seed ^ (key * 0x9e3779b97f4a7c15ull)};
+  d.font = std::min(fonts - 1, size_t(u[4] * float(fonts)));
+  return d;
+}
+
+std::vector<std::string> wrap_words(std::string_view text, size_t max_chars) {
+  REDCO_CHECK(max_chars > 0, "wrap_words: max_chars must be positive");
+  std::vector<std::string> lines;
+  std::string cur;
+  for (size_t a = 0; a < text.size();) {
+    const size_t b = std::min(text.find(' ', a), text.size());
+    const std::string_view word = text.substr(a, std::min(b - a, max_chars));
+    if (!word.empty()) {
+      if (!cur.empty() && cur.size() + 1 + word.size() > max_chars)
+        lines.push_back(std::move(cur)), cur.clear();
+      if (!cur.empty()) cur += ' ';
+      cur += word;
+    }
+    a = b + 1;
+  }
+  if (!cur.empty()) lines.push_back(std::move(cur));
+  return lines;
+}
+
 Tensor render_line(const Font& font, std::string_view text, const LineStyle& style, int64_t height,
                    int64_t width) {
   if (width == 0) width = int64_t(std::ceil(style.x + line_advance(font, text, style.size))) + 1;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "redco/core/tensor.hpp"
 
@@ -65,5 +66,25 @@ Tensor render_line(const Font& font, std::string_view text, const LineStyle& sty
 // batch buffer in place.
 void render_line_into(float* out, int64_t height, int64_t width, const Font& font,
                       std::string_view text, const LineStyle& style);
+
+// Synthetic data: a style drawn uniformly from these ranges (size in
+// [min_size, max_size], x in [0, max_x], y in [0, max_y], noise in
+// [0, max_noise]), and one of `fonts` fonts, from Philox(seed, key): a line
+// keyed by its index looks the same in every epoch and on every rank.
+// Designated initialisers name these fields in the order declared below (C++20 rule).
+struct StyleRange {
+  float min_size = 10.f, max_size = 13.f;
+  float max_x = 4.f, max_y = 2.f;
+  float max_noise = 0.f;
+};
+struct DrawnStyle {
+  LineStyle style;
+  size_t font = 0;  // index into the fonts
+};
+DrawnStyle draw_style(const StyleRange& range, size_t fonts, uint64_t seed, uint64_t key);
+
+// Text cut at spaces into lines of at most max_chars bytes (a longer word is
+// cut at max_chars); runs of spaces separate words like one.
+std::vector<std::string> wrap_words(std::string_view text, size_t max_chars);
 
 }  // namespace redco::data

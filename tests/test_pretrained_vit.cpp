@@ -13,11 +13,13 @@
 
 #include "gradcheck.hpp"
 #include "hf_fixtures.hpp"
+#include "redco/autodiff/value_and_grad.hpp"
 #include "redco/dist/threads_comm.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/train/parallel.hpp"
 #include "skip.hpp"
 
 using namespace redco;
@@ -150,6 +152,58 @@ TEST_CASE("ViT and ViT-GPT-2 save back the checkpoint's tensors", "[hf][vit]") {
     }
     CHECK(compared == b.size());
   }
+}
+
+TEST_CASE("a ViT-GPT-2 training step on 2 model shards gives the 1-shard loss and gradients",
+          "[vit]") {
+  const auto model = models::vision_gpt2(
+      {.encoder = {.channels = 1,
+                   .height = 8,
+                   .width = 16,
+                   .patch = 4,
+                   .dim = 16,
+                   .layers = 1,
+                   .heads = 4,
+                   .inner = 32,
+                   .dropout = 0.1f},
+       .decoder = {
+           .vocab = 16, .context = 8, .dim = 16, .layers = 1, .heads = 4, .dropout = 0.1f}});
+  const Tensor images = Tensor::normal({2, 1, 8, 16}, 7, 1, 0.f, 1.f);  // [B, C, H, W]
+  const std::vector<int64_t> in{1, 5, 9, 2, 7, 1, 3, 3, 14, 0},
+      out{5, 9, 2, 7, -100, 3, 3, 14, 0, 8};
+  const Tensor ids = Tensor::from<int64_t>(std::span(in), {2, 5}),
+               labels = Tensor::from<int64_t>(std::span(out), {2, 5});
+  auto step = [&](const nn::ParamTree& params, dist::Comm* mp) {
+    return value_and_grad(
+        [&](const nn::ParamTree& p) {
+          nn::Ctx ctx{.train = true, .seed = 3, .step = 2};  // dropout on
+          ctx.mp = mp, ctx.source = images;
+          return cross_entropy(nn::apply(model, p, ids, ctx), labels);
+        },
+        params);
+  };
+  const auto [want_loss, want] = step(nn::init_params(model, 5), nullptr);
+  const auto plan = shard::resolve(model, 2);
+  std::vector<std::pair<float, nn::ParamTree>> got(2);
+  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+    auto [loss, grads] =
+        step(train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), 2), &comm);
+    got[size_t(comm.rank())] = {loss.item(), std::move(grads)};
+  });
+  size_t split = 0;
+  for (int r = 0; r < 2; ++r) {
+    CHECK(std::abs(got[size_t(r)].first - want_loss.item()) <= 1e-5f * want_loss.item());
+    for (const shard::ParamSplit& s : plan) {
+      INFO("rank " << r << ": " << s.name);
+      const Tensor slice = train::slice_shard(want.at(s.name), s, r, 2);
+      CHECK(test::max_abs_diff(got[size_t(r)].second.at(s.name), slice) <=
+            1e-5f * std::max(test::max_abs(slice), 1e-3f));
+      split += r == 0 && s.split_dim >= 0;
+    }
+  }
+  // Encoder layer: q/k/v/o + q/k/v biases, fc1 + its bias, fc2 (10); decoder layer: self- and
+  // cross-attention (7 each), fc1 + bias, fc2 (3); wte. The patch embedding stays whole.
+  CHECK(split == 10 + 17 + 1);
 }
 
 TEST_CASE("ViT errors name the key or the shape", "[hf][vit]") {

@@ -2,7 +2,7 @@
 // and noise, read by a ViT encoder + GPT-2 decoder (models::VisionGpt2), a character per token,
 // from scratch or --init-from a folder --export wrote. Beam-search CER and exact match on the
 // held-out books' lines must fall under half the untrained model's (from a folder: not rise).
-//   build/samples/image_to_text/image_to_text --steps 3000 --workdir ocr_workdir
+//   build/samples/image_to_text/image_to_text --workdir ocr_workdir
 
 #include "redco/data/render.hpp"
 #include "redco/redco.hpp"
@@ -21,9 +21,9 @@ struct Batch {
   Tensor inputs, labels;  // i64 [B, T]: start + chars, chars + end (then -100)
 };
 struct Options {
-  int64_t steps = 3000, batch = 32, height = 16, width = 128, max_chars = 16, beams = 4,
+  int64_t steps = 2000, batch = 32, height = 16, width = 128, max_chars = 16, beams = 4,
           valid_lines = 300;
-  float lr = 1e-3f;
+  float lr = 2e-3f;
   uint64_t seed = 0;
   int n_model_shards = 1;
   std::string workdir = "ocr_workdir", init_from, export_dir;

@@ -24,6 +24,8 @@
 #include "redco/models/llama.hpp"
 #include "redco/models/opt.hpp"
 #include "redco/models/t5.hpp"
+#include "redco/models/vision_encoder_decoder.hpp"
+#include "redco/models/vit.hpp"
 #include "redco/shard/plan.hpp"
 
 namespace redco::models {
@@ -150,6 +152,24 @@ struct HfFamily<GptNeox> {
   static GptNeox build(const Config& c) { return gpt_neox(c); }
   static hf::Layout layout(const Config& c) { return gpt_neox_layout(c); }
   static io::Json to_json(const Config& c, io::Json base) { return gpt_neox_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<Vit> {  // ViTModel (or the encoder of a ViTForImageClassification)
+  using Config = VitConfig;
+  static Config config(const hf::Config& f) { return vit_config(f); }
+  static Vit build(const Config& c) { return vit(c); }
+  static hf::Layout layout(const Config& c) { return vit_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return vit_hf_config(c, base); }
+};
+
+template <>
+struct HfFamily<VisionGpt2> {  // VisionEncoderDecoderModel: ViT encoder, GPT-2 decoder
+  using Config = VisionGpt2Config;
+  static Config config(const hf::Config& f) { return vision_gpt2_config(f); }
+  static VisionGpt2 build(const Config& c) { return vision_gpt2(c); }
+  static hf::Layout layout(const Config& c) { return vision_gpt2_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return vision_gpt2_hf_config(c, base); }
 };
 
 template <typename M>

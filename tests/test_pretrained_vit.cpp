@@ -14,7 +14,7 @@
 #include "gradcheck.hpp"
 #include "hf_fixtures.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/hf_generation.hpp"
@@ -35,7 +35,7 @@ nn::ParamTree golden(const std::string& name) {
 // The ViT's last hidden state, or the encoder-decoder's logits (ctx.source = pixels).
 template <typename M>
 Tensor run(const M& model, const nn::ParamTree& params, const nn::ParamTree& g,
-           dist::Comm* mp = nullptr) {
+           comm::Comm* mp = nullptr) {
   NoGradGuard no_grad;
   nn::Ctx ctx;
   ctx.mp = mp;
@@ -51,7 +51,7 @@ Tensor run(const M& model, const nn::ParamTree& params, const nn::ParamTree& g,
 template <typename M>
 std::vector<Tensor> sharded(const std::string& name, int n, const nn::ParamTree& g) {
   std::vector<Tensor> out(static_cast<size_t>(n));
-  dist::ThreadsWorld(n).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(n).run([&](comm::Comm& comm) {
     const auto p =
         models::from_pretrained<M>(test::hf_fixture(name), {.n_shards = n, .rank = comm.rank()});
     out[size_t(comm.rank())] = run(p.model, p.params, g, &comm);
@@ -173,7 +173,7 @@ TEST_CASE("a ViT-GPT-2 training step on 2 model shards gives the 1-shard loss an
       out{5, 9, 2, 7, -100, 3, 3, 14, 0, 8};
   const Tensor ids = Tensor::from<int64_t>(std::span(in), {2, 5}),
                labels = Tensor::from<int64_t>(std::span(out), {2, 5});
-  auto step = [&](const nn::ParamTree& params, dist::Comm* mp) {
+  auto step = [&](const nn::ParamTree& params, comm::Comm* mp) {
     return value_and_grad(
         [&](const nn::ParamTree& p) {
           nn::Ctx ctx{.train = true, .seed = 3, .step = 2};  // dropout on
@@ -185,7 +185,7 @@ TEST_CASE("a ViT-GPT-2 training step on 2 model shards gives the 1-shard loss an
   const auto [want_loss, want] = step(nn::init_params(model, 5), nullptr);
   const auto plan = shard::resolve(model, 2);
   std::vector<std::pair<float, nn::ParamTree>> got(2);
-  dist::ThreadsWorld(2).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     auto [loss, grads] =
         step(train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), 2), &comm);
     got[size_t(comm.rank())] = {loss.item(), std::move(grads)};

@@ -25,6 +25,7 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/optim/schedule.hpp"
 #include "redco/privacy/accountant.hpp"
+#include "redco/privacy/clipped_grads.hpp"
 #include "redco/privacy/per_example.hpp"
 #include "redco/rl/vector_env.hpp"
 #include "redco/shard/plan.hpp"

@@ -83,7 +83,8 @@ TEST_CASE("dp_sgd: ghost-clipped sums equal per-example gradients clipped one by
     REQUIRE(c.sums.size() == 4);  // conv weight, bias; fc weight, bias
     int clipped = 0;
     for (size_t i = 0; i < norms.size(); ++i) {
-      CHECK(std::sqrt(double(c.sq_norms.template values<float>()[i])) == Approx(norms[i]).epsilon(1e-4));
+      CHECK(std::sqrt(double(c.sq_norms.template values<float>()[i])) ==
+            Approx(norms[i]).epsilon(1e-4));
       clipped += norms[i] > kClip;
     }
     CHECK(clipped > 0);  // the clipping is exercised

@@ -26,6 +26,7 @@
 #include "redco/optim/optimizer.hpp"
 #include "redco/optim/schedule.hpp"
 #include "redco/privacy/accountant.hpp"
+#include "redco/privacy/clipped_grads.hpp"
 #include "redco/privacy/per_example.hpp"
 #include "redco/rl/returns.hpp"
 #include "redco/rl/vector_env.hpp"

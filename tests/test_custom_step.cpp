@@ -101,6 +101,41 @@ TEST_CASE("custom step: FedAvg equals the hand-computed average on 1 and 2 repli
   }
 }
 
+TEST_CASE("custom step: dp_weighted_mean weights each replica's tree", "[pipelines]") {
+  // Replica r holds the value r + 1 everywhere with weight 3r + 1: the mean
+  // is (1 * 1 + 2 * 4) / 5 = 1.8 on both; alone, a replica keeps its own.
+  for (int world : {1, 2}) {
+    std::vector<float> got(size_t(world), 0.f);
+    auto body = [&](dist::Comm* comm, int rank) {
+      Deployer d({.seed = 13, .quiet = true, .world = comm});
+      const auto model = nn::linear(kIn, 1);
+      Trainer trainer(
+          d, model, collate, [](auto& m, const Batch& b, Rng) { return mse(m(b.x), b.y); },
+          optim::sgd(optim::constant(1.f)));
+      auto step = [&](auto& s, const Batch&, Rng) {
+        ParamTree t{{"x", Tensor::full({3}, float(rank + 1))}};
+        s.dp_weighted_mean(t, 3.0 * rank + 1);
+        got[size_t(rank)] = t.at("x").template values<float>()[2];
+        CHECK_THROWS_WITH(s.dp_weighted_mean(t, -1.0), Catch::Contains("must be finite and >= 0"));
+        ParamTree g;
+        for (const auto& [n, p] : s.trained()) g.emplace(n, Tensor::zeros(p.shape()));
+        return StepResult{Tensor::zeros({}), g};
+      };
+      trainer.fit(make_points(4, 1),
+                  {.global_batch_size = 2 * world, .n_epochs = 1, .max_steps = 1}, step);
+    };
+    if (world == 1) {
+      body(nullptr, 0);
+      CHECK(got[0] == 1.f);
+    } else {
+      dist::ThreadsWorld w(world);
+      w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+      CHECK(got[0] == Approx(1.8f));
+      CHECK(got[1] == Approx(1.8f));
+    }
+  }
+}
+
 TEST_CASE("custom step: a wrong gradient tree is one clear error", "[pipelines]") {
   Deployer d({.seed = 13, .quiet = true});
   Trainer trainer(

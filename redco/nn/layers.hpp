@@ -17,6 +17,11 @@ namespace redco::nn {
 
 inline constexpr float kTransformerInitStd = 0.02f;  // GPT-2's initialiser
 
+// Appends a layer's input and output to ctx.taps (see LayerTap); a layer split
+// across model shards is one redco::Error.
+void record_tap(Ctx& ctx, const Params& p, const Tensor& x, const Tensor& y, bool bias,
+                int64_t kernel = 0, int64_t stride = 1, int64_t pad = 0);
+
 // ---- fully connected -------------------------------------------------------------------
 // y = x W^T + b with W stored [out, in]. Rule 1 decides column or row.
 template <bool Bias = true>
@@ -33,8 +38,10 @@ struct Linear {
               l ? Dims{l->out} : Dims{}, Init::zeros);
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    return parallel_linear(x, p["weight"], Bias ? p["bias"] : Tensor(), in, out, ctx,
-                           p.path().dot("weight").view());
+    Tensor y = parallel_linear(x, p["weight"], Bias ? p["bias"] : Tensor(), in, out, ctx,
+                               p.path().dot("weight").view());
+    if (ctx.taps) record_tap(ctx, p, x, y, Bias);
+    return y;
   }
 };
 
@@ -202,7 +209,7 @@ struct Attention {
   bool qkv_bias = true, o_bias = true;
   float scale = 0.f;
   bool scale_by_inverse_layer = false;
-  int64_t window = 0;  // > 0: sliding-window attention, refused for longer sequences
+  int64_t window = 0;       // > 0: sliding-window attention, refused for longer sequences
   bool score_bias = false;  // add ctx.score_bias to the scores (nn/encoder_layers.hpp)
 
   int64_t head_dim() const { return head_size ? head_size : dim / heads; }
@@ -340,7 +347,10 @@ struct Conv2d {  // replicated: small image models are data-parallel
     w.param("bias", Role::replicated, l ? Dims{l->out} : Dims{}, Init::zeros);
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    return conv2d(whole_features(x, ctx), p["weight"], p["bias"], stride, pad);
+    const Tensor in = whole_features(x, ctx);
+    Tensor y = conv2d(in, p["weight"], p["bias"], stride, pad);
+    if (ctx.taps) record_tap(ctx, p, in, y, true, kernel, stride, pad);
+    return y;
   }
 };
 

@@ -5,10 +5,22 @@
 #include <cstring>
 
 #include "redco/core/allocator.hpp"
+#include "redco/dist/comm.hpp"
 #include "redco/nn/kv_cache.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::nn {
+
+void record_tap(Ctx& ctx, const Params& p, const Tensor& x, const Tensor& y, bool bias,
+                int64_t kernel, int64_t stride, int64_t pad) {
+  REDCO_CHECK(!ctx.mp || ctx.mp->size() == 1,
+              "per-example gradient clipping: layer '{}' is split across {} model shards; "
+              "run it with n_model_shards = 1",
+              p.path().view(), ctx.mp->size());
+  ctx.taps->push_back({std::string(p.path().dot("weight").view()),
+                       bias ? std::string(p.path().dot("bias").view()) : std::string(), x, y,
+                       kernel, stride, pad});
+}
 
 Name Params::next_scope_name() const {
   REDCO_CHECK(*pos_ < scope_size_,

@@ -215,6 +215,17 @@ class Walker {
 };
 
 // ---- the forward pass's view of parameters ----------------------------------------
+// What a linear or conv2d layer records when Ctx::taps is set, for per-example
+// gradient norms and clipped sums (redco/privacy/clipped_grads.hpp): the
+// layer's input and output, from which its weight gradient per example follows.
+struct LayerTap {
+  std::string weight, bias;                 // parameter names (bias empty: the layer has none)
+  Tensor input;                             // linear [B(, T), in]; conv2d [N, C, H, W]
+  Tensor output;                            // linear [B(, T), out]; conv2d [N, O, OH, OW]
+  int64_t kernel = 0, stride = 1, pad = 0;  // conv2d's; kernel 0: a linear layer
+};
+using LayerTaps = std::vector<LayerTap>;
+
 struct Ctx {
   bool train = false;  // dropout on
   uint64_t seed = 0;   // dropout masks depend on (seed, step, call index) only
@@ -259,6 +270,9 @@ struct Ctx {
   // training, and evaluation and prediction get whole outputs (argmax works).
   enum class SplitOutput : uint8_t { in_training, always, never };
   SplitOutput split_output = SplitOutput::in_training;
+  // Per-example clipping: linear and conv2d layers append what they computed
+  // (whole layers only: n_model_shards = 1).
+  LayerTaps* taps = nullptr;
 };
 
 using ParamTree = std::map<std::string, Tensor>;

@@ -23,6 +23,7 @@
 // average of client models) returns the pseudo-gradient params - new_params
 // and trains with optim::sgd at learning rate 1, which sets the parameters to
 // new_params exactly when the subtraction is exact, as FedOpt formulates it.
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <deque>
@@ -101,6 +102,27 @@ class StepContext {
   void dp_mean(ParamTree& tree) const {
     if (!dp_ || dp_->size() == 1) return;
     for (auto& [name, t] : tree) sched::sync_wait(dp_->all_reduce(t, comm::ReduceOp::mean));
+  }
+  // Every tensor of `tree` replaced in place by the weighted mean over the
+  // replicas, sum_r w_r t_r / sum_r w_r, with `weight` this replica's w_r >= 0
+  // (FedAvg: the mean of client models, weighted by their examples, of
+  // clients spread over the replicas). Collective; all weights 0 is an error.
+  void dp_weighted_mean(ParamTree& tree, double weight) const {
+    REDCO_CHECK(weight >= 0 && std::isfinite(weight),
+                "dp_weighted_mean: the weight must be finite and >= 0, got {}", weight);
+    const bool many = dp_ && dp_->size() > 1;
+    double total = weight;
+    if (many) {
+      Tensor w = Tensor::full({1}, float(weight));
+      sched::sync_wait(dp_->all_reduce(w, dist::ReduceOp::sum));
+      total = double(w.item());
+    }
+    REDCO_CHECK(total > 0, "dp_weighted_mean: the replicas' weights sum to {}, not > 0", total);
+    for (auto& [name, t] : tree) {
+      t = t.to(DType::f32) *
+          float(weight / total);  // a fresh tensor: the caller's is not reduced in place
+      if (many) sched::sync_wait(dp_->all_reduce(t, dist::ReduceOp::sum));
+    }
   }
 
  private:

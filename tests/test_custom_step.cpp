@@ -106,7 +106,7 @@ TEST_CASE("custom step: dp_weighted_mean weights each replica's tree", "[pipelin
   // is (1 * 1 + 2 * 4) / 5 = 1.8 on both; alone, a replica keeps its own.
   for (int world : {1, 2}) {
     std::vector<float> got(size_t(world), 0.f);
-    auto body = [&](dist::Comm* comm, int rank) {
+    auto body = [&](comm::Comm* comm, int rank) {
       Deployer d({.seed = 13, .quiet = true, .world = comm});
       const auto model = nn::linear(kIn, 1);
       Trainer trainer(
@@ -128,8 +128,8 @@ TEST_CASE("custom step: dp_weighted_mean weights each replica's tree", "[pipelin
       body(nullptr, 0);
       CHECK(got[0] == 1.f);
     } else {
-      dist::ThreadsWorld w(world);
-      w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+      comm::ThreadsWorld w(world);
+      w.run([&](comm::Comm& c) { body(&c, c.rank()); });
       CHECK(got[0] == Approx(1.8f));
       CHECK(got[1] == Approx(1.8f));
     }

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/privacy/clipped_grads.hpp"
 #include "redco/train/trainer.hpp"
@@ -102,7 +102,7 @@ TEST_CASE("dp_sgd: two replicas step like one, and the noise has std sigma C / b
   constexpr float kClip = 0.5f;
   std::vector<float> one, two;
   for (int world : {1, 2}) {
-    auto body = [&](dist::Comm* comm, int rank) {
+    auto body = [&](comm::Comm* comm, int rank) {
       Deployer d({.seed = 5, .quiet = true, .world = comm});
       Trainer trainer(d, cnn, collate, mean_loss, optim::sgd(optim::constant(0.5f)));
       auto step = [&](auto& s, const Images& b, Rng rng) {
@@ -116,8 +116,8 @@ TEST_CASE("dp_sgd: two replicas step like one, and the noise has std sigma C / b
     if (world == 1) {
       body(nullptr, 0);
     } else {
-      dist::ThreadsWorld w(world);
-      w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+      comm::ThreadsWorld w(world);
+      w.run([&](comm::Comm& c) { body(&c, c.rank()); });
     }
   }
   REQUIRE(one.size() == two.size());

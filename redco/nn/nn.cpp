@@ -4,8 +4,8 @@
 
 #include <cstring>
 
+#include "redco/comm/comm.hpp"
 #include "redco/core/allocator.hpp"
-#include "redco/dist/comm.hpp"
 #include "redco/nn/kv_cache.hpp"
 #include "redco/nn/model.hpp"
 

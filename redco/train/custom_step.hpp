@@ -114,14 +114,14 @@ class StepContext {
     double total = weight;
     if (many) {
       Tensor w = Tensor::full({1}, float(weight));
-      sched::sync_wait(dp_->all_reduce(w, dist::ReduceOp::sum));
+      sched::sync_wait(dp_->all_reduce(w, comm::ReduceOp::sum));
       total = double(w.item());
     }
     REDCO_CHECK(total > 0, "dp_weighted_mean: the replicas' weights sum to {}, not > 0", total);
     for (auto& [name, t] : tree) {
       t = t.to(DType::f32) *
           float(weight / total);  // a fresh tensor: the caller's is not reduced in place
-      if (many) sched::sync_wait(dp_->all_reduce(t, dist::ReduceOp::sum));
+      if (many) sched::sync_wait(dp_->all_reduce(t, comm::ReduceOp::sum));
     }
   }
 

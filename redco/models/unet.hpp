@@ -201,4 +201,18 @@ struct UNet {
 
 UNet unet(const UNetConfig& c);
 
+// The UNet's noise prediction through a bound model (the `model` of a loss or
+// predict function): x [B, C, H, W] at timesteps t [B] given text [B, L, D].
+// A generation::Denoiser is [&](auto& x, auto& t, auto& text) { return predict_noise(model, x, t,
+// text); }.
+template <typename Model>
+Tensor predict_noise(Model& model, const Tensor& x, const Tensor& t, const Tensor& text) {
+  nn::Ctx& ctx = model.ctx();
+  const Tensor timesteps = ctx.timesteps, memory = ctx.memory;
+  ctx.timesteps = t, ctx.memory = text;
+  Tensor eps = model(x);
+  ctx.timesteps = timesteps, ctx.memory = memory;
+  return eps;
+}
+
 }  // namespace redco::models

@@ -34,9 +34,8 @@ std::string caption(int64_t label, int64_t wording) {
                      article + name);
 }
 
-struct Example {
-  int64_t image = -1;  // a training image, or -1 (a caption to draw)
-  int64_t label = 0, wording = 0;
+struct Example {  // a training image and its caption, or (image -1) a caption to draw
+  int64_t image = -1, label = 0, wording = 0;
 };
 struct Batch {
   Tensor images;         // f32 [B, 1, 28, 28] in [-1, 1] (zeros when drawing)
@@ -104,15 +103,9 @@ int main(int argc, char** argv) try {
     return b;
   };
 
-  // The frozen text encoder (random weights: any fixed map that tells the captions apart serves)
-  // and the UNet.
-  const models::BertConfig text_cfg{.vocab = enc.vocab_size(),
-                                    .dim = 64,
-                                    .layers = 2,
-                                    .heads = 4,
-                                    .hidden = 128,
-                                    .context = 16,
-                                    .pad = enc.pad_id()};
+  // The frozen text encoder (random weights tell the captions apart well enough) and the UNet.
+  models::BertConfig text_cfg{.dim = 64, .layers = 2, .heads = 4, .hidden = 128, .context = 16};
+  text_cfg.vocab = enc.vocab_size(), text_cfg.pad = enc.pad_id();
   const auto model = nn::parts(nn::named<"text">(models::bert_encoder(text_cfg)),
                                nn::named<"unet">(models::unet({.base = base, .text_dim = 64})));
   const auto sched = generation::noise_schedule({.kind = generation::BetaSchedule::cosine});
@@ -170,14 +163,13 @@ int main(int argc, char** argv) try {
   for (size_t i = 0; i < drawn.size(); ++i)
     std::copy(drawn[i].begin(), drawn[i].end(), images.data<float>() + int64_t(i) * 28 * 28);
   const Tensor classes = argmax(nn::apply(cnn, judge_trainer.params(), images), 1);
-  double agree = 0;
-  for (size_t i = 0; i < draw.size(); ++i) agree += classes.data<int64_t>()[i] == draw[i].label;
-  agree /= double(draw.size());
+  double agree = 0;  // the share of drawn images in their caption's class
+  for (size_t i = 0; i < draw.size(); ++i)
+    agree += double(classes.data<int64_t>()[i] == draw[i].label) / double(draw.size());
   if (deployer.is_main())
     io::write_image_grid(deployer.workdir() / "samples.png", images, per_class);
   deployer.console() << fmt::format(
-      "drawn images classified as their caption's class: {:.1f}% of {} (chance 10%): {}; grid in "
-      "{}\n",
+      "drawn images in their caption's class: {:.1f}% of {} (chance 10%): {}; grid: {}\n",
       100 * agree, draw.size(), agree >= bar ? "above the bar" : "BELOW the bar",
       (deployer.workdir() / "samples.png").string());
   return agree >= bar ? 0 : 1;

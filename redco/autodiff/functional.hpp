@@ -83,6 +83,11 @@ Tensor softmax(const Tensor& x);      // over the last axis
 Tensor log_softmax(const Tensor& x);  // over the last axis
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta = {}, float eps = 1e-5f);
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps = 1e-6f);
+// x [N, C, ...] normalised per sample over each of `groups` groups of C /
+// groups channels, then gamma[c] * . + beta[c]; gamma, beta [C] (beta may be
+// undefined). torch.nn.functional.group_norm.
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta = {},
+                  float eps = 1e-5f);
 Tensor gelu(const Tensor& x, bool tanh_approx = true);
 // linear(gelu(y + b), w) without keeping gelu's input or output for backward
 // (recomputed from y): the middle of a GELU MLP. b may be undefined.
@@ -123,5 +128,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = {}, int64_t
               int64_t pad = 0);
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1);  // stride -1: = kernel
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1);
+// x [N, C, H, W] -> [N, C, H*factor, W*factor], each pixel repeated (nearest).
+Tensor upsample_nearest2d(const Tensor& x, int64_t factor = 2);
 
 }  // namespace redco

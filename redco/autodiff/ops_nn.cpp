@@ -114,6 +114,36 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   return y;
 }
 
+// ---- group norm: layer norm over channel groups of an image -------------------------------
+namespace {
+Tensor group_norm_reference(const Tensor& x, int64_t groups, const Tensor& gamma,
+                            const Tensor& beta, float eps) {
+  const Tensor slabs = reshape(x, {x.dim(0), groups, -1});  // [N, G, C/G * S]
+  const Tensor centered = slabs - mean(slabs, {-1}, true);
+  const Tensor normed =
+      reshape(centered * rsqrt(mean(square(centered), {-1}, true) + eps), x.shape());
+  Shape per_channel(std::vector<int64_t>(size_t(x.rank() - 1), 1));  // [C, 1, ...]
+  per_channel = per_channel.with(0, x.dim(1));
+  const Tensor y = normed * reshape(gamma, per_channel);
+  return beta.defined() ? y + reshape(beta, per_channel) : y;
+}
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta,
+                  float eps) {
+  auto saved = std::make_shared<LayerNormSaved>();
+  Tensor y = kernels::group_norm(x, gamma, beta, groups, eps, *saved);
+  return record(
+      "group_norm", {x, gamma, beta}, y,
+      [x, groups, gamma, beta, eps, saved](const Node& self, const TensorList& g) {
+        if (building_higher_order())
+          return reference_vjp(self, {x, gamma, beta}, g[0], [groups, eps](const TensorList& in) {
+            return group_norm_reference(in[0], groups, in[1], in[2], eps);
+          });
+        return kernels::group_norm_backward(g[0], x, gamma, groups, beta.defined(), *saved);
+      });
+}
+
 // ---- activations ----------------------------------------------------------------------------
 namespace {
 Tensor gelu_reference(const Tensor& x, bool tanh_approx) {

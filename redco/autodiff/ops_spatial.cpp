@@ -250,4 +250,20 @@ Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) {
                 });
 }
 
+// ---- nearest upsampling: linear; its adjoint sums each block, whose adjoint is it again ----
+namespace {
+Tensor upsample_block_sum(const Tensor& dy, int64_t f) {
+  return record(
+      "upsample_nearest2d_sum", {dy}, kernels::upsample_nearest2d_backward(dy, f),
+      [f](const Node&, const TensorList& g) { return TensorList{upsample_nearest2d(g[0], f)}; });
+}
+}  // namespace
+
+Tensor upsample_nearest2d(const Tensor& x, int64_t factor) {
+  return record("upsample_nearest2d", {x}, kernels::upsample_nearest2d(x, factor),
+                [factor](const Node&, const TensorList& g) {
+                  return TensorList{upsample_block_sum(g[0], factor)};
+                });
+}
+
 }  // namespace redco

@@ -250,6 +250,8 @@ struct Ctx {
   Tensor score_bias{};
   // BERT's token_type_ids [B, T] (i64) for nn::TokenTypeEmbedding; undefined: all 0.
   Tensor token_types{};
+  // Diffusion timesteps [B] (f32) for a UNet's timestep embedding (models/unet.hpp).
+  Tensor timesteps{};
   // Generation (nn/kv_cache.hpp): attention reads and extends the cache, and
   // positions continue each row's own. logit_rows (i64 [B]): the one input
   // position per row whose logits the LM head computes ([B, 1, V]).

@@ -42,7 +42,7 @@ struct AttentionExtras {
   // i64 [B] on the CPU, or undefined (Tk - Tq): with causal, query i of row b
   // sees keys j <= i + causal_offset[b] (a KV cache's rows of other lengths).
   Tensor causal_offset;
-  Tensor bias;                // f32 [Hq, Tq, Tk], [B, Hq, Tq, Tk] (per row), or undefined
+  Tensor bias;  // f32 [Hq, Tq, Tk], [B, Hq, Tq, Tk] (per row), or undefined
 };
 
 struct LayerNormSaved {
@@ -125,6 +125,18 @@ class Backend {
   virtual Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) = 0;
   virtual Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k,
                                      int64_t stride) = 0;
+  // x [N, C, ...] normalised over each of `groups` channel groups per sample,
+  // then gamma[c] * . + beta[c]; saved: mean and rstd [N * groups].
+  virtual Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            int64_t groups, float eps, LayerNormSaved& saved) = 0;
+  // Returns {dx, dgamma, dbeta (if beta was given)}.
+  virtual TensorList group_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                         int64_t groups, bool has_beta,
+                                         const LayerNormSaved& saved) = 0;
+  // x [N, C, H, W] -> [N, C, H*f, W*f], each pixel repeated over an f x f block;
+  // the backward sums each block (and is the forward's adjoint).
+  virtual Tensor upsample_nearest2d(const Tensor& x, int64_t f) = 0;
+  virtual Tensor upsample_nearest2d_backward(const Tensor& dy, int64_t f) = 0;
   // 1/(1-p) where a Philox draw keeps the element, else 0: element i depends
   // only on (seed, stream, i).
   virtual Tensor dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) = 0;
@@ -199,6 +211,10 @@ REDCO_KERNEL(max_pool2d_backward)
 REDCO_KERNEL(max_pool2d_gather)
 REDCO_KERNEL(avg_pool2d)
 REDCO_KERNEL(avg_pool2d_backward)
+REDCO_KERNEL(group_norm)
+REDCO_KERNEL(group_norm_backward)
+REDCO_KERNEL(upsample_nearest2d)
+REDCO_KERNEL(upsample_nearest2d_backward)
 #undef REDCO_KERNEL
 }  // namespace kernels
 

@@ -9,6 +9,7 @@
 #include "redco/ops/cpu/backend_cpu.hpp"
 #include "redco/ops/cpu/conv.hpp"
 #include "redco/ops/cpu/embedding.hpp"
+#include "redco/ops/cpu/group_norm.hpp"
 #include "redco/ops/cpu/norm.hpp"
 #include "redco/ops/cpu/rotary.hpp"
 #include "redco/ops/cpu/softmax.hpp"
@@ -435,6 +436,74 @@ Tensor CpuBackend::avg_pool2d_backward(const Tensor& dy_in, const Shape& x, int6
               "avg_pool2d backward: gradient {} does not match the pooled shape of {}", dy.shape(),
               x);
   cpu::avg_pool2d_backward(dy.data<float>(), dx.data<float>(), g);
+  return dx;
+}
+
+// ---- group norm and upsampling ---------------------------------------------------------------
+namespace {
+cpu::GroupNormGeometry group_geometry(const Tensor& x, const Tensor& gamma, int64_t groups,
+                                      const char* op) {
+  REDCO_CHECK(x.rank() >= 2 && groups >= 1 && x.dim(1) % groups == 0,
+              "{}: expected x [N, C, ...] with C divisible by the {} groups, got {}", op, groups,
+              x.shape());
+  REDCO_CHECK(gamma.shape() == Shape{x.dim(1)}, "{}: gamma {} must be [{}] for the input {}", op,
+              gamma.shape(), x.dim(1), x.shape());
+  return {x.dim(0), x.dim(1), x.numel() / std::max<int64_t>(x.dim(0) * x.dim(1), 1), groups};
+}
+Shape upsampled(const Shape& x, int64_t f, const char* op) {
+  REDCO_CHECK(x.rank() == 4 && f >= 1, "{}: expected x [N, C, H, W] and a factor >= 1, got {} x{}",
+              op, x, f);
+  return Shape{x[0], x[1], x[2] * f, x[3] * f};
+}
+}  // namespace
+
+Tensor CpuBackend::group_norm(const Tensor& x_in, const Tensor& gamma_in, const Tensor& beta_in,
+                              int64_t groups, float eps, LayerNormSaved& saved) {
+  Tensor x = f32(x_in, "group_norm"), gamma = f32(gamma_in, "group_norm"), beta;
+  const auto g = group_geometry(x, gamma, groups, "group_norm");
+  if (beta_in.defined()) {
+    beta = f32(beta_in, "group_norm");
+    REDCO_CHECK(beta.shape() == gamma.shape(), "group_norm: beta {} must be [{}]", beta.shape(),
+                g.C);
+  }
+  Tensor y = like(x);
+  saved.mean = Tensor::empty({g.rows()});
+  saved.rstd = Tensor::empty({g.rows()});
+  cpu::group_norm_forward(x.data<float>(), gamma.data<float>(),
+                          beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
+                          saved.mean.data<float>(), saved.rstd.data<float>(), g, eps);
+  return y;
+}
+TensorList CpuBackend::group_norm_backward(const Tensor& dy_in, const Tensor& x_in,
+                                           const Tensor& gamma_in, int64_t groups, bool has_beta,
+                                           const LayerNormSaved& saved) {
+  Tensor dy = f32(dy_in, "group_norm backward"), x = f32(x_in, "group_norm backward");
+  Tensor gamma = f32(gamma_in, "group_norm backward");
+  check_same_shape(x, dy, "group_norm backward");
+  const auto g = group_geometry(x, gamma, groups, "group_norm backward");
+  Tensor dx = like(x), dgamma = like(gamma), dbeta = has_beta ? like(gamma) : Tensor();
+  Tensor partials = Tensor::empty({2, g.N, g.C});
+  cpu::group_norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
+                           saved.mean.data<float>(), saved.rstd.data<float>(), dx.data<float>(),
+                           dgamma.data<float>(), has_beta ? dbeta.data<float>() : nullptr,
+                           partials.data<float>(), g);
+  return {dx, dgamma, dbeta};
+}
+Tensor CpuBackend::upsample_nearest2d(const Tensor& x_in, int64_t f) {
+  Tensor x = f32(x_in, "upsample_nearest2d");
+  Tensor y = Tensor::empty(upsampled(x.shape(), f, "upsample_nearest2d"));
+  cpu::upsample_nearest2d_forward(x.data<float>(), y.data<float>(), x.dim(0) * x.dim(1), x.dim(2),
+                                  x.dim(3), f);
+  return y;
+}
+Tensor CpuBackend::upsample_nearest2d_backward(const Tensor& dy_in, int64_t f) {
+  Tensor dy = f32(dy_in, "upsample_nearest2d backward");
+  REDCO_CHECK(dy.rank() == 4 && f >= 1 && dy.dim(2) % f == 0 && dy.dim(3) % f == 0,
+              "upsample_nearest2d backward: gradient {} is not a {}x upsampled image", dy.shape(),
+              f);
+  Tensor dx = Tensor::empty({dy.dim(0), dy.dim(1), dy.dim(2) / f, dy.dim(3) / f});
+  cpu::upsample_nearest2d_backward(dy.data<float>(), dx.data<float>(), dy.dim(0) * dy.dim(1),
+                                   dx.dim(2), dx.dim(3), f);
   return dx;
 }
 

@@ -66,6 +66,13 @@ class CudaBackend final : public Backend {
   Tensor max_pool2d_gather(const Tensor& dx, const Tensor& argmax) override;
   Tensor avg_pool2d(const Tensor& x, int64_t k, int64_t stride) override;
   Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k, int64_t stride) override;
+  Tensor group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int64_t groups,
+                    float eps, LayerNormSaved& saved) override;
+  TensorList group_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                 int64_t groups, bool has_beta,
+                                 const LayerNormSaved& saved) override;
+  Tensor upsample_nearest2d(const Tensor& x, int64_t f) override;
+  Tensor upsample_nearest2d_backward(const Tensor& dy, int64_t f) override;
   Tensor dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) override;
 };
 

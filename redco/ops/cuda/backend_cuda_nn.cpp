@@ -312,6 +312,18 @@ TensorList CudaBackend::conv2d_backward(const Tensor&, const Tensor&, const Tens
                                         int64_t) {
   missing("conv2d backward");
 }
+Tensor CudaBackend::group_norm(const Tensor&, const Tensor&, const Tensor&, int64_t, float,
+                               LayerNormSaved&) {
+  missing("group_norm");
+}
+TensorList CudaBackend::group_norm_backward(const Tensor&, const Tensor&, const Tensor&, int64_t,
+                                            bool, const LayerNormSaved&) {
+  missing("group_norm backward");
+}
+Tensor CudaBackend::upsample_nearest2d(const Tensor&, int64_t) { missing("upsample_nearest2d"); }
+Tensor CudaBackend::upsample_nearest2d_backward(const Tensor&, int64_t) {
+  missing("upsample_nearest2d backward");
+}
 Tensor CudaBackend::max_pool2d(const Tensor&, int64_t, int64_t, Tensor&) { missing("max_pool2d"); }
 Tensor CudaBackend::max_pool2d_backward(const Tensor&, const Tensor&, const Shape&, int64_t,
                                         int64_t) {

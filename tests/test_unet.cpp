@@ -5,7 +5,7 @@
 
 #include "gradcheck.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/dist/threads_comm.hpp"
+#include "redco/comm/threads_comm.hpp"
 #include "redco/models/unet.hpp"
 #include "redco/shard/plan.hpp"
 #include "redco/train/parallel.hpp"
@@ -122,7 +122,7 @@ TEST_CASE("unet: 2 tensor-parallel ranks equal one rank, loss and gradients", "[
   const auto model = models::unet(tiny());
   const Inputs in = inputs(2);
   const Tensor target = randn({2, 1, 8, 8}, 74);
-  auto loss_of = [&](const nn::ParamTree& p, dist::Comm* comm) {
+  auto loss_of = [&](const nn::ParamTree& p, comm::Comm* comm) {
     nn::Ctx ctx{.train = true, .seed = 3};
     ctx.mp = comm;
     return mean(square(run(model, p, in, ctx) - target));
@@ -136,7 +136,7 @@ TEST_CASE("unet: 2 tensor-parallel ranks equal one rank, loss and gradients", "[
   CHECK(split == 3 + 5 * 7);  // linear_1 (weight, bias), linear_2; q, k, v (weight, bias), o x 5
   std::vector<float> losses(mp);
   std::vector<nn::ParamTree> grads(mp);
-  dist::ThreadsWorld(mp).run([&](dist::Comm& comm) {
+  comm::ThreadsWorld(mp).run([&](comm::Comm& comm) {
     const nn::ParamTree shard =
         train::init_shard(nn::param_entries(model), plan, 5, comm.rank(), mp);
     auto [l, g] = value_and_grad([&](const nn::ParamTree& p) { return loss_of(p, &comm); }, shard);

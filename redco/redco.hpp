@@ -28,4 +28,5 @@
 #include "redco/privacy/per_example.hpp"
 #include "redco/rl/vector_env.hpp"
 #include "redco/shard/plan.hpp"
+#include "redco/train/adapt.hpp"
 #include "redco/train/trainer.hpp"

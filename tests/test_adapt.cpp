@@ -6,6 +6,7 @@
 // support-loss Hessian H is constant: K inner steps give the meta-gradient
 // (I - a H)^K g_q(theta_K) (tests/pipelines_fixtures.hpp).
 #include "pipelines_fixtures.hpp"
+#include "redco/models/vision.hpp"
 #include "redco/train/adapt.hpp"
 
 using namespace pipelines;
@@ -220,4 +221,42 @@ TEST_CASE("adapt on a part adapts that part only; bad options are one clear erro
                     Catch::Contains("adapt: steps must be >= 0, got -1"));
   CHECK_THROWS_WITH(adapt(learner, task_loss, {.steps = 1, .lr = 0.f}),
                     Catch::Contains("adapt: the inner learning rate must be > 0, got 0"));
+}
+
+TEST_CASE("adapt, first order, on a CNN: the query gradient at the adapted parameters", "[adapt]") {
+  const auto cnn = models::small_cnn({.size = 8, .classes = 3, .conv1 = 4, .conv2 = 4});
+  const ParamTree theta = nn::init_params(cnn, 3);
+  const Tensor sx = Tensor::normal({3, 1, 8, 8}, 1, 1, 0.f, 1.f);
+  const Tensor qx = Tensor::normal({6, 1, 8, 8}, 2, 1, 0.f, 1.f);
+  const std::vector<int64_t> s_labels{0, 1, 2}, q_labels{2, 1, 0, 0, 1, 2};
+  const Tensor sy = Tensor::from(std::span<const int64_t>(s_labels), {3});
+  const Tensor qy = Tensor::from(std::span<const int64_t>(q_labels), {6});
+  for (bool first_order : {true, false}) {
+    INFO("first order " << first_order);
+    const ParamTree got = grad_of(
+        [&](const ParamTree& p) {
+          BoundModel m(cnn, p, nn::Ctx{});
+          const ParamTree fast = adapt(m, [&](auto& mm) { return cross_entropy(mm(sx), sy); },
+                                       {.steps = 1, .lr = 0.4f, .first_order = first_order});
+          return cross_entropy(m.with(fast)(qx), qy);
+        },
+        theta);
+    // By hand: the support gradient as a constant, then the query gradient there.
+    const ParamTree g = grad_of(
+        [&](const ParamTree& p) { return cross_entropy(nn::apply(cnn, p, sx), sy); }, theta);
+    ParamTree adapted;
+    for (const auto& [n, t] : theta) adapted.emplace(n, t - g.at(n) * 0.4f);
+    const ParamTree want = grad_of(
+        [&](const ParamTree& p) { return cross_entropy(nn::apply(cnn, p, qx), qy); }, adapted);
+    double worst = 0, size = 0;
+    for (const auto& [n, t] : want)
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        worst = std::max(worst, double(std::abs(got.at(n).data<float>()[i] - t.data<float>()[i])));
+        size = std::max(size, double(std::abs(t.data<float>()[i])));
+      }
+    REQUIRE(size > 1e-3);
+    // First order: equal; second order: the Hessian term makes a difference.
+    if (first_order) CHECK(worst <= 1e-5 * (1 + size));
+    if (!first_order) CHECK(worst > 1e-4 * size);
+  }
 }

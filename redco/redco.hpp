@@ -31,4 +31,5 @@
 #include "redco/rl/returns.hpp"
 #include "redco/rl/vector_env.hpp"
 #include "redco/shard/plan.hpp"
+#include "redco/train/adapt.hpp"
 #include "redco/train/trainer.hpp"

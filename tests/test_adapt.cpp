@@ -98,7 +98,7 @@ Vec meta_grad_by_hand(const Vec& th, const Task& t, int steps, bool second_order
 Vec train_maml(int world, AdaptOptions o, Vec* start) {
   const auto model = nn::linear(kIn, 1);
   std::vector<Vec> got(static_cast<size_t>(world));
-  auto body = [&](dist::Comm* comm, int rank) {
+  auto body = [&](comm::Comm* comm, int rank) {
     Deployer d({.seed = 23, .quiet = true, .world = comm});
     Trainer trainer(d, model, collate_tasks, maml_loss(o), optim::sgd(optim::constant(kMetaLr)));
     if (start) *start = weights(trainer.params(), "");
@@ -109,8 +109,8 @@ Vec train_maml(int world, AdaptOptions o, Vec* start) {
   if (world == 1) {
     body(nullptr, 0);
   } else {
-    dist::ThreadsWorld w(world);
-    w.run([&](dist::Comm& c) { body(&c, c.rank()); });
+    comm::ThreadsWorld w(world);
+    w.run([&](comm::Comm& c) { body(&c, c.rank()); });
   }
   for (const Vec& g : got) check_vec(g, got[0], 0);
   return got[0];

@@ -79,4 +79,24 @@ double evaluate(const std::string& env_name, int64_t n, uint64_t seed, Act act) 
   return std::accumulate(returns.begin(), returns.end(), 0.0) / double(n);
 }
 
+// The trained policy, run through the Predictor on n fresh episodes: its mean
+// return, printed and logged at `step`; the exit status says whether it
+// reached min_return. Transition has an `obs` array the observations fill.
+template <typename Transition, typename Trainer, typename Predictor>
+int evaluate_policy(Deployer& deployer, Trainer& trainer, Predictor& predictor,
+                    const std::string& env_name, int64_t n, uint64_t seed, int64_t step,
+                    const std::string& kind, double min_return) {
+  const auto D = int64_t(rl::VectorEnv(env_name, 1, seed).info().obs_dim);
+  const double mean = evaluate(env_name, n, seed, [&](std::span<const float> o) {
+    std::vector<Transition> ts(o.size() / size_t(D));
+    for (size_t i = 0; i < ts.size(); ++i)
+      std::copy_n(o.begin() + int64_t(i) * D, D, ts[i].obs.begin());
+    return predictor.predict(ts, int64_t(ts.size()), trainer.params());
+  });
+  deployer.console() << fmt::format("evaluation: mean return {:.2f} over {} {} episodes of {}\n",
+                                    mean, n, kind, env_name);
+  deployer.log(step, "eval", {{"episode_return_mean", mean}});
+  return mean >= min_return ? 0 : 1;
+}
+
 }  // namespace rl_sample

@@ -185,18 +185,9 @@ int main(int argc, char** argv) try {
   returns.plot(deployer, fmt::format("PPO on {}", env_name));
 
   Predictor predictor(deployer, model, collate, predict);
-  const double mean =
-      rl_sample::evaluate(env_name, eval_episodes, seed + 1, [&](std::span<const float> o) {
-        std::vector<Transition> ts(o.size() / size_t(D));
-        for (size_t i = 0; i < ts.size(); ++i)
-          std::copy_n(o.begin() + int64_t(i) * D, D, ts[i].obs.begin());
-        return predictor.predict(ts, int64_t(ts.size()), trainer.params());
-      });
-  deployer.console() << fmt::format(
-      "evaluation: mean return {:.2f} over {} greedy episodes of {}\n", mean, eval_episodes,
-      env_name);
-  deployer.log(epochs * steps_per_epoch, "eval", {{"episode_return_mean", mean}});
-  return mean >= min_return ? 0 : 1;
+  return rl_sample::evaluate_policy<Transition>(deployer, trainer, predictor, env_name,
+                                                eval_episodes, seed + 1, epochs * steps_per_epoch,
+                                                "greedy", min_return);
 } catch (const std::exception& e) {
   fmt::print(stderr, "ppo: {}\n", e.what());
   return 1;

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "lm_windows.hpp"
 #include "redco/comm/threads_comm.hpp"
 #include "redco/core/allocator.hpp"
 #include "redco/io/json.hpp"
@@ -175,22 +176,9 @@ TEST_CASE("GPT-2 with dropout: recomputed blocks give the plain gradients bit fo
 
 namespace {
 
-struct Window {
-  std::vector<int64_t> ids;  // 17 tokens
-};
-struct LmBatch {
-  Tensor inputs, targets;
-};
-
-LmBatch collate(std::span<const Window> ws) {
-  const auto n = int64_t(ws.size());
-  LmBatch b{Tensor::empty({n, 16}, DType::i64), Tensor::empty({n, 16}, DType::i64)};
-  for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(ws[size_t(i)].ids.begin(), 16, b.inputs.data<int64_t>() + i * 16);
-    std::copy_n(ws[size_t(i)].ids.begin() + 1, 16, b.targets.data<int64_t>() + i * 16);
-  }
-  return b;
-}
+using test::LmBatch;
+using test::Window;
+LmBatch collate(std::span<const Window> ws) { return test::collate_windows(ws); }
 
 // Whole trained parameters and step losses on a (world, mp) mesh of threads;
 // with a workdir, metrics.jsonl is written there.

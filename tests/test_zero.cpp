@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lm_windows.hpp"
 #include "redco/comm/threads_comm.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
@@ -26,22 +27,9 @@ namespace {
 const models::Gpt2Config kGpt{
     .vocab = 64, .context = 16, .dim = 32, .layers = 2, .heads = 4, .dropout = 0.1f};
 
-struct Window {
-  std::vector<int64_t> ids;  // 17 tokens
-};
-struct LmBatch {
-  Tensor inputs, targets;
-};
-
-LmBatch collate(std::span<const Window> ws) {
-  const auto n = int64_t(ws.size());
-  LmBatch b{Tensor::empty({n, 16}, DType::i64), Tensor::empty({n, 16}, DType::i64)};
-  for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(ws[size_t(i)].ids.begin(), 16, b.inputs.data<int64_t>() + i * 16);
-    std::copy_n(ws[size_t(i)].ids.begin() + 1, 16, b.targets.data<int64_t>() + i * 16);
-  }
-  return b;
-}
+using test::LmBatch;
+using test::Window;
+LmBatch collate(std::span<const Window> ws) { return test::collate_windows(ws); }
 
 std::vector<Window> windows() {
   std::vector<Window> data(32);

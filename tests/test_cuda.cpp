@@ -299,6 +299,33 @@ TEST_CASE("cuda: layer norm and rms norm match the cpu", "[cuda]") {
   for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], 1e-4f, 1e-4f);
 }
 
+TEST_CASE("cuda: group norm and nearest upsampling match the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  // 3 samples, 12 channels in 4 groups, 7x9 pixels; a large mean tests the two-pass variance.
+  const Tensor x = cpu().binary_scalar(BinaryOp::add, rnd({3, 12, 7, 9}, 90), 30.f);
+  const Tensor g = rnd({12}, 91), b = rnd({12}, 92), dy = rnd({3, 12, 7, 9}, 93);
+  for (bool with_beta : {true, false}) {
+    LayerNormSaved cs, gs;
+    const Tensor cb = with_beta ? b : Tensor(), gb = with_beta ? dev(b) : Tensor();
+    close(gpu().group_norm(dev(x), dev(g), gb, 4, 1e-5f, gs),
+          cpu().group_norm(x, g, cb, 4, 1e-5f, cs), 1e-4f, 1e-4f);
+    close(gs.mean, cs.mean, 1e-6f, 1e-5f);
+    close(gs.rstd, cs.rstd, 1e-4f, 0.f);
+    const TensorList gg = gpu().group_norm_backward(dev(dy), dev(x), dev(g), 4, with_beta, gs);
+    const TensorList cg = cpu().group_norm_backward(dy, x, g, 4, with_beta, cs);
+    REQUIRE(gg.size() == cg.size());
+    for (size_t i = 0; i < cg.size(); ++i) {
+      REQUIRE(gg[i].defined() == cg[i].defined());
+      if (cg[i].defined()) close(gg[i], cg[i], 1e-3f, 1e-3f);
+    }
+  }
+  const Tensor img = rnd({2, 3, 5, 4}, 94);
+  same(gpu().upsample_nearest2d(dev(img), 3), cpu().upsample_nearest2d(img, 3));
+  const Tensor dup = rnd({2, 3, 15, 12}, 95);
+  close(gpu().upsample_nearest2d_backward(dev(dup), 3), cpu().upsample_nearest2d_backward(dup, 3),
+        1e-6f, 1e-6f);
+}
+
 TEST_CASE("cuda: gelu and silu match the cpu", "[cuda]") {
   REQUIRE_GPU();
   const Tensor x = rnd({1001, 3}, 90, -12.f, 12.f), dy = rnd({1001, 3}, 91);

@@ -312,17 +312,81 @@ TensorList CudaBackend::conv2d_backward(const Tensor&, const Tensor&, const Tens
                                         int64_t) {
   missing("conv2d backward");
 }
-Tensor CudaBackend::group_norm(const Tensor&, const Tensor&, const Tensor&, int64_t, float,
-                               LayerNormSaved&) {
-  missing("group_norm");
+namespace {
+struct GroupDims {
+  int64_t N, C, S;
+};
+GroupDims group_dims(const Tensor& x, const Tensor& gamma, int64_t groups, const char* op) {
+  REDCO_CHECK(x.rank() >= 2 && groups >= 1 && x.dim(1) % groups == 0,
+              "{}: expected x [N, C, ...] with C divisible by the {} groups, got {}", op, groups,
+              x.shape());
+  REDCO_CHECK(gamma.shape() == Shape{x.dim(1)}, "{}: gamma {} must be [{}] for the input {}", op,
+              gamma.shape(), x.dim(1), x.shape());
+  return {x.dim(0), x.dim(1), x.numel() / std::max<int64_t>(x.dim(0) * x.dim(1), 1)};
 }
-TensorList CudaBackend::group_norm_backward(const Tensor&, const Tensor&, const Tensor&, int64_t,
-                                            bool, const LayerNormSaved&) {
-  missing("group_norm backward");
+}  // namespace
+
+Tensor CudaBackend::group_norm(const Tensor& x_in, const Tensor& gamma_in, const Tensor& beta_in,
+                               int64_t groups, float eps, LayerNormSaved& saved) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  Tensor x = f32(x_in, dev, "group_norm"), gamma = f32(gamma_in, dev, "group_norm"), beta;
+  const GroupDims g = group_dims(x, gamma, groups, "group_norm");
+  if (beta_in.defined()) {
+    beta = f32(beta_in, dev, "group_norm");
+    REDCO_CHECK(beta.shape() == gamma.shape(), "group_norm: beta {} must be [{}]", beta.shape(),
+                g.C);
+  }
+  saved.mean = Tensor::empty({g.N * groups}, DType::f32, dev);
+  saved.rstd = Tensor::empty({g.N * groups}, DType::f32, dev);
+  Tensor y = like(x);
+  cuda::k::group_norm_forward(x.data<float>(), gamma.data<float>(),
+                              beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
+                              saved.mean.data<float>(), saved.rstd.data<float>(), g.N, g.C, g.S,
+                              groups, eps);
+  return y;
 }
-Tensor CudaBackend::upsample_nearest2d(const Tensor&, int64_t) { missing("upsample_nearest2d"); }
-Tensor CudaBackend::upsample_nearest2d_backward(const Tensor&, int64_t) {
-  missing("upsample_nearest2d backward");
+TensorList CudaBackend::group_norm_backward(const Tensor& dy_in, const Tensor& x_in,
+                                            const Tensor& gamma_in, int64_t groups, bool has_beta,
+                                            const LayerNormSaved& saved) {
+  const Device dev = x_in.device();
+  Scope scope(dev);
+  const char* op = "group_norm backward";
+  Tensor dy = f32(dy_in, dev, op), x = f32(x_in, dev, op), gamma = f32(gamma_in, dev, op);
+  check_same_shape(x, dy, op);
+  const GroupDims g = group_dims(x, gamma, groups, op);
+  Tensor dx = like(x), partials = Tensor::empty({2, g.N, g.C}, DType::f32, dev);
+  cuda::k::group_norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
+                               saved.mean.data<float>(), saved.rstd.data<float>(), dx.data<float>(),
+                               partials.data<float>(), g.N, g.C, g.S, groups);
+  // Over the batch in a fixed order: [2, N, C] -> [2, C] = {dgamma, dbeta}.
+  Tensor both = Tensor::empty({2 * g.C}, DType::f32, dev);
+  cuda::k::reduce_pass(false, partials.data<float>(), both.data<float>(), 2, g.N, g.C);
+  return {dx, both.slice0(0, g.C).clone(), has_beta ? both.slice0(g.C, 2 * g.C).clone() : Tensor()};
+}
+Tensor CudaBackend::upsample_nearest2d(const Tensor& x_in, int64_t f) {
+  Scope scope(x_in.device());
+  Tensor x = f32(x_in, x_in.device(), "upsample_nearest2d");
+  REDCO_CHECK(x.rank() == 4 && f >= 1,
+              "upsample_nearest2d: expected x [N, C, H, W] and a factor >= 1, got {} x{}",
+              x.shape(), f);
+  Tensor y =
+      Tensor::empty({x.dim(0), x.dim(1), x.dim(2) * f, x.dim(3) * f}, DType::f32, x.device());
+  cuda::k::upsample_nearest2d_forward(x.data<float>(), y.data<float>(), x.dim(0) * x.dim(1),
+                                      x.dim(2), x.dim(3), f);
+  return y;
+}
+Tensor CudaBackend::upsample_nearest2d_backward(const Tensor& dy_in, int64_t f) {
+  Scope scope(dy_in.device());
+  Tensor dy = f32(dy_in, dy_in.device(), "upsample_nearest2d backward");
+  REDCO_CHECK(dy.rank() == 4 && f >= 1 && dy.dim(2) % f == 0 && dy.dim(3) % f == 0,
+              "upsample_nearest2d backward: gradient {} is not a {}x upsampled image", dy.shape(),
+              f);
+  Tensor dx =
+      Tensor::empty({dy.dim(0), dy.dim(1), dy.dim(2) / f, dy.dim(3) / f}, DType::f32, dy.device());
+  cuda::k::upsample_nearest2d_backward(dy.data<float>(), dx.data<float>(), dy.dim(0) * dy.dim(1),
+                                       dx.dim(2), dx.dim(3), f);
+  return dx;
 }
 Tensor CudaBackend::max_pool2d(const Tensor&, int64_t, int64_t, Tensor&) { missing("max_pool2d"); }
 Tensor CudaBackend::max_pool2d_backward(const Tensor&, const Tensor&, const Shape&, int64_t,

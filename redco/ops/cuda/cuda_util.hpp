@@ -73,6 +73,20 @@ void norm_backward(const float* dy, const float* x, const float* gamma, const fl
                    const float* rstd, float* dx, float* partials, int64_t chunks, int64_t N,
                    int64_t D);
 int64_t norm_chunks(int64_t N);
+// group_norm.cu: x [N, C, S], G groups; saves mean/rstd [N*G]. The backward
+// writes dx and partials [2, N, C] (sums over S of dy*xhat, then of dy), which
+// the caller sums over N for dgamma and dbeta.
+void group_norm_forward(const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, int64_t N, int64_t C, int64_t S, int64_t G,
+                        float eps);
+void group_norm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, float* dx, float* partials, int64_t N, int64_t C,
+                         int64_t S, int64_t G);
+// x [P, H, W] -> y [P, H*f, W*f] and its adjoint (block sums).
+void upsample_nearest2d_forward(const float* x, float* y, int64_t P, int64_t H, int64_t W,
+                                int64_t f);
+void upsample_nearest2d_backward(const float* dy, float* dx, int64_t P, int64_t H, int64_t W,
+                                 int64_t f);
 // embedding.cu
 void embedding_forward(const float* table, const int64_t* ids, float* out, int64_t n, int64_t D);
 size_t embedding_backward_scratch(int64_t n);  // bytes of scratch the backward needs

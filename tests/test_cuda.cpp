@@ -388,12 +388,47 @@ TEST_CASE("cuda: dropout masks and rotary match the cpu", "[cuda]") {
   }
 }
 
+// Attention against the CPU's flash kernel: causal and not, grouped-query
+// heads, Tq < Tk (a KV cache), per-row key ranges and causal offsets, and a
+// shared or per-row bias (T5), forward and backward.
+void attention_matches_cpu(const Shape& qs, const Shape& ks, bool causal,
+                           const AttentionExtras& cx) {
+  const Tensor q = rnd(qs, 140), k = rnd(ks, 141), v = rnd(ks, 142), dout = rnd(qs, 143);
+  const float scale = 1.f / std::sqrt(float(qs[3]));
+  AttentionExtras gx = cx;
+  if (cx.bias.defined()) gx.bias = dev(cx.bias);
+  Tensor clse, glse;
+  const Tensor co = cpu().attention(q, k, v, causal, scale, clse, cx);
+  const Tensor go = gpu().attention(dev(q), dev(k), dev(v), causal, scale, glse, gx);
+  close(go, co, 1e-4f, 1e-5f);
+  close(glse, clse, 1e-5f, 1e-5f);
+  const TensorList cg = cpu().attention_backward(q, k, v, co, clse, dout, causal, scale, cx);
+  const TensorList gg =
+      gpu().attention_backward(dev(q), dev(k), dev(v), go, glse, dev(dout), causal, scale, gx);
+  REQUIRE(gg.size() == cg.size());
+  for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], 1e-3f, 1e-4f);
+}
+
+TEST_CASE("cuda: attention matches the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  for (bool causal : {true, false}) {
+    attention_matches_cpu({2, 4, 37, 16}, {2, 4, 37, 16}, causal, {});
+    attention_matches_cpu({2, 6, 5, 8}, {2, 2, 70, 8}, causal, {});  // GQA, Tq < Tk
+  }
+  AttentionExtras rows;  // left padding, and each row's queries at their own positions
+  rows.key_begin = Tensor::from<int64_t>(std::vector<int64_t>{3, 0}, {2});
+  rows.key_end = Tensor::from<int64_t>(std::vector<int64_t>{40, 31}, {2});
+  rows.causal_offset = Tensor::from<int64_t>(std::vector<int64_t>{36, 27}, {2});
+  attention_matches_cpu({2, 4, 4, 16}, {2, 2, 40, 16}, true, rows);
+  AttentionExtras shared, per_row;
+  shared.bias = rnd({3, 9, 11}, 144);
+  per_row.bias = rnd({2, 3, 9, 11}, 145);
+  attention_matches_cpu({2, 3, 9, 8}, {2, 3, 11, 8}, false, shared);
+  attention_matches_cpu({2, 3, 9, 8}, {2, 3, 11, 8}, true, per_row);
+}
+
 TEST_CASE("cuda: ops without a CUDA kernel say so", "[cuda]") {
   REQUIRE_GPU();
-  const Tensor q = dev(rnd({1, 2, 4, 8}, 130));
-  Tensor lse;
-  CHECK_THROWS_WITH(gpu().attention(q, q, q, true, 0.3f, lse, {}),
-                    Catch::Contains("attention") && Catch::Contains("CUDA backend"));
   const Tensor img = dev(rnd({1, 2, 6, 6}, 131)), w = dev(rnd({3, 2, 3, 3}, 132));
   CHECK_THROWS_WITH(gpu().conv2d(img, w, Tensor(), 1, 0), Catch::Contains("CUDA backend"));
   CHECK_THROWS_WITH(gpu().avg_pool2d(img, 2, 2), Catch::Contains("CUDA backend"));

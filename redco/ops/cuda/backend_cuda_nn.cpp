@@ -296,15 +296,6 @@ namespace {
 }
 }  // namespace
 
-Tensor CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, bool, float, Tensor&,
-                              const AttentionExtras&) {
-  missing("attention");
-}
-TensorList CudaBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&,
-                                           const Tensor&, const Tensor&, const Tensor&, bool, float,
-                                           const AttentionExtras&) {
-  missing("attention backward");
-}
 Tensor CudaBackend::conv2d(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t) {
   missing("conv2d");
 }

@@ -1,0 +1,130 @@
+// CudaBackend::attention and its backward: the checks and messages of the
+// CPU backend, the kernels of attention.cu. The per-row extras (key ranges,
+// causal offsets) arrive as i64 [B] tensors; the CPU backend reads them on the
+// host, so callers make them there. They are validated on the host and copied
+// to the device (B values: one small copy per call).
+#include "redco/core/error.hpp"
+#include "redco/ops/cuda/attention_cuda.hpp"
+#include "redco/ops/cuda/backend_cuda.hpp"
+#include "redco/ops/cuda/cuda_util.hpp"
+#include "redco/ops/cuda/tensor_util.hpp"
+
+namespace redco {
+namespace {
+
+cuda::k::AttentionArgs attention_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      bool causal, float scale) {
+  REDCO_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape() == v.shape() && q.dim(0) == k.dim(0) &&
+                  q.dim(3) == k.dim(3) && k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0,
+              "attention: expected q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D] with Hq a multiple "
+              "of Hkv; got q {}, k {}, v {}",
+              q.shape(), k.shape(), v.shape());
+  REDCO_CHECK(!causal || q.dim(2) <= k.dim(2),
+              "attention: causal attention needs Tq <= Tk (queries are the last Tq positions); "
+              "got q {}, k {}",
+              q.shape(), k.shape());
+  REDCO_CHECK(k.dim(2) <= cuda::k::kMaxAttentionKeys,
+              "attention: the CUDA kernel takes up to {} keys, got {}; shorten the sequence or "
+              "run attention on the CPU",
+              cuda::k::kMaxAttentionKeys, k.dim(2));
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal};
+}
+
+// The extras of one call on the device; `keep` holds the copies alive.
+struct DeviceExtras {
+  Tensor begin, end, offset, bias;
+};
+
+// An i64 [B] extra, checked on the host, as a device tensor.
+Tensor row_values(const Tensor& t, int64_t B, Device dev, const char* what) {
+  REDCO_CHECK(t.dtype() == DType::i64 && t.shape() == Shape{B},
+              "attention: {} must be an i64 [B = {}] tensor, got {} {}", what, B,
+              dtype_name(t.dtype()), t.shape());
+  return t.device() == dev ? t : t.to(dev);
+}
+
+DeviceExtras attach(cuda::k::AttentionArgs& a, const AttentionExtras& x, Device dev) {
+  DeviceExtras d;
+  REDCO_CHECK(x.key_begin.defined() == x.key_end.defined(),
+              "attention: key ranges need both key_begin and key_end");
+  if (x.key_begin.defined()) {
+    const Tensor hb = x.key_begin.to(Device::cpu()), he = x.key_end.to(Device::cpu());
+    for (int64_t b = 0; b < a.B && hb.shape() == Shape{a.B} && he.shape() == Shape{a.B}; ++b) {
+      const int64_t lo = hb.data<int64_t>()[b], hi = he.data<int64_t>()[b];
+      REDCO_CHECK(0 <= lo && lo <= hi && hi <= a.Tk,
+                  "attention: batch row {} sees keys [{}, {}), outside [0, {})", b, lo, hi, a.Tk);
+    }
+    d.begin = row_values(x.key_begin, a.B, dev, "key_begin");
+    d.end = row_values(x.key_end, a.B, dev, "key_end");
+    a.key_begin = d.begin.data<int64_t>();
+    a.key_end = d.end.data<int64_t>();
+  }
+  if (x.causal_offset.defined()) {
+    d.offset = row_values(x.causal_offset, a.B, dev, "causal_offset");
+    a.causal_offset = d.offset.data<int64_t>();
+  }
+  if (x.bias.defined()) {
+    d.bias = cuda::f32(x.bias, dev, "attention bias");
+    a.bias_per_row = d.bias.shape() == (Shape{a.B, a.Hq, a.Tq, a.Tk});
+    REDCO_CHECK(a.bias_per_row || d.bias.shape() == (Shape{a.Hq, a.Tq, a.Tk}),
+                "attention: the bias must be [Hq, Tq, Tk] = [{}, {}, {}] or one per batch row "
+                "[{}, {}, {}, {}], got {}",
+                a.Hq, a.Tq, a.Tk, a.B, a.Hq, a.Tq, a.Tk, d.bias.shape());
+    a.bias = d.bias.data<float>();
+  }
+  return d;
+}
+
+Tensor like(const Tensor& x) { return Tensor::empty(x.shape(), DType::f32, x.device()); }
+
+}  // namespace
+
+Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                              bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
+  const Device dev = q_in.device();
+  cuda::Scope scope(dev);
+  Tensor q = cuda::f32(q_in, dev, "attention"), k = cuda::f32(k_in, dev, "attention"),
+         v = cuda::f32(v_in, dev, "attention");
+  auto a = attention_args(q, k, v, causal, scale);
+  const DeviceExtras keep = attach(a, x, dev);
+  Tensor o = like(q);
+  lse = Tensor::empty({a.B, a.Hq, a.Tq}, DType::f32, dev);
+  cuda::k::attention_forward(a, q.data<float>(), k.data<float>(), v.data<float>(), o.data<float>(),
+                             lse.data<float>());
+  return o;
+}
+
+TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in,
+                                           const Tensor& v_in, const Tensor& o, const Tensor& lse,
+                                           const Tensor& dout_in, bool causal, float scale,
+                                           const AttentionExtras& x) {
+  const Device dev = q_in.device();
+  cuda::Scope scope(dev);
+  const char* op = "attention backward";
+  Tensor q = cuda::f32(q_in, dev, op), k = cuda::f32(k_in, dev, op), v = cuda::f32(v_in, dev, op);
+  Tensor dout = cuda::f32(dout_in, dev, op);
+  cuda::expect_on(o, dev, op);
+  cuda::expect_on(lse, dev, op);
+  REDCO_CHECK(o.shape() == dout.shape() && o.shape() == q.shape(),
+              "attention backward: the output {} and its gradient {} must be shaped like q {}",
+              o.shape(), dout.shape(), q.shape());
+  auto a = attention_args(q, k, v, causal, scale);
+  const DeviceExtras keep = attach(a, x, dev);
+  Tensor dq = like(q), dk = like(k), dv = like(v);
+  const Shape rows{a.B, a.Hq, a.Tq, a.Tk};
+  Tensor P = Tensor::empty(rows, DType::f32, dev), dS = Tensor::empty(rows, DType::f32, dev);
+  Tensor dbias_rows = a.bias ? Tensor::empty(rows, DType::f32, dev) : Tensor();
+  cuda::k::attention_backward(a, q.data<float>(), k.data<float>(), v.data<float>(), o.data<float>(),
+                              lse.data<float>(), dout.data<float>(), dq.data<float>(),
+                              dk.data<float>(), dv.data<float>(), P.data<float>(), dS.data<float>(),
+                              a.bias ? dbias_rows.data<float>() : nullptr);
+  if (!a.bias) return {dq, dk, dv};
+  if (a.bias_per_row) return {dq, dk, dv, dbias_rows};
+  // Summed over the batch rows in order: [B, Hq*Tq*Tk] -> [Hq, Tq, Tk].
+  Tensor dbias = Tensor::empty({a.Hq, a.Tq, a.Tk}, DType::f32, dev);
+  cuda::k::reduce_pass(false, dbias_rows.data<float>(), dbias.data<float>(), 1, a.B,
+                       a.Hq * a.Tq * a.Tk);
+  return {dq, dk, dv, dbias};
+}
+
+}  // namespace redco

@@ -427,11 +427,33 @@ TEST_CASE("cuda: attention matches the cpu", "[cuda]") {
   attention_matches_cpu({2, 3, 9, 8}, {2, 3, 11, 8}, true, per_row);
 }
 
-TEST_CASE("cuda: ops without a CUDA kernel say so", "[cuda]") {
+TEST_CASE("cuda: convolution and pooling match the cpu", "[cuda]") {
   REQUIRE_GPU();
-  const Tensor img = dev(rnd({1, 2, 6, 6}, 131)), w = dev(rnd({3, 2, 3, 3}, 132));
-  CHECK_THROWS_WITH(gpu().conv2d(img, w, Tensor(), 1, 0), Catch::Contains("CUDA backend"));
-  CHECK_THROWS_WITH(gpu().avg_pool2d(img, 2, 2), Catch::Contains("CUDA backend"));
+  const Tensor x = rnd({3, 4, 11, 9}, 150), w = rnd({5, 4, 3, 3}, 151), b = rnd({5}, 152);
+  for (auto [stride, pad] : {std::pair<int64_t, int64_t>{1, 1}, {2, 0}, {2, 2}}) {
+    const Tensor cy = cpu().conv2d(x, w, b, stride, pad);
+    close(gpu().conv2d(dev(x), dev(w), dev(b), stride, pad), cy, 1e-4f, 1e-4f);
+    const Tensor dy = rnd(cy.shape(), 153);
+    const TensorList cg = cpu().conv2d_backward(dy, x, w, true, stride, pad);
+    const TensorList gg = gpu().conv2d_backward(dev(dy), dev(x), dev(w), true, stride, pad);
+    for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], 1e-3f, 1e-3f);
+  }
+  // Overlapping windows (stride < k) and ties (a constant block) for the argmax rule.
+  Tensor img = rnd({2, 3, 9, 8}, 154);
+  img.data<float>()[0] = img.data<float>()[1] = img.data<float>()[8] = 5.f;
+  for (auto [k, stride] : {std::pair<int64_t, int64_t>{2, 2}, {3, 1}, {3, 2}}) {
+    Tensor ca, ga;
+    const Tensor cy = cpu().max_pool2d(img, k, stride, ca);
+    same(gpu().max_pool2d(dev(img), k, stride, ga), cy);
+    CHECK(ga.to(Device::cpu()).values<int32_t>() == ca.values<int32_t>());
+    const Tensor dy = rnd(cy.shape(), 155);
+    close(gpu().max_pool2d_backward(dev(dy), ga, img.shape(), k, stride),
+          cpu().max_pool2d_backward(dy, ca, img.shape(), k, stride), 1e-6f, 1e-6f);
+    same(gpu().max_pool2d_gather(dev(img), ga), cpu().max_pool2d_gather(img, ca));
+    close(gpu().avg_pool2d(dev(img), k, stride), cpu().avg_pool2d(img, k, stride), 1e-6f, 1e-6f);
+    close(gpu().avg_pool2d_backward(dev(dy), img.shape(), k, stride),
+          cpu().avg_pool2d_backward(dy, img.shape(), k, stride), 1e-6f, 1e-6f);
+  }
 }
 
 // linear -> gelu -> layer_norm -> linear -> log-softmax NLL, differentiated by

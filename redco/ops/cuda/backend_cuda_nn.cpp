@@ -286,23 +286,7 @@ Tensor CudaBackend::dropout_mask(const Shape& shape, float p, uint64_t seed, uin
   return mask;
 }
 
-// ---- not on the GPU yet: an honest error rather than a host loop over device memory
-namespace {
-[[noreturn]] void missing(const char* op) {
-  fail(
-      "{}: the CUDA backend does not implement this op yet; run it on the CPU (move the "
-      "inputs with .to(Device::cpu()))",
-      op);
-}
-}  // namespace
-
-Tensor CudaBackend::conv2d(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t) {
-  missing("conv2d");
-}
-TensorList CudaBackend::conv2d_backward(const Tensor&, const Tensor&, const Tensor&, bool, int64_t,
-                                        int64_t) {
-  missing("conv2d backward");
-}
+// ---- group norm and upsampling ----------------------------------------------------------
 namespace {
 struct GroupDims {
   int64_t N, C, S;
@@ -378,18 +362,6 @@ Tensor CudaBackend::upsample_nearest2d_backward(const Tensor& dy_in, int64_t f) 
   cuda::k::upsample_nearest2d_backward(dy.data<float>(), dx.data<float>(), dy.dim(0) * dy.dim(1),
                                        dx.dim(2), dx.dim(3), f);
   return dx;
-}
-Tensor CudaBackend::max_pool2d(const Tensor&, int64_t, int64_t, Tensor&) { missing("max_pool2d"); }
-Tensor CudaBackend::max_pool2d_backward(const Tensor&, const Tensor&, const Shape&, int64_t,
-                                        int64_t) {
-  missing("max_pool2d backward");
-}
-Tensor CudaBackend::max_pool2d_gather(const Tensor&, const Tensor&) {
-  missing("max_pool2d gather");
-}
-Tensor CudaBackend::avg_pool2d(const Tensor&, int64_t, int64_t) { missing("avg_pool2d"); }
-Tensor CudaBackend::avg_pool2d_backward(const Tensor&, const Shape&, int64_t, int64_t) {
-  missing("avg_pool2d backward");
 }
 
 }  // namespace redco

@@ -213,8 +213,9 @@ void store(void* p, DType t, int64_t i, float v) {
 }  // namespace
 
 float Tensor::item() const {
+  const void* p = raw();  // first: a device tensor's message says how to read it
   REDCO_CHECK(numel() == 1, "item() needs a one-element tensor, got shape {}", shape());
-  return load(raw(), dtype(), 0);
+  return load(p, dtype(), 0);
 }
 
 std::vector<float> Tensor::to_vector() const {

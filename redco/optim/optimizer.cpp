@@ -1,6 +1,8 @@
 #include "redco/optim/optimizer.hpp"
 
 #include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <array>
@@ -15,6 +17,33 @@
 
 namespace redco::optim {
 namespace {
+
+// Elements per task: large enough that a task's memory traffic dwarfs the
+// scheduling cost; smaller tensors run inline.
+constexpr int64_t kGrain = 1 << 14;
+
+template <typename F>
+void for_range(int64_t n, F&& f) {
+  if (n <= 2 * kGrain) {
+    f(int64_t{0}, n);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain),
+                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
+}
+
+// g *= s in place. A CPU gradient is scaled where it is, allocating nothing
+// (an optimizer step must not); a device's through its kernels.
+void scale_in_place(Tensor& g, float s) {
+  if (!g.device().is_cpu()) {
+    g.copy_from(kernels::binary_scalar(BinaryOp::mul, g, s));
+    return;
+  }
+  float* x = g.data<float>();
+  for_range(g.numel(), [x, s](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] *= s;
+  });
+}
 
 // Throws naming the tensor unless it is a defined f32 tensor. The updates run
 // on its device, through the backend (Backend::adam_update and friends).
@@ -92,7 +121,7 @@ float clip_by_global_norm(ParamTree& grads, float max_norm) {
   if (norm > double(max_norm)) {
     const float scale = float(double(max_norm) / norm);
     for (auto& [name, g] : grads)  // in place: other holders of the gradient see it clipped
-      g.copy_from(kernels::binary_scalar(BinaryOp::mul, g, scale));
+      scale_in_place(g, scale);
   }
   return float(norm);
 }
@@ -361,12 +390,26 @@ bool GradAccumulator::add(const ParamTree& grads) {
   const float scale = float(1.0 / double(k_));
   for (const auto& [name, g] : grads) {
     Tensor& dst = sum_.at(name);
-    const Tensor part = kernels::binary_scalar(BinaryOp::mul, g, scale);
+    if (!g.device().is_cpu()) {  // a device: through its kernels (one temporary each)
+      const Tensor part = kernels::binary_scalar(BinaryOp::mul, g, scale);
+      if (first)
+        dst.copy_from(part);
+      else
+        kernels::add_inplace(dst, part);
+      continue;
+    }
+    REDCO_CHECK(dst.device().is_cpu(),
+                "GradAccumulator: the gradient '{}' moved to the CPU from {}", name,
+                dst.device().str());
+    const float* src = g.data<float>();
+    float* out = dst.data<float>();
     // The first micro-batch of a group overwrites, so the buffers never need zeroing.
-    if (first)
-      dst.copy_from(part);
-    else
-      kernels::add_inplace(dst, part);
+    for_range(g.numel(), [=](int64_t b, int64_t e) {
+      if (first)
+        for (int64_t i = b; i < e; ++i) out[i] = src[i] * scale;
+      else
+        for (int64_t i = b; i < e; ++i) out[i] += src[i] * scale;
+    });
   }
   if (++pending_ < k_) return false;
   pending_ = 0;

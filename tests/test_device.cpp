@@ -4,6 +4,7 @@
 // that nothing the library creates falls back to the CPU silently: such a
 // tensor would meet a device tensor in some op, and that op would throw.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -159,6 +160,25 @@ TEST_CASE("test device: an op mixing devices names the op and both devices", "[d
   CHECK(y.to(Device::cpu()).values<float>() == std::vector<float>(6, 2.f));
   CHECK_THROWS_WITH(train::Deployer({.quiet = true, .device = "tpu"}),
                     Catch::Contains("unknown device \"tpu\""));
+}
+
+TEST_CASE("Deployer: the device from its config, else REDCO_DEVICE (--device), else the CPU",
+          "[device]") {
+  const int gpus =
+      has_device_memory(DeviceKind::cuda) ? device_memory(Device::cuda()).device_count() : 0;
+  CHECK(train::Deployer({.quiet = true}).device() == Device::cpu());
+  CHECK(train::Deployer({.quiet = true, .device = "test"}).device() == kTest);
+  CHECK(train::Deployer({.quiet = true, .device = "auto"}).device() ==
+        (gpus > 0 ? Device::cuda(0) : Device::cpu()));
+  if (gpus == 0)
+    CHECK_THROWS_WITH(train::Deployer({.quiet = true, .device = "cuda"}),
+                      Catch::Contains("device \"cuda\"") && Catch::Contains("--device cpu"));
+  ::setenv("REDCO_DEVICE", "test", 1);  // what the samples' --device test does
+  const Device from_env = train::Deployer({.quiet = true}).device();
+  const Device config_wins = train::Deployer({.quiet = true, .device = "cpu"}).device();
+  ::unsetenv("REDCO_DEVICE");
+  CHECK(from_env == kTest);
+  CHECK(config_wins == Device::cpu());
 }
 
 TEST_CASE("test device: a small GPT trains as on the CPU, bit for bit", "[device]") {

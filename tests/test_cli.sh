@@ -31,6 +31,9 @@ expect "--grace: must be a number >= 0, got -1" "$run" -n 1 --grace -1 -- true
 expect "--max-restarts: must be an integer >= 0, got -1" "$run" -n 1 --max-restarts -1 -- true
 expect "--hang-timeout 0.05: give at least 0.1 seconds, or 0" "$run" -n 1 --hang-timeout 0.05 -- true
 expect "not expected: --no_such_flag" "$lm" --no_such_flag
+# --device comes from the shared helper, in every sample and tool.
+expect "--device: must be cpu, cuda, cuda:N, test or auto, got tpu" "$lm" --device tpu
+expect "--device: must be cpu, cuda, cuda:N, test or auto, got cuda:x" "$cls" --device cuda:x
 expect "--max-new-tokens: must be an integer >= 0, got -1" "$gen" no-model --max-new-tokens -1
 expect "--n-model-shards: must be an integer >= 1, got 0" "$gen" no-model --n_model_shards 0
 # redco-run: its own underscore flags work; the program's arguments are not rewritten.

@@ -49,7 +49,7 @@ void close(const Tensor& g, const Tensor& c, float rtol, float atol) {
   REQUIRE(g.device() == kGpu);
   REQUIRE(g.shape() == c.shape());
   REQUIRE(g.dtype() == c.dtype());
-  const std::vector<float> a = g.to_vector(), b = c.to_vector();
+  const std::vector<float> a = g.to(Device::cpu()).to_vector(), b = c.to_vector();
   double worst = 0;
   size_t at = 0;
   bool ok = true;
@@ -91,9 +91,11 @@ TEST_CASE("cuda: tensors move between host and device", "[cuda]") {
   same(d, h);
   CHECK(d.to(Device::cpu()).values<float>() == h.values<float>());
   Tensor z = Tensor::zeros({1000, 3}, DType::f32, kGpu);
-  CHECK(z.to_vector() == std::vector<float>(3000, 0.f));
+  CHECK(z.to(Device::cpu()).to_vector() == std::vector<float>(3000, 0.f));
   z.fill(2.5f);
-  CHECK(z.to_vector() == std::vector<float>(3000, 2.5f));
+  CHECK(z.to(Device::cpu()).to_vector() == std::vector<float>(3000, 2.5f));
+  // The host reads device memory only through an explicit copy.
+  CHECK_THROWS_WITH(z.to_vector(), Catch::Contains("lives on cuda:0"));
   Tensor c = d.clone();  // device-to-device
   d.fill(0.f);
   same(c, h);
@@ -107,7 +109,7 @@ TEST_CASE("cuda: tensors move between host and device", "[cuda]") {
   Tensor dst = Tensor::empty({3, 5, 7}, DType::bf16, kGpu);
   dst.copy_from(h);  // host f32 -> device bf16
   same(dst.to(DType::f32), h.to(DType::bf16).to(DType::f32));
-  CHECK(Tensor::scalar(3.f).to(kGpu).item() == 3.f);
+  CHECK(Tensor::scalar(3.f).to(kGpu).to(Device::cpu()).item() == 3.f);
   CHECK(d.str().find("cuda:0") != std::string::npos);
 }
 
@@ -117,7 +119,7 @@ TEST_CASE("cuda: a repeated step allocates nothing new", "[cuda]") {
   auto step = [&] {
     Tensor y = gpu().matmul(x, w, false, false);
     Tensor s = gpu().softmax(gpu().unary(UnaryOp::tanh, y));
-    return gpu().reduce(ReduceOp::sum, s, std::vector<int>{0}).to_vector();
+    return gpu().reduce(ReduceOp::sum, s, std::vector<int>{0}).to(Device::cpu()).to_vector();
   };
   step();
   const AllocatorStats before = cuda::memory_stats();
@@ -249,7 +251,7 @@ TEST_CASE("cuda: matmul matches the cpu (batched, transposed, broadcast)", "[cud
   }
   const Tensor empty_k =
       gpu().matmul(dev(Tensor::zeros({3, 0})), dev(Tensor::zeros({0, 4})), false, false);
-  CHECK(empty_k.to_vector() == std::vector<float>(12, 0.f));
+  CHECK(empty_k.to(Device::cpu()).to_vector() == std::vector<float>(12, 0.f));
   const Tensor a = rnd({64, 256}, 60), b = rnd({256, 48}, 61);
   cuda::set_allow_tf32(true);
   const Tensor tf32 = gpu().matmul(dev(a), dev(b), false, false);
@@ -468,7 +470,7 @@ TensorList model_grads(Device d, float* loss_out) {
   const Tensor h = layer_norm(gelu(linear(x, params[0], params[1])), params[2], params[3]);
   const Tensor logp = log_softmax(linear(h, params[4]));
   const Tensor loss = mul(sum(mul(logp, onehot.to(d))), -1.f / 12.f);
-  *loss_out = loss.item();
+  *loss_out = loss.to(Device::cpu()).item();
   return grad({loss}, params, {Tensor::ones({}).to(d)});
 }
 

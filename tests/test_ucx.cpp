@@ -353,6 +353,38 @@ TEST_CASE("UCX collectives match the deterministic reference", "[ucx]") {
   }
 }
 
+// Test-device tensors (host memory behind a device's rules) go through host
+// copies, as GPU memory would without GPUDirect; the results land on the device.
+void check_device_staging(Comm& c) {
+  const Device d = Device::test();
+  const int me = c.rank();
+  auto host = [](const Tensor& t) { return t.to(Device::cpu()).values<float>(); };
+  Tensor t = Tensor::full(Shape{5}, float(me + 1), DType::f32, d);
+  sched::sync_wait(c.all_reduce(t));
+  REDCO_CHECK(t.device() == d && host(t) == std::vector<float>(5, 3.f), "all_reduce on test:0");
+  Tensor b = Tensor::full(Shape{3}, float(me), DType::f32, d);
+  sched::sync_wait(c.broadcast(b, 1));
+  REDCO_CHECK(host(b) == std::vector<float>(3, 1.f), "broadcast on test:0");
+  Tensor out = Tensor::empty(Shape{2, 2}, DType::f32, d);
+  sched::sync_wait(c.all_gather(Tensor::full(Shape{1, 2}, float(me), DType::f32, d), out));
+  REDCO_CHECK(host(out) == (std::vector<float>{0.f, 0.f, 1.f, 1.f}), "all_gather on test:0");
+  Tensor got = Tensor::zeros(Shape{4}, DType::f32, d);
+  sched::sync_wait(
+      sched::when_all(c.send(Tensor::full(Shape{4}, float(7 + me), DType::f32, d), 1 - me, 6),
+                      c.recv(got, 1 - me, 6)));
+  REDCO_CHECK(host(got) == std::vector<float>(4, float(8 - me)), "send/recv on test:0");
+}
+
+TEST_CASE("UCX: test-device tensors travel through host copies", "[ucx]") {
+  quiet_ucx();
+  const std::vector<std::string> errors = run_processes(
+      2, 10000, std::chrono::seconds(25), [](int, Comm& c) { check_device_staging(c); });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[size_t(r)]);
+    CHECK(errors[size_t(r)].empty());
+  }
+}
+
 TEST_CASE("UCX: a dead peer ends the others with an error naming it", "[ucx]") {
   quiet_ucx();
   // Direct and ring all-reduces; the peers share this host, so the data goes

@@ -140,7 +140,10 @@ TensorList Engine::take_grads(Node* n) {
   }
   g.resize(n->output_meta().size());
   for (size_t i = 0; i < g.size(); ++i)
-    if (!g[i].defined()) g[i] = Tensor::zeros(n->output_meta()[i].shape);
+    if (!g[i].defined()) {  // no gradient flowed into this output: zeros where it lives
+      const TensorMeta& m = n->output_meta()[i];
+      g[i] = Tensor::zeros(m.shape, DType::f32, m.device);
+    }
   return g;
 }
 
@@ -193,6 +196,11 @@ void Engine::execute(Node* n, const TensorList& gouts) {
     REDCO_CHECK(gins[i].shape() == n->input_meta()[i].shape,
                 "backward of '{}' produced a gradient of shape {} for input {} of shape {}",
                 n->name(), gins[i].shape(), i, n->input_meta()[i].shape);
+    // A rule that makes its gradient on another device than its input's
+    // (a CPU tensor for a GPU input) would fail later, far from the cause.
+    REDCO_CHECK(gins[i].device() == n->input_meta()[i].device,
+                "backward of '{}' produced a gradient on {} for input {}, which lives on {}",
+                n->name(), gins[i].device().str(), i, n->input_meta()[i].device.str());
     add_pending(e, std::move(gins[i]));
   }
 }
@@ -235,7 +243,7 @@ static TensorList default_grad_outputs(const TensorList& outputs, const TensorLi
   for (const Tensor& o : outputs) {
     REDCO_CHECK(o.numel() == 1, "grad of a non-scalar output (shape {}) needs grad_outputs",
                 o.shape());
-    g.push_back(Tensor::ones(o.shape()));
+    g.push_back(Tensor::full(o.shape(), 1.f, DType::f32, o.device()));  // the seed, on o's device
   }
   return g;
 }

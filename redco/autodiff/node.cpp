@@ -22,7 +22,7 @@ std::shared_ptr<Node> Node::make_leaf(const std::shared_ptr<TensorImpl>& leaf) {
   auto n = std::make_shared<Node>();
   n->is_leaf_ = true;
   n->leaf_ = leaf;
-  n->output_meta_ = {{leaf->shape, leaf->dtype}};
+  n->output_meta_ = {{leaf->shape, leaf->dtype, leaf->storage->device}};
   return n;
 }
 
@@ -49,8 +49,8 @@ TensorList record(const char* name, const TensorList& inputs, TensorList outputs
   node->backward_ = std::move(backward);
   for (const Tensor& in : inputs) {
     node->inputs_.push_back(edge_of(detail::Substitution::of(in)));
-    node->input_meta_.push_back(in.defined() ? TensorMeta{in.shape(), in.dtype()}
-                                             : TensorMeta{Shape{}, DType::f32});
+    node->input_meta_.push_back(in.defined() ? TensorMeta{in.shape(), in.dtype(), in.device()}
+                                             : TensorMeta{Shape{}, DType::f32, Device::cpu()});
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     TensorImpl& impl = outputs[i].impl();
@@ -59,7 +59,7 @@ TensorList record(const char* name, const TensorList& inputs, TensorList outputs
     impl.grad_fn = node;
     impl.output_nr = int(i);
     impl.requires_grad = is_floating(impl.dtype);
-    node->output_meta_.push_back({impl.shape, impl.dtype});
+    node->output_meta_.push_back({impl.shape, impl.dtype, impl.storage->device});
   }
   return outputs;
 }

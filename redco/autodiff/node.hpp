@@ -43,6 +43,7 @@ struct Edge {
 struct TensorMeta {
   Shape shape;
   DType dtype;
+  Device device;  // where a zero gradient standing in for this tensor's must live
 };
 
 class Node {

@@ -13,7 +13,8 @@ namespace detail {
 
 int64_t counted_labels(const Tensor& labels, int64_t ignore_index) {
   int64_t counted = 0;
-  const int64_t* l = labels.data<int64_t>();
+  const Tensor host = labels.to(Device::cpu());  // the loss's divisor: one explicit copy
+  const int64_t* l = host.data<int64_t>();
   for (int64_t r = 0; r < labels.numel(); ++r) counted += l[r] != ignore_index;
   return counted;
 }
@@ -223,11 +224,12 @@ namespace {
 // onehot[r, labels[r]] = 1, rows with the ignored label all zero. [rows, V]
 Tensor one_hot(const Tensor& labels, int64_t vocab, int64_t ignore_index) {
   Tensor out = Tensor::zeros({labels.numel(), vocab});
-  const int64_t* l = labels.data<int64_t>();
+  const Tensor host = labels.to(Device::cpu());
+  const int64_t* l = host.data<int64_t>();
   float* o = out.data<float>();
   for (int64_t r = 0; r < labels.numel(); ++r)
     if (l[r] != ignore_index && l[r] >= 0 && l[r] < vocab) o[r * vocab + l[r]] = 1.f;
-  return out;
+  return out.to(labels.device());  // built on the host, used where the labels are
 }
 
 // Per-row losses [rows]: logsumexp(logits[r]) - logits[r, label[r]]; 0 where ignored.

@@ -63,11 +63,13 @@ std::pair<Tensor, Tensor> reference_masks(int64_t B, int64_t Tq, int64_t Tk, boo
   const int64_t rows = x.key_begin.defined() || x.causal_offset.defined() ? B : 1;
   Tensor mask = Tensor::zeros({rows, 1, Tq, Tk}), seen = Tensor::zeros({rows, 1, Tq, 1});
   float *m = mask.data<float>(), *s = seen.data<float>();
+  // The key ranges live with q; the masks are built on the host from copies.
+  auto host = [](const Tensor& t) { return t.defined() ? t.to(Device::cpu()) : t; };
+  const Tensor begin = host(x.key_begin), end_of = host(x.key_end), offset = host(x.causal_offset);
   for (int64_t b = 0; b < rows; ++b) {
-    const int64_t lo = x.key_begin.defined() ? x.key_begin.data<int64_t>()[b] : 0;
-    const int64_t hi = x.key_end.defined() ? x.key_end.data<int64_t>()[b] : Tk;
-    const int64_t off =
-        x.causal_offset.defined() ? x.causal_offset.data<int64_t>()[b] : Tk - Tq;
+    const int64_t lo = begin.defined() ? begin.data<int64_t>()[b] : 0;
+    const int64_t hi = end_of.defined() ? end_of.data<int64_t>()[b] : Tk;
+    const int64_t off = offset.defined() ? offset.data<int64_t>()[b] : Tk - Tq;
     for (int64_t i = 0; i < Tq; ++i) {
       // Query i sits at position i + off and sees keys up to there.
       const int64_t end = causal ? std::min(hi, i + off + 1) : hi;
@@ -180,7 +182,8 @@ Tensor conv_weight_grad(const Tensor& x, const Tensor& dy, const Shape& w_shape,
 
 Tensor conv_input_grad(const Tensor& dy, const Tensor& w, const Shape& x_shape, ConvArgs a) {
   // The kernel computes dx and dw together; with x = 0 only dx is wanted.
-  Tensor dx = kernels::conv2d_backward(dy, Tensor::zeros(x_shape), w, false, a.stride, a.pad)[0];
+  Tensor dx = kernels::conv2d_backward(dy, Tensor::zeros(x_shape, DType::f32, dy.device()), w,
+                                       false, a.stride, a.pad)[0];
   return record(
       "conv2d_input_grad", {dy, w}, dx, [dy, w, a](const Node& self, const TensorList& g) {
         return TensorList{self.needs_grad(0) ? conv2d(g[0], w, {}, a.stride, a.pad) : Tensor(),
@@ -189,7 +192,8 @@ Tensor conv_input_grad(const Tensor& dy, const Tensor& w, const Shape& x_shape, 
 }
 
 Tensor conv_weight_grad(const Tensor& x, const Tensor& dy, const Shape& w_shape, ConvArgs a) {
-  Tensor dw = kernels::conv2d_backward(dy, x, Tensor::zeros(w_shape), false, a.stride, a.pad)[1];
+  Tensor dw = kernels::conv2d_backward(dy, x, Tensor::zeros(w_shape, DType::f32, dy.device()),
+                                       false, a.stride, a.pad)[1];
   return record(
       "conv2d_weight_grad", {x, dy}, dw, [x, dy, a](const Node& self, const TensorList& g) {
         return TensorList{self.needs_grad(0) ? conv_input_grad(dy, g[0], x.shape(), a) : Tensor(),

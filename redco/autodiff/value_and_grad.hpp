@@ -40,7 +40,8 @@ std::pair<Tensor, ParamTree> value_and_grad(F&& f, const ParamTree& params,
   size_t i = 0;
   for (const auto& [name, p] : leaves) {
     Tensor g = grads[i++];
-    out.emplace(name, g.defined() ? g : Tensor::zeros(p.shape()));
+    // An unused parameter gets zeros, where the parameter lives.
+    out.emplace(name, g.defined() ? g : Tensor::zeros(p.shape(), DType::f32, p.device()));
   }
   return {options.create_graph ? loss : loss.detach(), std::move(out)};
 }

@@ -137,6 +137,13 @@ void check_timeouts(ThreadsState& st) {
   for (const sched::Waiter& w : wake) w.resume();
 }
 
+// The bytes of a tensor this backend reads and writes itself: CPU memory, or
+// the test device's. The test device's memory is host memory behind a
+// device's interface, and this backend is its transport (what NCCL is to a
+// GPU, or the staging copies the UCX backend would make): the one place
+// outside its backend that touches those bytes, explicitly.
+void* bytes_of(const Tensor& t) { return t.device_ptr(); }
+
 std::string sig(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtype()), t.shape()); }
 
 int64_t chunk_begin(int64_t n, int r, int parts) { return n * r / parts; }
@@ -150,7 +157,7 @@ void accumulate(float* acc, const Tensor& src, int64_t begin, int64_t len, bool 
       for (int64_t i = 0; i < len; ++i) acc[i] += load(begin + i);
     }
   };
-  const void* p = src.raw();
+  const void* p = bytes_of(src);
   switch (src.dtype()) {
     case DType::f32:
       add([p](int64_t i) { return static_cast<const float*>(p)[i]; });
@@ -178,7 +185,7 @@ void reduce_range(float* acc, const std::vector<Tensor>& bufs, int64_t begin, in
 
 // dst[begin, begin + len) = src[0, len), converted from f32.
 void store(const float* src, Tensor& dst, int64_t begin, int64_t len) {
-  void* p = dst.raw();
+  void* p = bytes_of(dst);
   switch (dst.dtype()) {
     case DType::f32:
       std::memcpy(static_cast<float*>(p) + begin, src, size_t(len) * 4);
@@ -197,7 +204,8 @@ void store(const float* src, Tensor& dst, int64_t begin, int64_t len) {
 
 void check_tensor(const Tensor& t, const char* op, bool reduce) {
   REDCO_CHECK(t.defined(), "{}: the tensor is undefined", op);
-  REDCO_CHECK(t.device().is_cpu(), "{}: the threads backend needs CPU tensors, got one on {}", op,
+  REDCO_CHECK(t.device().is_cpu() || t.device().kind == DeviceKind::test,
+              "{}: the threads backend needs CPU or test-device tensors, got one on {}", op,
               t.device().str());
   REDCO_CHECK(!reduce || is_floating(t.dtype()),
               "{}: reductions need a floating tensor (f32, bf16, f16), got {}", op, sig(t));
@@ -368,6 +376,9 @@ Comm::Task ThreadsComm::do_all_reduce(uint64_t seq, Tensor t, ReduceOp op) {
 Comm::Task ThreadsComm::do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, ReduceOp op) {
   check_tensor(in, "reduce_scatter", true);
   check_tensor(out, "reduce_scatter", true);
+  REDCO_CHECK(in.device() == out.device(),
+              "reduce_scatter: the input is on {} but the output on {}", in.device().str(),
+              out.device().str());
   const int n = size();
   REDCO_CHECK(in.rank() >= 1 && in.dtype() == out.dtype() && out.rank() == in.rank() &&
                   in.shape() == out.shape().with(0, out.dim(0) * n),
@@ -386,6 +397,8 @@ Comm::Task ThreadsComm::do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, R
 Comm::Task ThreadsComm::do_all_gather(uint64_t seq, Tensor in, Tensor out) {
   check_tensor(in, "all_gather", false);
   check_tensor(out, "all_gather", false);
+  REDCO_CHECK(in.device() == out.device(), "all_gather: the input is on {} but the output on {}",
+              in.device().str(), out.device().str());
   const int n = size();
   REDCO_CHECK(in.rank() >= 1 && in.dtype() == out.dtype() && out.rank() == in.rank() &&
                   out.shape() == in.shape().with(0, in.dim(0) * n),
@@ -396,8 +409,8 @@ Comm::Task ThreadsComm::do_all_gather(uint64_t seq, Tensor in, Tensor out) {
       co_await join(seq, fmt::format("all_gather({})", sig(in)), in, 2);
   const size_t bytes = in.nbytes();
   for (int r = 0; r < n; ++r)
-    copy_bytes(static_cast<char*>(out.raw()) + size_t(r) * bytes, slot->bufs[size_t(r)].raw(),
-               bytes);
+    copy_bytes(static_cast<char*>(bytes_of(out)) + size_t(r) * bytes,
+               bytes_of(slot->bufs[size_t(r)]), bytes);
   co_await Phase{*this, *slot, 1};  // the inputs are read: their owners may reuse them
 }
 
@@ -407,7 +420,7 @@ Comm::Task ThreadsComm::do_broadcast(uint64_t seq, Tensor t, int root) {
               group_->name());
   const std::string desc = fmt::format("broadcast({}, root {})", sig(t), root);
   const std::shared_ptr<Slot> slot = co_await join(seq, desc, t, 2);
-  if (rank_ != root) copy_bytes(t.raw(), slot->bufs[size_t(root)].raw(), t.nbytes());
+  if (rank_ != root) copy_bytes(bytes_of(t), bytes_of(slot->bufs[size_t(root)]), t.nbytes());
   co_await Phase{*this, *slot, 1};  // root's buffer is read: it may change it
 }
 
@@ -486,7 +499,7 @@ Comm::Task ThreadsComm::do_recv(uint64_t seq, Tensor t, int peer, int tag) {
   const Tensor& msg = box.env->data;
   if (msg.dtype() != t.dtype() || !(msg.shape() == t.shape()))
     raise(what, fmt::format("rank {} sent {}", world_rank(peer), sig(msg)));
-  copy_bytes(t.raw(), msg.raw(), t.nbytes());
+  copy_bytes(bytes_of(t), bytes_of(msg), t.nbytes());
 }
 
 std::unique_ptr<Comm> ThreadsComm::subgroup(std::span<const int> ranks) {

@@ -31,8 +31,6 @@ std::string sig(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtype
 
 void check_tensor(const Tensor& t, const char* op, bool reduce) {
   REDCO_CHECK(t.defined(), "{}: the tensor is undefined", op);
-  REDCO_CHECK(t.device().is_cpu(), "{}: the UCX backend needs CPU tensors, got one on {}", op,
-              t.device().str());
   REDCO_CHECK(!reduce || is_floating(t.dtype()),
               "{}: reductions need a floating tensor (f32, bf16, f16), got {}", op, sig(t));
 }
@@ -49,8 +47,16 @@ void check_split(const char* op, const Tensor& whole, const Tensor& part, int n,
 }
 
 // The f32 buffer a reduction works in: `t` itself when it is f32, else a copy.
+// UCX moves host memory here: a device tensor is staged through a host copy
+// (explicitly, as a GPU without GPUDirect would be), a CPU one used in place.
+Tensor on_host(const Tensor& t) { return t.to(Device::cpu()); }
+// A host buffer for results that land in `t`: t itself on the CPU.
+Tensor host_like(const Tensor& t) {
+  return t.device().is_cpu() ? t : Tensor::empty(t.shape(), t.dtype());
+}
+
 Tensor as_f32(const Tensor& t) {
-  if (t.dtype() == DType::f32) return t;
+  if (t.dtype() == DType::f32 && t.device().is_cpu()) return t;
   Tensor w = Tensor::empty(Shape{t.numel()});
   w.copy_from(t);
   return w;
@@ -303,13 +309,13 @@ Comm::Task UcxComm::do_all_reduce(uint64_t seq, Tensor t, ReduceOp op) {
   check_tensor(t, "all_reduce", true);
   const std::string what = fmt::format("all_reduce({}, {}) #{}", reduce_op_name(op), sig(t), seq);
   if (size() == 1) co_return;
-  Tensor work = as_f32(t);
+  Tensor work = as_f32(t);  // on the host
   if (size_t(work.numel()) * 4 <= w_->options.small_bytes) {
     co_await direct_all_reduce(seq, work, op, what);
   } else {
     co_await ring(seq, work, true, true, op, what);
   }
-  if (work.raw() != t.raw()) t.copy_from(work);
+  if (!work.same(t)) t.copy_from(work);
 }
 
 Comm::Task UcxComm::do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, ReduceOp op) {
@@ -324,7 +330,9 @@ Comm::Task UcxComm::do_reduce_scatter(uint64_t seq, Tensor in, Tensor out, Reduc
 
 Comm::Task UcxComm::do_all_gather(uint64_t seq, Tensor in, Tensor out) {
   check_split("all_gather", out, in, size(), false);
-  co_await gather(seq, in, out, fmt::format("all_gather({}) #{}", sig(in), seq));
+  Tensor host = host_like(out);
+  co_await gather(seq, on_host(in), host, fmt::format("all_gather({}) #{}", sig(in), seq));
+  if (!host.same(out)) out.copy_from(host);
 }
 
 // Direct: this rank's block goes to every other rank, theirs come straight
@@ -349,13 +357,15 @@ Comm::Task UcxComm::do_broadcast(uint64_t seq, Tensor t, int root) {
               group_name());
   const std::string what = fmt::format("broadcast({}, root {}) #{}", sig(t), root, seq);
   std::vector<OpPtr> ops;
+  Tensor host = rank_ == root ? on_host(t) : host_like(t);
   if (rank_ == root) {
     for (int r = 0; r < size(); ++r)
-      if (r != rank_) ops.push_back(send_to(r, seq, 0, t.raw(), t.nbytes(), t));
+      if (r != rank_) ops.push_back(send_to(r, seq, 0, host.raw(), host.nbytes(), host));
   } else {
-    ops.push_back(recv_from(root, seq, 0, t.raw(), t.nbytes(), t));
+    ops.push_back(recv_from(root, seq, 0, host.raw(), host.nbytes(), host));
   }
   co_await wait(std::move(ops), what);
+  if (rank_ != root && !host.same(t)) t.copy_from(host);
 }
 
 // Dissemination: in round j every rank signals rank+2^j and hears from
@@ -386,7 +396,9 @@ Comm::Task UcxComm::p2p(bool recv, uint64_t seq, Tensor t, int peer, int tag) {
   const std::string what = fmt::format("{}({} {} rank {}, tag {})", name, sig(t),
                                        recv ? "from" : "to", world_rank(peer), tag);
   const uint64_t wire = make_tag(true, id_, world_rank(recv ? peer : rank_), tag, seq);
-  co_await wait(ops_of(post(recv, peer, wire, t.raw(), t.nbytes(), t)), what);
+  Tensor host = recv ? host_like(t) : on_host(t);
+  co_await wait(ops_of(post(recv, peer, wire, host.raw(), host.nbytes(), host)), what);
+  if (recv && !host.same(t)) t.copy_from(host);
 }
 
 std::unique_ptr<Comm> UcxComm::subgroup(std::span<const int> ranks) {

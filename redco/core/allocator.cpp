@@ -191,6 +191,11 @@ CachingAllocator& CachingAllocator::cpu() {
   return *a;
 }
 
+CachingAllocator& CachingAllocator::test_device() {
+  static CachingAllocator* a = new CachingAllocator();  // leaked, as cpu()
+  return *a;
+}
+
 size_t CachingAllocator::round_size(size_t bytes) {
   if (bytes <= 64) return 64;
   if (bytes > kLargeBlock) return (bytes + kLargeGranule - 1) / kLargeGranule * kLargeGranule;

@@ -24,6 +24,9 @@ struct AllocatorStats {
 class CachingAllocator {
  public:
   static CachingAllocator& cpu();  // the process-wide CPU allocator
+  // The test device's own pool (DeviceKind::test): host memory kept apart from
+  // the CPU's, so its statistics are the device's alone.
+  static CachingAllocator& test_device();
 
   // Returns a 64-byte aligned block of at least `bytes`; *capacity receives
   // the rounded size, which must be passed back to deallocate.

@@ -5,11 +5,40 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/core/tensor.hpp"
 
 namespace redco {
 namespace {
+
+// The test device's memory: host memory from its own caching pool. Its copy,
+// fill and convert are the only code that touches the bytes from the host,
+// as a GPU's copy engine and kernels would be.
+class TestDeviceMemory final : public DeviceMemory {
+ public:
+  void* allocate(int, size_t bytes, size_t* capacity) override {
+    return CachingAllocator::test_device().allocate(bytes, capacity);
+  }
+  void deallocate(int, void* p, size_t capacity) override {
+    CachingAllocator::test_device().deallocate(p, capacity);
+  }
+  void copy(void* dst, Device, const void* src, Device, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void fill(int, void* p, DType dt, int64_t n, float value) override {
+    // Fill a host tensor over the same bytes: Tensor::fill knows every dtype.
+    Tensor::borrow(p, Shape{n}, dt, nullptr).fill(value);
+  }
+  void convert(int, void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) override {
+    Tensor to = Tensor::borrow(dst, Shape{n}, dst_dt, nullptr);
+    to.copy_from(Tensor::borrow(const_cast<void*>(src), Shape{n}, src_dt, nullptr));
+  }
+  AllocatorStats stats(int) const override { return CachingAllocator::test_device().stats(); }
+  int device_count() const override { return 1; }
+};
+
 std::array<DeviceMemory*, kDeviceKinds>& registry() {
-  static std::array<DeviceMemory*, kDeviceKinds> r{};
+  static TestDeviceMemory test;
+  static std::array<DeviceMemory*, kDeviceKinds> r{nullptr, nullptr, &test};
   return r;
 }
 }  // namespace

@@ -31,6 +31,8 @@ class DeviceMemory {
   virtual void convert(int device, void* dst, DType dst_dt, const void* src, DType src_dt,
                        int64_t n) = 0;
   virtual AllocatorStats stats(int device) const = 0;
+  // Devices of this kind present (a CUDA build on a machine without a GPU: 0).
+  virtual int device_count() const = 0;
 };
 
 // Registers `mem` as the memory of every device of `kind` (not cpu).

@@ -61,8 +61,16 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
-void Tensor::refuse_split_read() const {
-  const Placement& p = *impl().placement;
+void Tensor::refuse_host_read() const {
+  const TensorImpl& i = impl();
+  if (!i.placement) {
+    fail(
+        "tensor{} of shape {} lives on {}, and the host read its memory directly; device "
+        "memory is read only through an explicit copy: t.to(Device::cpu()) (or copy_from into "
+        "a CPU tensor). If this came from an op, one of its operands is on the wrong device",
+        name().empty() ? "" : " '" + name() + "'", shape(), device().str());
+  }
+  const Placement& p = *i.placement;
   fail("a tensor of shape {} is {}: {}. {}", shape(), p.describe(),
        p.holds_values() ? "its data is one rank's part, and an op reading it as the whole tensor "
                           "would be wrong"
@@ -97,13 +105,13 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   if (device.is_cpu()) {
     std::memset(t.raw(), 0, t.nbytes());
   } else {
-    device_memory(device).fill(device.index, t.raw(), dtype, t.numel(), 0.f);
+    device_memory(device).fill(device.index, t.device_ptr(), dtype, t.numel(), 0.f);
   }
   return t;
 }
 
-Tensor Tensor::full(const Shape& shape, float value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::full(const Shape& shape, float value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   t.fill(value);
   return t;
 }
@@ -205,13 +213,12 @@ void store(void* p, DType t, int64_t i, float v) {
 }  // namespace
 
 float Tensor::item() const {
-  if (!device().is_cpu()) return to(Device::cpu()).item();
+  const void* p = raw();  // first: a device tensor's message says how to read it
   REDCO_CHECK(numel() == 1, "item() needs a one-element tensor, got shape {}", shape());
-  return load(raw(), dtype(), 0);
+  return load(p, dtype(), 0);
 }
 
 std::vector<float> Tensor::to_vector() const {
-  if (!device().is_cpu()) return to(Device::cpu()).to_vector();
   std::vector<float> out(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = load(raw(), dtype(), i);
   return out;
@@ -262,7 +269,7 @@ Tensor Tensor::operator[](int64_t i) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
-  copy_bytes(t.raw(), device(), raw(), device(), nbytes());
+  copy_bytes(t.device_ptr(), device(), device_ptr(), device(), nbytes());
   return t;
 }
 
@@ -270,13 +277,13 @@ void Tensor::copy_from(const Tensor& src) {
   REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
               src.shape(), shape());
   if (src.dtype() == dtype()) {
-    copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+    copy_bytes(device_ptr(), device(), src.device_ptr(), src.device(), nbytes());
     return;
   }
   if (!device().is_cpu() || !src.device().is_cpu()) {
     if (device() == src.device()) {  // convert where the data lives
-      device_memory(device()).convert(device().index, raw(), dtype(), src.raw(), src.dtype(),
-                                      numel());
+      device_memory(device()).convert(device().index, device_ptr(), dtype(), src.device_ptr(),
+                                      src.dtype(), numel());
     } else {  // move first (same dtype), then convert on the destination
       copy_from(src.to(device()));
     }
@@ -315,13 +322,13 @@ Tensor Tensor::to(DType t) const {
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   Tensor out = empty(shape(), dtype(), d);
-  copy_bytes(out.raw(), d, raw(), device(), nbytes());
+  copy_bytes(out.device_ptr(), d, device_ptr(), device(), nbytes());
   return out;
 }
 
 void Tensor::fill(float value) {
   if (!device().is_cpu()) {
-    device_memory(device()).fill(device().index, raw(), dtype(), numel(), value);
+    device_memory(device()).fill(device().index, device_ptr(), dtype(), numel(), value);
     return;
   }
   if (dtype() == DType::f32) {

@@ -88,7 +88,8 @@ class Tensor {
   // ---- construction -------------------------------------------------------
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
-  static Tensor full(const Shape& shape, float value, DType dtype = DType::f32);
+  static Tensor full(const Shape& shape, float value, DType dtype = DType::f32,
+                     Device device = Device::cpu());
   static Tensor ones(const Shape& shape) { return full(shape, 1.f); }
   static Tensor scalar(float value) { return full(Shape{}, value); }
   template <typename T>
@@ -132,17 +133,33 @@ class Tensor {
     check_dtype(dtype_of<T>());
     return static_cast<const T*>(raw());
   }
+  // Host access: the values of a CPU tensor. A tensor on any other device is
+  // refused (a host read of device memory would crash on a GPU, and an
+  // implicit copy would hide a device-to-host sync): copy it explicitly with
+  // to(Device::cpu()) first. Kernels use device_ptr() instead.
   void* raw() const {
     const TensorImpl& i = impl();
-    if (i.placement) [[unlikely]]
-      refuse_split_read();
+    if (i.placement || !i.storage->device.is_cpu()) [[unlikely]]
+      refuse_host_read();
     return static_cast<char*>(i.storage->data) + i.offset;
   }
-  float item() const;                    // a one-element tensor's value as float
-  std::vector<float> to_vector() const;  // any floating dtype, converted to float
+  // The address of the values on their device, for a backend's kernels and
+  // for copies: only the device's own code may dereference it.
+  void* device_ptr() const {
+    const TensorImpl& i = impl();
+    if (i.placement) [[unlikely]]
+      refuse_host_read();
+    return static_cast<char*>(i.storage->data) + i.offset;
+  }
   template <typename T>
-  std::vector<T> values() const {
-    if (!device().is_cpu()) return to(Device::cpu()).values<T>();
+  T* device_data() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<T*>(device_ptr());
+  }
+  float item() const;                    // a one-element CPU tensor's value as float
+  std::vector<float> to_vector() const;  // any floating dtype, converted to float (CPU only)
+  template <typename T>
+  std::vector<T> values() const {  // CPU only, like raw()
     const T* p = data<T>();
     return std::vector<T>(p, p + numel());
   }
@@ -183,7 +200,7 @@ class Tensor {
 
  private:
   void check_dtype(DType t) const;
-  [[noreturn]] void refuse_split_read() const;
+  [[noreturn]] void refuse_host_read() const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -67,8 +67,10 @@ template <nn::Layer L>
 Generated generate(const L& model, const nn::ParamTree& params,
                    const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& config,
                    nn::Ctx ctx = {}, const OnToken& on_token = {}, const TextOptions& text = {}) {
+  // The step's host-built ids go where the parameters are.
+  const Device device = params.empty() ? Device::cpu() : params.begin()->second.device();
   const StepFn step = [&](const Tensor& ids, nn::Ctx& c) {
-    return nn::apply(model, params, ids, c);
+    return nn::apply(model, params, ids.to(device), c);
   };
   return generate(step, prompts, config, std::move(ctx), on_token, text);
 }
@@ -85,8 +87,10 @@ Generated generate_seq2seq(const L& model, const nn::ParamTree& params,
                            const std::vector<std::vector<int64_t>>& sources,
                            const GenerationConfig& config, nn::Ctx ctx = {},
                            const OnToken& on_token = {}) {
+  // The step's host-built ids go where the parameters are.
+  const Device device = params.empty() ? Device::cpu() : params.begin()->second.device();
   const StepFn step = [&](const Tensor& ids, nn::Ctx& c) {
-    return nn::apply(model, params, ids, c);
+    return nn::apply(model, params, ids.to(device), c);
   };
   return generate_seq2seq(step, sources, config, std::move(ctx), on_token);
 }

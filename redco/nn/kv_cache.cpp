@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "redco/core/allocator.hpp"
+#include "redco/core/device_memory.hpp"
 #include "redco/core/error.hpp"
 
 namespace redco::nn {
@@ -65,13 +66,15 @@ namespace {
 void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vector<int64_t>& rows) {
   if (!t.defined()) return;
   Tensor& scratch = scratches[size_t(t.numel()) * dtype_size(t.dtype())];
-  if (!scratch.defined()) scratch = Tensor::empty(t.shape(), t.dtype());
+  const Device dev = t.device();  // rows move where they live: memcpy on the CPU
+  if (!scratch.defined() || scratch.device() != dev)
+    scratch = Tensor::empty(t.shape(), t.dtype(), dev);
   const size_t row_bytes = size_t(t.numel() / t.dim(0)) * dtype_size(t.dtype());
-  std::memcpy(scratch.raw(), t.raw(), row_bytes * size_t(t.dim(0)));
-  auto* dst = static_cast<char*>(t.raw());
-  const auto* src = static_cast<const char*>(scratch.raw());
+  copy_bytes(scratch.device_ptr(), dev, t.device_ptr(), dev, row_bytes * size_t(t.dim(0)));
+  auto* dst = static_cast<char*>(t.device_ptr());
+  const auto* src = static_cast<const char*>(scratch.device_ptr());
   for (size_t i = 0; i < rows.size(); ++i)
-    std::memcpy(dst + i * row_bytes, src + size_t(rows[i]) * row_bytes, row_bytes);
+    copy_bytes(dst + i * row_bytes, dev, src + size_t(rows[i]) * row_bytes, dev, row_bytes);
 }
 }  // namespace
 

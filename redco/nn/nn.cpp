@@ -6,6 +6,7 @@
 
 #include "redco/comm/comm.hpp"
 #include "redco/core/allocator.hpp"
+#include "redco/core/device_memory.hpp"
 #include "redco/nn/kv_cache.hpp"
 #include "redco/nn/model.hpp"
 
@@ -87,16 +88,17 @@ Tensor take_logit_rows(const Tensor& x, const Ctx& ctx) {
   const int64_t B = x.dim(0), T = x.dim(1), d = x.dim(2);
   REDCO_CHECK(ctx.logit_rows.shape() == Shape{B}, "logit_rows must be i64 [{}], got {}", B,
               ctx.logit_rows.shape());
-  const Tensor src = x.to(Device::cpu());
-  Tensor y = Tensor::empty({B, 1, d}, src.dtype());
-  const size_t row = size_t(d) * dtype_size(src.dtype());
+  const Device dev = x.device();
+  const Tensor rows = ctx.logit_rows.to(Device::cpu());  // host bookkeeping
+  Tensor y = Tensor::empty({B, 1, d}, x.dtype(), dev);
+  const size_t row = size_t(d) * dtype_size(x.dtype());
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t t = ctx.logit_rows.data<int64_t>()[b];
+    const int64_t t = rows.data<int64_t>()[b];
     REDCO_CHECK(t >= 0 && t < T, "logit_rows: row {} asks for position {} of {}", b, t, T);
-    std::memcpy(static_cast<char*>(y.raw()) + size_t(b) * row,
-                static_cast<const char*>(src.raw()) + size_t(b * T + t) * row, row);
+    copy_bytes(static_cast<char*>(y.device_ptr()) + size_t(b) * row, dev,
+               static_cast<const char*>(x.device_ptr()) + size_t(b * T + t) * row, dev, row);
   }
-  return x.device().is_cpu() ? y : y.to(x.device());
+  return y;
 }
 
 Tensor activate(Act a, const Tensor& x) {
@@ -128,7 +130,7 @@ Tensor Positions::forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
       REDCO_CHECK(ctx.cache->length(b) + ctx.cache->appended(b) <= max_len - offset,
                   "positions: row {} reaches position {}, past the model's maximum {}", b,
                   ctx.cache->length(b) + ctx.cache->appended(b), max_len - offset);
-    return embedding(p["weight"], pos);
+    return embedding(p["weight"], pos.to(p["weight"].device()));  // host-built positions
   }
   REDCO_CHECK(T + offset <= max_len, "positions: sequence length {} exceeds the model's maximum {}",
               T, max_len - offset);
@@ -152,7 +154,7 @@ Tensor Positions::counted(const Params& p, const Tensor& ids, const Tensor& mask
       pos.data<int64_t>()[b * T + t] = std::max<int64_t>(0, offset + (real ? seen - 1 : -1));
     }
   }
-  return embedding(p["weight"], pos);
+  return embedding(p["weight"], pos.to(p["weight"].device()));
 }
 
 AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
@@ -179,6 +181,8 @@ AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
     x.key_begin.data<int64_t>()[b] = lo;
     x.key_end.data<int64_t>()[b] = hi;
   }
+  // Host-computed ranges go where the mask (and so the attention) is.
+  x.key_begin = x.key_begin.to(mask.device()), x.key_end = x.key_end.to(mask.device());
   return x;
 }
 
@@ -315,13 +319,14 @@ void write_slots(const Tensor& kv, Tensor& slots, const std::vector<int64_t>& le
   const int64_t B = kv.dim(0), H = kv.dim(1), T = kv.dim(2), hd = kv.dim(3), cap = slots.dim(2);
   const Tensor src_t = kv.dtype() == slots.dtype() ? kv : kv.to(slots.dtype());
   const size_t es = dtype_size(slots.dtype());
-  const auto* src = static_cast<const char*>(src_t.raw());
-  auto* dst = static_cast<char*>(slots.raw());
+  const Device dev = slots.device();  // the caller placed the slots where kv is
+  const auto* src = static_cast<const char*>(src_t.device_ptr());
+  auto* dst = static_cast<char*>(slots.device_ptr());
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = std::min(T, cap - lengths[size_t(b)]);  // padding past capacity is dropped
-    for (int64_t h = 0; h < H; ++h)
-      std::memcpy(dst + size_t(((b * H + h) * cap + lengths[size_t(b)]) * hd) * es,
-                  src + size_t((b * H + h) * T * hd) * es, size_t(n * hd) * es);
+    for (int64_t h = 0; h < H; ++h)  // a memcpy on the CPU, a device copy elsewhere
+      copy_bytes(dst + size_t(((b * H + h) * cap + lengths[size_t(b)]) * hd) * es, dev,
+                 src + size_t((b * H + h) * T * hd) * es, dev, size_t(n * hd) * es);
   }
 }
 }  // namespace
@@ -361,12 +366,18 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
       q = apply_rope_table(q, table), k = apply_rope_table(k, table);
     }
     KVCache::Slots& s = cache.self(path, k.dim(1), head_dim(), k.dtype());
+    if (s.k.device() != k.device()) {  // first use: the cache lives where the keys are
+      CachingAllocator::LongLivedScope long_lived;
+      s.k = Tensor::empty(s.k.shape(), s.k.dtype(), k.device());
+      s.v = Tensor::empty(s.v.shape(), s.v.dtype(), k.device());
+    }
     write_slots(k, s.k, cache.lengths());
     write_slots(v, s.v, cache.lengths());
+    // The rows' key ranges are the host's bookkeeping: a small copy per step.
     AttentionExtras extras;
-    extras.key_begin = Tensor::zeros({cache.batch()}, DType::i64);
-    extras.key_end = cache.key_end();
-    extras.causal_offset = cache.causal_offset();
+    extras.key_begin = Tensor::zeros({cache.batch()}, DType::i64, q.device());
+    extras.key_end = cache.key_end().to(q.device());
+    extras.causal_offset = cache.causal_offset().to(q.device());
     if (score_bias) {  // one per row, over every slot (RelativePositionBias)
       REDCO_CHECK(ctx.score_bias.shape() == (Shape{q.dim(0), q.dim(1), q.dim(2), s.k.dim(2)}),
                   "{}: the score bias is {} but the cached scores are [{} rows, {} heads, {} "

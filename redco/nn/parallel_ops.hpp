@@ -66,7 +66,7 @@ inline Tensor all_gather_dim(const Tensor& x, comm::Comm& comm, int dim) {
   Tensor front = dim == 0 ? x.detach().clone() : transpose(x.detach(), 0, dim).clone();
   Shape gathered = front.shape();
   gathered[0] *= comm.size();
-  Tensor out = Tensor::empty(gathered, x.dtype());
+  Tensor out = Tensor::empty(gathered, x.dtype(), x.device());
   sched::sync_wait(comm.all_gather(front, out));
   return dim == 0 ? out : transpose(out, 0, dim).clone();
 }

@@ -249,7 +249,7 @@ Tensor finish_output(const Tensor& y, Ctx& ctx) {
 Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, comm::Comm& mp) {
   if (mp.size() == 1) return embedding(table_shard, ids);
   const int64_t rows = table_shard.dim(0), begin = int64_t(mp.rank()) * rows;
-  std::vector<int64_t> mine = ids.values<int64_t>();
+  std::vector<int64_t> mine = ids.to(Device::cpu()).values<int64_t>();  // an explicit copy
   std::vector<float> held(mine.size());
   for (size_t i = 0; i < mine.size(); ++i) {
     const bool here = mine[i] >= begin && mine[i] < begin + rows;
@@ -287,7 +287,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, 
   const Tensor sum_exp = reduce_from_parallel(sum(exp(z), {1}), mp);  // [N]
   // The label's logit lives on one rank: a one-hot over this rank's columns
   // picks it there and gives zero elsewhere.
-  const std::vector<int64_t> lab = labels.values<int64_t>();
+  const std::vector<int64_t> lab = labels.to(Device::cpu()).values<int64_t>();  // explicit copy
   std::vector<float> onehot(size_t(n * part), 0.f), valid(size_t(n), 0.f);
   float count = 0.f;
   for (int64_t i = 0; i < n; ++i) {

@@ -1,9 +1,11 @@
 #pragma once
 // The dispatch table: one Backend per device kind, each implementing every
 // kernel redco needs on Tensors. Differentiable ops (redco/autodiff) call the
-// free functions in `redco::kernels`, which pick the backend of their first
-// argument's device. The CPU backend is always registered; the CUDA backend
-// registers itself when built.
+// free functions in `redco::kernels`, which check that every tensor argument
+// is on one device (an op mixing devices is an error naming the op and both
+// devices, whatever the backend) and pick the backend of that device. The CPU
+// and test-device backends are always registered; the CUDA backend registers
+// itself when built.
 #include <atomic>
 #include <span>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "redco/core/profile.hpp"
 #include "redco/core/tensor.hpp"
+#include "redco/ops/optim_update.hpp"
 
 namespace redco {
 
@@ -38,8 +41,8 @@ enum class ReduceOp { sum, max };
 // a query that sees no key gets a zero output) and an additive bias on the
 // scaled scores (T5's relative position bias), differentiable.
 struct AttentionExtras {
-  Tensor key_begin, key_end;  // i64 [B] on the CPU, or undefined (all keys)
-  // i64 [B] on the CPU, or undefined (Tk - Tq): with causal, query i of row b
+  Tensor key_begin, key_end;  // i64 [B] on q's device, or undefined (all keys)
+  // i64 [B] on q's device, or undefined (Tk - Tq): with causal, query i of row b
   // sees keys j <= i + causal_offset[b] (a KV cache's rows of other lengths).
   Tensor causal_offset;
   Tensor bias;  // f32 [Hq, Tq, Tk], [B, Hq, Tq, Tk] (per row), or undefined
@@ -140,18 +143,53 @@ class Backend {
   // 1/(1-p) where a Philox draw keeps the element, else 0: element i depends
   // only on (seed, stream, i).
   virtual Tensor dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) = 0;
+  // The optimizers' updates of one f32 parameter, in place on its device;
+  // buf undefined: SGD without momentum.
+  virtual void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdCoeffs& c) = 0;
+  virtual void adam_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                           const AdamCoeffs& c) = 0;
+  // The sum of an f32 tensor's squares, accumulated in double in a fixed
+  // order (bitwise the same from run to run), returned to the host: the
+  // gradient norm's one device-to-host transfer per tensor.
+  virtual double sum_of_squares(const Tensor& x) = 0;
 };
 
 Backend& backend(Device device);
 void register_backend(DeviceKind kind, Backend* backend);
 
-// Kernel entry points: dispatch on the device of the first tensor argument.
+// Device checks of the kernel entry points: a few comparisons per op.
+namespace detail {
+[[noreturn]] void mixed_devices(const char* op, Device first, const Tensor& other);
+inline void same_device(const char* op, Device d, const Tensor& t) {
+  if (t.defined() && t.device() != d) [[unlikely]]
+    mixed_devices(op, d, t);
+}
+inline void same_device(const char* op, Device d, const AttentionExtras& x) {
+  for (const Tensor* t : {&x.key_begin, &x.key_end, &x.causal_offset, &x.bias})
+    same_device(op, d, *t);
+}
+inline void same_device(const char* op, Device d, const LayerNormSaved& s) {
+  same_device(op, d, s.mean);
+  same_device(op, d, s.rstd);
+}
+template <typename T>
+void same_device(const char*, Device, const T&) {}  // not a tensor
+template <typename... A>
+Device one_device([[maybe_unused]] const char* op, const Tensor& first, const A&... rest) {
+  const Device d = first.device();
+  (same_device(op, d, rest), ...);
+  return d;
+}
+}  // namespace detail
+
+// Kernel entry points: dispatch on the device of the tensor arguments.
 namespace kernels {
-#define REDCO_KERNEL(name)                                                \
-  template <typename... A>                                                \
-  auto name(const Tensor& first, A&&... rest) {                           \
-    profile::Scope scope(#name);                                          \
-    return backend(first.device()).name(first, std::forward<A>(rest)...); \
+#define REDCO_KERNEL(name)                                    \
+  template <typename... A>                                    \
+  auto name(const Tensor& first, A&&... rest) {               \
+    profile::Scope scope(#name);                              \
+    return backend(detail::one_device(#name, first, rest...)) \
+        .name(first, std::forward<A>(rest)...);               \
   }
 inline Tensor unary(UnaryOp op, const Tensor& x) {
   profile::Scope scope("unary");
@@ -159,7 +197,7 @@ inline Tensor unary(UnaryOp op, const Tensor& x) {
 }
 inline Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   profile::Scope scope("binary");
-  return backend(a.device()).binary(op, a, b);
+  return backend(detail::one_device("binary", a, b)).binary(op, a, b);
 }
 inline Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
   profile::Scope scope("binary_scalar");
@@ -167,7 +205,7 @@ inline Tensor binary_scalar(BinaryOp op, const Tensor& a, float s) {
 }
 inline void add_inplace(Tensor& a, const Tensor& b) {
   profile::Scope scope("add_inplace");
-  backend(a.device()).add_inplace(a, b);
+  backend(detail::one_device("add_inplace", a, b)).add_inplace(a, b);
 }
 inline Tensor reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) {
   profile::Scope scope("reduce");
@@ -177,8 +215,16 @@ inline Tensor dropout_mask(const Shape& s, float p, uint64_t seed, uint64_t stre
   return backend(d).dropout_mask(s, p, seed, stream);
 }
 inline void slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) {
-  backend(dst.device()).slice_assign(dst, src, axis, start);
+  backend(detail::one_device("slice_assign", dst, src)).slice_assign(dst, src, axis, start);
 }
+inline void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdCoeffs& c) {
+  backend(detail::one_device("sgd_update", param, grad, buf)).sgd_update(param, grad, buf, c);
+}
+inline void adam_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                        const AdamCoeffs& c) {
+  backend(detail::one_device("adam_update", param, grad, m, v)).adam_update(param, grad, m, v, c);
+}
+inline double sum_of_squares(const Tensor& x) { return backend(x.device()).sum_of_squares(x); }
 REDCO_KERNEL(argmax)
 REDCO_KERNEL(broadcast_to)
 REDCO_KERNEL(permute)

@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
-#include <tbb/parallel_reduce.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,8 +18,8 @@
 namespace redco::optim {
 namespace {
 
-// Elements per task: large enough that a task's memory traffic (~200 KiB for
-// Adam's four streams) dwarfs the scheduling cost; smaller tensors run inline.
+// Elements per task: large enough that a task's memory traffic dwarfs the
+// scheduling cost; smaller tensors run inline.
 constexpr int64_t kGrain = 1 << 14;
 
 template <typename F>
@@ -34,42 +32,30 @@ void for_range(int64_t n, F&& f) {
                     [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
 }
 
-// Sum of squares in double. Eight independent accumulators break the add
-// dependency chain (and let the compiler vectorise without reassociating);
-// the deterministic reduce keeps the result bit-identical from run to run.
-double sum_squares_serial(const float* x, int64_t begin, int64_t end) {
-  double acc[8] = {};
-  int64_t i = begin;
-  for (; i + 8 <= end; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += double(x[i + j]) * double(x[i + j]);
-  for (; i < end; ++i) acc[0] += double(x[i]) * double(x[i]);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+// g *= s in place. A CPU gradient is scaled where it is, allocating nothing
+// (an optimizer step must not); a device's through its kernels.
+void scale_in_place(Tensor& g, float s) {
+  if (!g.device().is_cpu()) {
+    g.copy_from(kernels::binary_scalar(BinaryOp::mul, g, s));
+    return;
+  }
+  float* x = g.data<float>();
+  for_range(g.numel(), [x, s](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] *= s;
+  });
 }
 
-double sum_squares(const float* x, int64_t n) {
-  if (n <= 2 * kGrain) return sum_squares_serial(x, 0, n);
-  return tbb::parallel_deterministic_reduce(
-      tbb::blocked_range<int64_t>(0, n, kGrain), 0.0,
-      [x](const tbb::blocked_range<int64_t>& r, double acc) {
-        return acc + sum_squares_serial(x, r.begin(), r.end());
-      },
-      std::plus<double>());
-}
-
-// The data of an f32 CPU tensor, with an error naming it otherwise.
-const float* f32_of(const Tensor& t, const char* what, const std::string& name) {
+// Throws naming the tensor unless it is a defined f32 tensor. The updates run
+// on its device, through the backend (Backend::adam_update and friends).
+void check_f32(const Tensor& t, const char* what, const std::string& name) {
   REDCO_CHECK(t.defined(), "optimizer: the {} '{}' is an undefined tensor", what, name);
-  REDCO_CHECK(t.dtype() == DType::f32 && t.device().is_cpu(),
-              "optimizer: the {} '{}' must be f32 on the CPU, got {} on {}", what, name,
-              dtype_name(t.dtype()), t.device().str());
-  return t.data<float>();
-}
-float* f32_of(Tensor& t, const char* what, const std::string& name) {
-  return const_cast<float*>(f32_of(std::as_const(t), what, name));
+  REDCO_CHECK(t.dtype() == DType::f32, "optimizer: the {} '{}' must be f32, got {} on {}", what,
+              name, dtype_name(t.dtype()), t.device().str());
 }
 
 [[noreturn]] void fail_non_finite(const std::string& name, const Tensor& g) {
-  const float* x = g.data<float>();
+  const Tensor host = g.to(Device::cpu());  // the error path: one explicit copy
+  const float* x = host.data<float>();
   int64_t i = 0;
   while (i < g.numel() && std::isfinite(x[i])) ++i;
   fail(
@@ -99,13 +85,14 @@ bool default_decay_mask(const std::string& name, const Shape& shape) {
 }
 
 double sum_of_squares(const Tensor& grad, const std::string& name) {
-  return sum_squares(f32_of(grad, "gradient", name), grad.numel());
+  check_f32(grad, "gradient", name);
+  return kernels::sum_of_squares(grad);
 }
 
 GradNorm checked_global_norm(const ParamTree& grads) {
   double total = 0.0;
   for (const auto& [name, g] : grads) {
-    const double ss = sum_squares(f32_of(g, "gradient", name), g.numel());
+    const double ss = sum_of_squares(g, name);
     // A double sum of squared floats cannot overflow, so this is non-finite
     // exactly when some element is NaN or infinite.
     if (!std::isfinite(ss)) return {ss, &name};
@@ -133,12 +120,8 @@ float clip_by_global_norm(ParamTree& grads, float max_norm) {
   const double norm = global_norm(grads);
   if (norm > double(max_norm)) {
     const float scale = float(double(max_norm) / norm);
-    for (auto& [name, g] : grads) {
-      float* x = f32_of(g, "gradient", name);
-      for_range(g.numel(), [x, scale](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) x[i] *= scale;
-      });
-    }
+    for (auto& [name, g] : grads)  // in place: other holders of the gradient see it clipped
+      scale_in_place(g, scale);
   }
   return float(norm);
 }
@@ -192,7 +175,11 @@ void Optimizer::check_trees(const ParamTree& params, const ParamTree& grads) con
     REDCO_CHECK(it->second.shape() == g.shape(),
                 "optimizer step: the parameter '{}' has shape {} but its gradient has shape {}",
                 name, it->second.shape(), g.shape());
-    f32_of(it->second, "parameter", name);
+    check_f32(it->second, "parameter", name);
+    check_f32(g, "gradient", name);
+    REDCO_CHECK(it->second.device() == g.device(),
+                "optimizer step: the parameter '{}' is on {} but its gradient on {}", name,
+                it->second.device().str(), g.device().str());
   }
   if (grads.size() == params.size()) return;
   for (const auto& [name, p] : params)
@@ -207,7 +194,8 @@ Optimizer::Slot& Optimizer::slot_for(const std::string& name, const Tensor& para
   if (it == slots_.end()) {
     auto slot = std::make_unique<Slot>();
     CachingAllocator::LongLivedScope long_lived;  // not in the holes of this step's activations
-    for (int i = 0; i < buffers_per_param(); ++i) slot->buf[i] = Tensor::zeros(param.shape());
+    for (int i = 0; i < buffers_per_param(); ++i)
+      slot->buf[i] = Tensor::zeros(param.shape(), DType::f32, param.device());
     it = slots_.emplace(name, std::move(slot)).first;
   }
   Slot& s = *it->second;
@@ -242,67 +230,13 @@ void Optimizer::step(ParamTree& params, const ParamTree& grads, double norm) {
   ++steps_;
 }
 
-namespace {
-
-struct SgdCoeffs {
-  float lr, gscale, wd, momentum, damp_keep;
-  bool nesterov, fresh;
-};
-
-// torch.optim.SGD: g += wd * p; b = fresh ? g : mu * b + (1 - dampening) * g;
-// g = nesterov ? g + mu * b : b; p -= lr * g.
-void sgd_kernel(float* p, const float* g, float* b, int64_t n, const SgdCoeffs& c) {
-  for_range(n, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float gi = g[i] * c.gscale + c.wd * p[i];
-      if (b) {
-        const float bi = c.fresh ? gi : c.momentum * b[i] + c.damp_keep * gi;
-        b[i] = bi;
-        gi = c.nesterov ? gi + c.momentum * bi : bi;
-      }
-      p[i] -= c.lr * gi;
-    }
-  });
-}
-
-struct AdamCoeffs {
-  float gscale, l2, keep, b1, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps;
-};
-
-// torch.optim.Adam / AdamW (non-fused path): p *= keep (AdamW's decoupled
-// decay); g += l2 * p (Adam's L2); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-// Written with Eigen arrays over L1-sized blocks: a plain loop calling
-// std::sqrt stays scalar (sqrt may set errno, so the compiler may not
-// vectorise it), and ran the AdamW step of GPT-2 small ~3x slower.
-void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
-  using Block = Eigen::Map<Eigen::ArrayXf>;
-  using CBlock = Eigen::Map<const Eigen::ArrayXf>;
-  constexpr int64_t kBlock = 1024;  // 4 streams x 4 KiB stay in L1 between the passes
-  for_range(n, [=](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; b += kBlock) {
-      const Eigen::Index len = Eigen::Index(std::min(kBlock, end - b));
-      Block pb(p + b, len), mb(m + b, len), vb(v + b, len);
-      const CBlock gb(g + b, len);
-      mb = c.b1 * mb + c.one_minus_b1 * (gb * c.gscale + c.l2 * pb);
-      vb = c.b2 * vb + c.one_minus_b2 * (gb * c.gscale + c.l2 * pb).square();
-      pb = pb * c.keep - c.step_size * (mb / (vb.sqrt() / c.bc2_sqrt + c.eps));
-    }
-  });
-}
-
-}  // namespace
-
 void Optimizer::update(Slot& slot, Tensor& param, const Tensor& grad, float lr,
                        float gscale) const {
-  float* p = param.data<float>();
-  const float* g = grad.data<float>();
-  const int64_t n = param.numel();
   if (kind_ == Kind::sgd) {
-    float* b = buffers_per_param() ? slot.buf[0].data<float>() : nullptr;
-    sgd_kernel(p, g, b, n,
-               {lr, gscale, sgd_.weight_decay, sgd_.momentum, 1.f - sgd_.dampening, sgd_.nesterov,
-                slot.fresh});
+    Tensor none;
+    kernels::sgd_update(param, grad, buffers_per_param() ? slot.buf[0] : none,
+                        {lr, gscale, sgd_.weight_decay, sgd_.momentum, 1.f - sgd_.dampening,
+                         sgd_.nesterov, slot.fresh});
   } else {
     // Bias corrections in double, as torch computes them (Python floats).
     const double t = double(steps_ + 1);
@@ -320,7 +254,7 @@ void Optimizer::update(Slot& slot, Tensor& param, const Tensor& grad, float lr,
     c.step_size = float(double(lr) / bc1);
     c.bc2_sqrt = float(std::sqrt(bc2));
     c.eps = adam_.eps;
-    adam_kernel(p, g, slot.buf[0].data<float>(), slot.buf[1].data<float>(), n, c);
+    kernels::adam_update(param, grad, slot.buf[0], slot.buf[1], c);
   }
   slot.fresh = false;
 }
@@ -339,7 +273,7 @@ void Optimizer::load_state(const ParamTree& state) {
   const auto step_it = state.find("step");
   REDCO_CHECK(step_it != state.end() && step_it->second.numel() == 1,
               "load_state: the state has no scalar 'step' entry (is it an optimizer state?)");
-  const Tensor& st = step_it->second;
+  const Tensor st = step_it->second.to(Device::cpu());  // a host scalar
   const int64_t step = st.dtype() == DType::i64   ? st.data<int64_t>()[0]
                        : st.dtype() == DType::i32 ? int64_t(st.data<int32_t>()[0])
                                                   : int64_t(std::llround(st.item()));
@@ -361,7 +295,7 @@ void Optimizer::load_state(const ParamTree& state) {
       if (rest.compare(0, dot, buffer_name(i)) == 0) idx = i;
     REDCO_CHECK(idx >= 0, "load_state: '{}' names no buffer of this {} optimizer", key,
                 kind_name());
-    f32_of(t, "state", key);
+    check_f32(t, "state", key);
     found[rest.substr(dot + 1)][size_t(idx)] = &t;
   }
   for (const auto& [name, bufs] : found)
@@ -438,7 +372,8 @@ bool GradAccumulator::add(const ParamTree& grads) {
   const bool first = pending_ == 0;
   if (sum_.empty()) {
     CachingAllocator::LongLivedScope long_lived;
-    for (const auto& [name, g] : grads) sum_.emplace(name, Tensor::empty(g.shape()));
+    for (const auto& [name, g] : grads)
+      sum_.emplace(name, Tensor::empty(g.shape(), DType::f32, g.device()));
   }
   REDCO_CHECK(grads.size() == sum_.size(),
               "GradAccumulator: got {} gradients, but the first micro-batch had {}", grads.size(),
@@ -450,18 +385,30 @@ bool GradAccumulator::add(const ParamTree& grads) {
     REDCO_CHECK(it->second.shape() == g.shape(),
                 "GradAccumulator: the gradient '{}' has shape {} but had shape {} before", name,
                 g.shape(), it->second.shape());
-    f32_of(g, "gradient", name);
+    check_f32(g, "gradient", name);
   }
   const float scale = float(1.0 / double(k_));
   for (const auto& [name, g] : grads) {
+    Tensor& dst = sum_.at(name);
+    if (!g.device().is_cpu()) {  // a device: through its kernels (one temporary each)
+      const Tensor part = kernels::binary_scalar(BinaryOp::mul, g, scale);
+      if (first)
+        dst.copy_from(part);
+      else
+        kernels::add_inplace(dst, part);
+      continue;
+    }
+    REDCO_CHECK(dst.device().is_cpu(),
+                "GradAccumulator: the gradient '{}' moved to the CPU from {}", name,
+                dst.device().str());
     const float* src = g.data<float>();
-    float* dst = sum_.at(name).data<float>();
+    float* out = dst.data<float>();
     // The first micro-batch of a group overwrites, so the buffers never need zeroing.
     for_range(g.numel(), [=](int64_t b, int64_t e) {
       if (first)
-        for (int64_t i = b; i < e; ++i) dst[i] = src[i] * scale;
+        for (int64_t i = b; i < e; ++i) out[i] = src[i] * scale;
       else
-        for (int64_t i = b; i < e; ++i) dst[i] += src[i] * scale;
+        for (int64_t i = b; i < e; ++i) out[i] += src[i] * scale;
     });
   }
   if (++pending_ < k_) return false;

@@ -7,6 +7,7 @@
 
 #include "redco/autodiff/functional.hpp"
 #include "redco/core/error.hpp"
+#include "redco/ops/backend.hpp"
 #include "redco/sched/run_queue.hpp"
 
 namespace redco::train {
@@ -101,20 +102,15 @@ sched::Task<void> reduce_to_owner(Bucket& b, comm::Comm& dp) {
   std::vector<sched::Task<void>> receives;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    parts[size_t(r)] = Tensor::empty(b.flat.shape());
+    parts[size_t(r)] = Tensor::empty(b.flat.shape(), DType::f32, b.flat.device());
     receives.push_back(dp.recv(parts[size_t(r)], r, kOwnerTag));
   }
   for (auto& t : receives) co_await std::move(t);
   parts[size_t(me)] = b.flat;
+  // On the gradients' device: ranks in order, then the mean's division.
   Tensor sum = parts[0].clone();  // [numel]
-  float* acc = sum.data<float>();
-  const int64_t m = sum.numel();
-  for (int r = 1; r < n; ++r) {
-    const float* src = parts[size_t(r)].data<float>();
-    for (int64_t i = 0; i < m; ++i) acc[i] += src[i];
-  }
-  for (int64_t i = 0; i < m; ++i) acc[i] /= float(n);
-  b.flat = sum;
+  for (int r = 1; r < n; ++r) kernels::add_inplace(sum, parts[size_t(r)]);
+  b.flat = kernels::binary_scalar(BinaryOp::div, sum, float(n));
 }
 
 // Starts bucket b's mean all-reduce. Every dp rank builds the same buckets
@@ -137,7 +133,7 @@ void arrive(DataParallel::Step& step, const std::string& name, const Tensor& g, 
   const Slot& s = step.slots.at(name);
   Bucket& b = step.buckets[s.bucket];
   const Tensor src = g.dtype() == DType::f32 ? g.detach() : g.to(DType::f32);
-  std::copy_n(src.data<float>(), src.numel(), b.flat.data<float>() + s.offset);
+  b.flat.slice0(s.offset, s.offset + src.numel()).copy_from(src);
   if (++b.arrived == b.names.size()) launch(step, s.bucket, dp);
 }
 
@@ -152,6 +148,8 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
   // slots are numbered when it is closed, so buckets keep their closing order.
   std::map<int, Bucket> pending;
   std::map<int, int64_t> numel;
+  // The buckets live where the gradients do.
+  const Device device = shapes.empty() ? Device::cpu() : shapes.begin()->second.device();
   auto close = [&](int owner) {
     Bucket& b = pending[owner];
     int64_t offset = 0;
@@ -159,7 +157,7 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
       step_->slots[b.names[i]] = {step_->buckets.size(), offset};
       offset += b.shapes[i].numel();
     }
-    b.flat = Tensor::zeros(Shape{offset});  // an unused parameter's gradient is 0
+    b.flat = Tensor::zeros(Shape{offset}, DType::f32, device);  // an unused parameter's is 0
     b.owner = owner;
     step_->buckets.push_back(std::move(b));
     pending.erase(owner);
@@ -207,9 +205,10 @@ void DataParallel::finish(ParamTree& grads) {
     Bucket& bucket = step->buckets[b];
     if (bucket.arrived == bucket.names.size()) continue;
     for (size_t i = 0; i < bucket.names.size(); ++i)
-      if (const Tensor& g = grads.at(bucket.names[i]); g.defined())
-        std::copy_n(g.to(DType::f32).data<float>(), g.numel(),
-                    bucket.flat.data<float>() + step->slots.at(bucket.names[i]).offset);
+      if (const Tensor& g = grads.at(bucket.names[i]); g.defined()) {
+        const int64_t at = step->slots.at(bucket.names[i]).offset;
+        bucket.flat.slice0(at, at + g.numel()).copy_from(g);  // converted to f32
+      }
     bucket.arrived = bucket.names.size();
     launch(*step, b, *dp_);
   }
@@ -221,12 +220,11 @@ void DataParallel::finish(ParamTree& grads) {
       for (const std::string& name : b.names) grads.erase(name);
       continue;
     }
-    const float* src = b.flat.data<float>();
+    int64_t at = 0;
     for (size_t i = 0; i < b.names.size(); ++i) {
-      Tensor g = Tensor::empty(b.shapes[i]);
-      std::copy_n(src, g.numel(), g.data<float>());
-      src += g.numel();
-      grads[b.names[i]] = g;
+      const int64_t n = b.shapes[i].numel();
+      grads[b.names[i]] = b.flat.slice0(at, at + n).clone().view(b.shapes[i]);
+      at += n;
     }
   }
   last_buckets_ = step->buckets.size();

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <numeric>
 #include <streambuf>
@@ -15,6 +16,8 @@
 #include "redco/comm/launch_env.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/comm/threads_comm.hpp"
+#include "redco/core/allocator.hpp"
+#include "redco/core/device_memory.hpp"
 #include "redco/core/error.hpp"
 #include "redco/core/heartbeat.hpp"
 #include "redco/sched/task.hpp"
@@ -53,6 +56,39 @@ class NullBuffer : public std::streambuf {
   std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
 };
 
+// DeployerConfig::device as a Device for world rank `rank`.
+Device choose_device(const std::string& spec, int rank) {
+  const bool cuda_built = has_device_memory(DeviceKind::cuda);
+  const int gpus = cuda_built ? device_memory(Device::cuda()).device_count() : 0;
+  if (spec == "cpu") return Device::cpu();
+  if (spec == "test") return Device::test();
+  if (spec == "auto") return gpus > 0 ? Device::cuda(rank % gpus) : Device::cpu();
+  if (spec == "cuda" || spec.starts_with("cuda:")) {
+    REDCO_CHECK(cuda_built,
+                "Deployer: device \"{}\" asked for, but this build of redco has no CUDA support; "
+                "reconfigure with -Dcuda=enabled on a machine with the CUDA toolkit, or use "
+                "--device cpu",
+                spec);
+    REDCO_CHECK(gpus > 0,
+                "Deployer: device \"{}\" asked for, but no GPU is visible (check "
+                "nvidia-smi and CUDA_VISIBLE_DEVICES), or use --device cpu",
+                spec);
+    if (spec == "cuda") return Device::cuda(rank % gpus);
+    int i = -1;
+    try {
+      size_t used = 0;
+      i = std::stoi(spec.substr(5), &used);
+      if (used != spec.size() - 5) i = -1;
+    } catch (const std::exception&) {
+      i = -1;
+    }
+    REDCO_CHECK(i >= 0 && i < gpus, "Deployer: device \"{}\": the GPU index must be 0 to {}", spec,
+                gpus - 1);
+    return Device::cuda(i);
+  }
+  fail("Deployer: unknown device \"{}\"; use cpu, cuda, cuda:N, test or auto", spec);
+}
+
 }  // namespace
 
 Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
@@ -80,6 +116,18 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
               "multiple of {} ranks (redco-run -n) or pass --n_model_shards with a divisor of {}",
               config_.n_model_shards, world->size(), config_.n_model_shards, world->size());
   mesh_ = std::make_unique<comm::Mesh>(*world, config_.n_model_shards);
+  const char* env = std::getenv("REDCO_DEVICE");
+  const std::string spec = !config_.device.empty() ? config_.device
+                           : env && *env           ? std::string(env)
+                                                   : "cpu";
+  device_ = choose_device(spec, mesh_->rank());
+}
+
+ParamTree Deployer::place(ParamTree tree) const {
+  CachingAllocator::LongLivedScope long_lived;  // parameters and optimizer state stay
+  for (auto& [name, t] : tree)
+    if (t.defined() && t.device() != device_) t = t.to(device_);
+  return tree;
 }
 
 Deployer::~Deployer() = default;
@@ -170,12 +218,25 @@ std::filesystem::path Deployer::best_dir(std::string_view metric) const {
 void Deployer::save_checkpoint(const std::filesystem::path& dir, const ParamTree& params,
                                const ParamTree& opt_state, const std::string& state_json,
                                const ShardPlan& plan) const {
-  save_sharded_checkpoint(*mesh_, dir, params, opt_state, state_json, plan);
+  if (device_.is_cpu())
+    return save_sharded_checkpoint(*mesh_, dir, params, opt_state, state_json, plan);
+  // Files are written from host memory: one explicit copy of each tensor.
+  auto host = [](const ParamTree& tree) {
+    ParamTree out;
+    for (const auto& [name, t] : tree) out.emplace(name, t.defined() ? t.to(Device::cpu()) : t);
+    return out;
+  };
+  save_sharded_checkpoint(*mesh_, dir, host(params), host(opt_state), state_json, plan);
 }
 
 CheckpointData Deployer::load_checkpoint(const std::filesystem::path& dir,
                                          const ShardPlan& plan) const {
-  return load_sharded_checkpoint(*mesh_, dir, plan);
+  CheckpointData ck = load_sharded_checkpoint(*mesh_, dir, plan);
+  if (!device_.is_cpu()) {
+    ck.params = place(std::move(ck.params));
+    ck.opt_state = place(std::move(ck.opt_state));
+  }
+  return ck;
 }
 
 std::vector<io::CheckpointEntry> Deployer::list_checkpoints() const {

@@ -62,6 +62,12 @@ struct DeployerConfig {
   // optimizer's state partitioned by replica, 2 the gradients as well (each
   // averaged into its owner only). Combines with n_model_shards.
   int zero_stage = 0;
+  // Where the parameters, optimizer state and every step's tensors live:
+  // "cpu", "cuda" (this rank's GPU: rank modulo the GPUs present), "cuda:N",
+  // "test" (the test device: host memory behind an accelerator's rules, for
+  // CI) or "auto" (cuda when a GPU is present, else cpu). Empty: the
+  // environment's REDCO_DEVICE (the samples' --device flag sets it), else cpu.
+  std::string device = {};
 };
 
 // A learning-rate schedule in the units a user thinks in (examples, epochs);
@@ -98,6 +104,16 @@ class Deployer {
   // The console on the main rank; elsewhere a stream that discards, so a
   // program prints its results once whatever the number of ranks.
   std::ostream& console() const;
+
+  // ---- the device -----------------------------------------------------------------------------
+  // This rank's device, from DeployerConfig::device. The Trainer and
+  // Predictor place parameters on it at init and when a checkpoint loads, and
+  // move each batch to it (collate builds CPU tensors); checkpoints are
+  // written from host copies.
+  Device device() const { return device_; }
+  // `tree` with every tensor on device() (the long-lived pool: parameters and
+  // optimizer state live as long as the run).
+  ParamTree place(ParamTree tree) const;
 
   // ---- the mesh ------------------------------------------------------------------------------
   int n_devices() const;  // ranks in the run (world size)
@@ -161,6 +177,7 @@ class Deployer {
 
  private:
   DeployerConfig config_;
+  Device device_;
   int restart_ = 0;
   std::unique_ptr<io::MetricsLog> log_;
   std::unique_ptr<comm::ThreadsWorld> alone_;  // the world of a single-process run

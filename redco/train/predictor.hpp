@@ -34,6 +34,7 @@
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/gather_outputs.hpp"
+#include "redco/train/on_device.hpp"
 #include "redco/train/parallel.hpp"
 #include "redco/train/pipeline.hpp"
 
@@ -106,7 +107,9 @@ class Predictor {
     REDCO_CHECK(per_device_batch_size > 0,
                 "Predictor::predict: per_device_batch_size must be > 0, got {}",
                 per_device_batch_size);
-    const ParamTree& local = local_params(params, local_);
+    // On the run's device (the Trainer's parameters are there already; a
+    // tree read from a checkpoint on the host moves once per call).
+    const ParamTree local = deployer_->place(local_params(params, local_));
     const int64_t n = int64_t(std::ranges::size(examples));
     const detail::Slices slices(n, per_device_batch_size, deployer_->dp_size(),
                                 deployer_->dp_rank());
@@ -115,8 +118,9 @@ class Predictor {
     out.reserve(size_t(n));
     NoGradGuard no_grad;
     auto make = [&](int64_t b) {
-      return collate_(
-          std::span<const Ex>(detail::gather_range(examples, slices.begin(b), slices.size(b))));
+      return on_device(collate_(std::span<const Ex>(
+                           detail::gather_range(examples, slices.begin(b), slices.size(b)))),
+                       deployer_->device());
     };
     auto use = [&](int64_t b, const Batch& x) {
       const auto id = uint64_t(slices.id(b));

@@ -65,6 +65,7 @@
 
 #include "redco/comm/mesh.hpp"
 #include "redco/core/allocator.hpp"
+#include "redco/core/device_memory.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
 #include "redco/shard/plan.hpp"
@@ -74,6 +75,7 @@
 #include "redco/train/deployer.hpp"
 #include "redco/train/fit_driver.hpp"
 #include "redco/train/fit_options.hpp"
+#include "redco/train/on_device.hpp"
 #include "redco/train/parallel.hpp"
 #include "redco/train/param_groups.hpp"
 #include "redco/train/per_epoch.hpp"
@@ -185,12 +187,14 @@ class Trainer {
  private:
   ParamTree initial_params(std::optional<ParamTree> given) const {
     const int mp = deployer_->n_model_shards(), rank = deployer_->mp_rank();
+    // Drawn (or sliced) on the host, then placed on the run's device.
     if (given) {
       nn::check_params(nn::param_entries(model_), *given);
-      return mp == 1 ? std::move(*given) : shard_params(*given, plan_, rank, mp);
+      return deployer_->place(mp == 1 ? std::move(*given) : shard_params(*given, plan_, rank, mp));
     }
-    if (mp == 1) return nn::init_params(model_, deployer_->seed());
-    return init_shard(nn::param_entries(model_), plan_, deployer_->seed(), rank, mp);
+    if (mp == 1) return deployer_->place(nn::init_params(model_, deployer_->seed()));
+    return deployer_->place(
+        init_shard(nn::param_entries(model_), plan_, deployer_->seed(), rank, mp));
   }
 
   // The forward context: the model-parallel group when there is one.
@@ -249,7 +253,7 @@ class Trainer {
             per_replica(source) ? (first + i) * micro : ((first + i) * dp + rank) * micro;
         const auto idx = std::span(order).subspan(size_t(begin), size_t(micro));
         const auto ex = detail::gather(train, idx);
-        return collate_(std::span<const Ex>(ex));
+        return on_device(collate_(std::span<const Ex>(ex)), deployer_->device());
       };
       double loss_sum = 0;
       auto use = [&](int64_t i, const Batch& batch) {
@@ -410,7 +414,7 @@ class Trainer {
                                    params_)
                              : grouped_value_and_grad(batch, c, rng, activations);
     if (dp_) dp_->finish(grads);
-    loss_sum += double(loss.item());
+    loss_sum += double(loss.to(Device::cpu()).item());  // the step's one host read
     // Accumulation: the k-th add completes a step (no averaging buffers when k is 1).
     if (accumulation > 1 && !acc.add(grads)) return std::nullopt;
     // A global mean, so every replica sees the same loss and makes the same
@@ -425,10 +429,16 @@ class Trainer {
   // The loss, with the bytes its forward pass left for backward in `activations`.
   template <typename Bound, typename Batch>
   Tensor measured_loss(Bound& bound, const Batch& batch, const Rng& rng, uint64_t& activations) {
-    const size_t held = CachingAllocator::cpu().stats().bytes_in_use;
+    const size_t held = memory_stats().bytes_in_use;
     Tensor l(loss_(bound, batch, rng));
-    activations = CachingAllocator::cpu().stats().bytes_in_use - held;
+    activations = memory_stats().bytes_in_use - held;
     return l;
+  }
+
+  // The allocator of the run's device.
+  AllocatorStats memory_stats() const {
+    const Device d = deployer_->device();
+    return d.is_cpu() ? CachingAllocator::cpu().stats() : device_memory(d).stats(d.index);
   }
 
   // The first step's memory, logged after its optimizer step (its state exists
@@ -439,7 +449,7 @@ class Trainer {
                              .grads = tree_bytes(grads),
                              .opt_state = tree_bytes(groups_.state()),
                              .activations = activations,
-                             .slack = CachingAllocator::cpu().stats().bytes_cached};
+                             .slack = memory_stats().bytes_cached};
     run.memory_measured(gather_accounts(mine, &deployer_->mesh().world()));
   }
 
@@ -475,7 +485,7 @@ class Trainer {
                 r.loss.defined() ? r.loss.shape() : Shape{});
     check_step_grads(r.grads, sc.trained());
     if (dp_) dp_->average(r.grads, order_);
-    const double mean = dp_mean(double(r.loss.item()));
+    const double mean = dp_mean(double(r.loss.to(Device::cpu()).item()));
     const bool applied = apply(r.grads, mean, run);
     return StepOutcome{mean, !applied};
   }
@@ -522,8 +532,7 @@ class Trainer {
     for (const shard::ParamSplit& s : plan_) {
       if (zero2 && !grads.count(s.name)) continue;  // another replica's
       const Tensor g = grads.at(s.name).to(DType::f32);
-      for (const float x : std::span(g.data<float>(), size_t(g.numel())))
-        (s.split_dim >= 0 ? split_sq : whole_sq) += double(x) * x;
+      (s.split_dim >= 0 ? split_sq : whole_sq) += optim::sum_of_squares(g, s.name);
     }
     if (zero2) split_sq = dp_sum(split_sq), whole_sq = dp_sum(whole_sq);
     // [1] summed over the group; a shard's non-finite loss or gradient makes it NaN everywhere.
@@ -583,12 +592,13 @@ class Trainer {
     }
     int64_t numel = 0;
     for (const Tensor& t : parts) numel += t.numel();
-    Tensor flat = Tensor::empty(Shape{numel});  // [replicated numel] all parts, packed
-    float* at = flat.data<float>();
-    for (const Tensor& t : parts) at = std::copy_n(t.data<float>(), t.numel(), at);
+    // [replicated numel] all parts, packed where they live
+    Tensor flat = Tensor::empty(Shape{numel}, DType::f32, deployer_->device());
+    int64_t at = 0;
+    for (const Tensor& t : parts) flat.slice0(at, at + t.numel()).copy_from(t), at += t.numel();
     sched::sync_wait(deployer_->mesh().mp_comm().broadcast(flat, 0));
-    at = flat.data<float>();
-    for (Tensor& t : parts) at += (std::copy_n(at, t.numel(), t.data<float>()), t.numel());
+    at = 0;
+    for (Tensor& t : parts) t.copy_from(flat.slice0(at, at + t.numel())), at += t.numel();
   }
 
   // The sum of a per-replica value over the data-parallel group, carried as
@@ -644,8 +654,9 @@ class Trainer {
     const detail::Slices slices(n, per_device_batch_size, deployer_->dp_size(),
                                 deployer_->dp_rank());
     auto make = [&](int64_t b) {
-      return collate_(
-          std::span<const Ex>(detail::gather_range(examples, slices.begin(b), slices.size(b))));
+      return on_device(collate_(std::span<const Ex>(
+                           detail::gather_range(examples, slices.begin(b), slices.size(b)))),
+                       deployer_->device());
     };
     NoGradGuard no_grad;
     double total = 0;
@@ -653,7 +664,7 @@ class Trainer {
       const uint64_t id = uint64_t(slices.id(b));
       BoundModel<L> bound(model_, params_, ctx(false, id));
       const Tensor l = loss_(bound, x, deployer_->rng(Purpose::eval, id));
-      total += double(l.item()) * double(slices.size(b));
+      total += double(l.to(Device::cpu()).item()) * double(slices.size(b));
       return true;
     };
     detail::pipelined<Batch>(slices.count(), make, use);

@@ -33,14 +33,15 @@ void broadcast_packed(std::vector<Tensor>& parts, int root, comm::Comm& dp) {
     numel += t.numel();
   }
   if (numel == 0) return;
-  Tensor flat = Tensor::empty(Shape{numel});  // [numel] the parts, packed in order
-  float* at = flat.data<float>();
+  // [numel] the parts, packed in order, where they live
+  Tensor flat = Tensor::empty(Shape{numel}, DType::f32, parts.front().device());
+  int64_t at = 0;
   if (dp.rank() == root)
-    for (const Tensor& t : parts) at = std::copy_n(t.data<float>(), t.numel(), at);
+    for (const Tensor& t : parts) flat.slice0(at, at + t.numel()).copy_from(t), at += t.numel();
   sched::sync_wait(dp.broadcast(flat, root));
   if (dp.rank() == root) return;
-  at = flat.data<float>();
-  for (Tensor& t : parts) at += (std::copy_n(at, t.numel(), t.data<float>()), t.numel());
+  at = 0;
+  for (Tensor& t : parts) t.copy_from(flat.slice0(at, at + t.numel())), at += t.numel();
 }
 
 }  // namespace
@@ -104,8 +105,10 @@ ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& par
       for (const std::string& pre : prefixes) {
         const auto it = state.find(pre + n);
         keys.push_back(pre + n);
-        parts.push_back(r == rank_ && it != state.end() ? it->second
-                                                        : Tensor::zeros(params.at(n).shape()));
+        const Tensor& like = params.at(n);
+        parts.push_back(r == rank_ && it != state.end()
+                            ? it->second
+                            : Tensor::zeros(like.shape(), DType::f32, like.device()));
       }
     broadcast_packed(parts, r, dp);
     for (size_t i = 0; i < keys.size(); ++i) out.emplace(keys[i], parts[i]);

@@ -3,6 +3,9 @@
 //   * every flag is spelled with dashes (--n-model-shards); the underscore
 //     spelling (--n_model_shards) is accepted as an alias, without
 //     cluttering --help: parse() rewrites it to the dashed name first;
+//   * every app takes --device cpu|cuda|cuda:N|test|auto (unless it defines
+//     its own): parse() exports it as REDCO_DEVICE, which a Deployer whose
+//     config names no device reads, so no sample mentions devices;
 //   * bounds checks say what is allowed in plain numbers
 //     ("--context: must be an integer >= 1, got 0") instead of CLI11's
 //     "Value 0 not in range 0.000000 to 1797693134862315708...".
@@ -107,9 +110,27 @@ inline std::vector<std::string> dashed_args(const CLI::App& app, int argc,
   return out;
 }
 
+// The values --device accepts (train::DeployerConfig::device).
+inline CLI::Validator device_name() {
+  auto check = [](const std::string& s) -> std::string {
+    if (s == "cpu" || s == "cuda" || s == "test" || s == "auto") return {};
+    if (s.size() > 5 && s.starts_with("cuda:") &&
+        s.find_first_not_of("0123456789", 5) == std::string::npos)
+      return {};
+    return "must be cpu, cuda, cuda:N, test or auto, got " + s;
+  };
+  return CLI::Validator(check, "cpu|cuda|cuda:N|test|auto");
+}
+
 // Parses with the underscore aliases, printing help or a parse error and
 // returning CLI11's exit code (nonzero) then; 0 when parsing succeeded.
 inline int parse(CLI::App& app, int argc, const char* const* argv) {
+  std::string device;
+  if (!app.get_option_no_throw("--device"))
+    app.add_option("--device", device,
+                   "where parameters and computation live: cpu (default), cuda, cuda:N, test "
+                   "(CI's stand-in for a GPU) or auto (cuda when a GPU is present)")
+        ->check(device_name());
   std::vector<std::string> args = dashed_args(app, argc, argv);
   std::vector<const char*> ptrs;
   for (const std::string& s : args) ptrs.push_back(s.c_str());
@@ -119,6 +140,7 @@ inline int parse(CLI::App& app, int argc, const char* const* argv) {
     const int code = app.exit(e);
     return code == 0 ? -1 : code;  // -1: --help was printed, exit 0
   }
+  if (!device.empty()) setenv("REDCO_DEVICE", device.c_str(), 1);  // read by the Deployer
   return 0;
 }
 

@@ -109,7 +109,7 @@ Tensor CudaBackend::unary(UnaryOp op, const Tensor& x_in) {
   Scope scope(x_in.device());
   const Tensor x = f32(x_in, x_in.device(), "unary");
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
-  cuda::k::unary(int(op), x.data<float>(), y.data<float>(), x.numel());
+  cuda::k::unary(int(op), x.device_data<float>(), y.device_data<float>(), x.numel());
   return y;
 }
 
@@ -129,7 +129,8 @@ Tensor CudaBackend::binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) 
     broadcast_strides(a.shape(), out, s.a);
     broadcast_strides(b.shape(), out, s.b);
   }
-  cuda::k::binary(int(op), a.data<float>(), b.data<float>(), y.data<float>(), y.numel(), s);
+  cuda::k::binary(int(op), a.device_data<float>(), b.device_data<float>(), y.device_data<float>(),
+                  y.numel(), s);
   return y;
 }
 
@@ -137,7 +138,7 @@ Tensor CudaBackend::binary_scalar(BinaryOp op, const Tensor& a_in, float s) {
   Scope scope(a_in.device());
   const Tensor a = f32(a_in, a_in.device(), "binary_scalar");
   Tensor y = Tensor::empty(a.shape(), DType::f32, a.device());
-  cuda::k::binary_scalar(int(op), a.data<float>(), s, y.data<float>(), a.numel());
+  cuda::k::binary_scalar(int(op), a.device_data<float>(), s, y.device_data<float>(), a.numel());
   return y;
 }
 
@@ -149,7 +150,7 @@ void CudaBackend::add_inplace(Tensor& a, const Tensor& b_in) {
     return;
   }
   const Tensor b = f32(b_in, a.device(), "add_inplace");
-  cuda::k::add_inplace(a.data<float>(), b.data<float>(), a.numel());
+  cuda::k::add_inplace(a.device_data<float>(), b.device_data<float>(), a.numel());
 }
 
 Tensor CudaBackend::reduce(ReduceOp op, const Tensor& x_in, std::span<const int> axes) {
@@ -179,7 +180,8 @@ Tensor CudaBackend::reduce(ReduceOp op, const Tensor& x_in, std::span<const int>
     for (int d = hi + 1; d < xs.rank(); ++d) I *= shape[d];
     for (int d = lo; d <= hi; ++d) shape[d] = 1;
     Tensor next = Tensor::empty(shape, DType::f32, cur.device());
-    cuda::k::reduce_pass(op == ReduceOp::max, cur.data<float>(), next.data<float>(), O, R, I);
+    cuda::k::reduce_pass(op == ReduceOp::max, cur.device_data<float>(), next.device_data<float>(),
+                         O, R, I);
     cur = next;
     hi = lo - 1;
   }
@@ -197,7 +199,7 @@ Tensor CudaBackend::argmax(const Tensor& x_in, int axis_in) {
   int64_t O = 1, I = 1;
   for (int d = 0; d < axis; ++d) O *= xs[d];
   for (int d = axis + 1; d < xs.rank(); ++d) I *= xs[d];
-  cuda::k::argmax(x.data<float>(), y.data<int64_t>(), O, xs[axis], I);
+  cuda::k::argmax(x.device_data<float>(), y.device_data<int64_t>(), O, xs[axis], I);
   return y;
 }
 
@@ -213,8 +215,8 @@ Tensor CudaBackend::broadcast_to(const Tensor& x, const Shape& shape) {
   int64_t src[cuda::kMaxRank] = {};
   broadcast_strides(xs, shape, src);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  cuda::k::gather(x.raw(), out.raw(), int(dtype_size(x.dtype())), simplify(shape, src),
-                  out.numel());
+  cuda::k::gather(x.device_ptr(), out.device_ptr(), int(dtype_size(x.dtype())),
+                  simplify(shape, src), out.numel());
   return out;
 }
 
@@ -237,8 +239,8 @@ Tensor CudaBackend::permute(const Tensor& x, std::span<const int> perm) {
     src[i] = xst[perm[i]];
   }
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  cuda::k::gather(x.raw(), out.raw(), int(dtype_size(x.dtype())), simplify(out_shape, src),
-                  out.numel());
+  cuda::k::gather(x.device_ptr(), out.device_ptr(), int(dtype_size(x.dtype())),
+                  simplify(out_shape, src), out.numel());
   return out;
 }
 
@@ -252,8 +254,8 @@ Tensor CudaBackend::slice(const Tensor& x, int axis_in, int64_t start, int64_t l
   Tensor out = Tensor::empty(x.shape().with(axis, len), x.dtype(), x.device());
   int64_t outer, inner;
   split_at(x.shape(), axis, dtype_size(x.dtype()), &outer, &inner);
-  copy_rows(out.raw(), len * inner, static_cast<const char*>(x.raw()) + start * inner, n * inner,
-            len * inner, outer);
+  copy_rows(out.device_ptr(), len * inner, static_cast<const char*>(x.device_ptr()) + start * inner,
+            n * inner, len * inner, outer);
   return out;
 }
 
@@ -273,8 +275,8 @@ void CudaBackend::slice_assign(Tensor& dst, const Tensor& src_in, int axis_in, i
   const Tensor src = src_in.dtype() == dst.dtype() ? src_in : src_in.to(dst.dtype());
   int64_t outer, inner;
   split_at(dst.shape(), axis, dtype_size(dst.dtype()), &outer, &inner);
-  copy_rows(static_cast<char*>(dst.raw()) + start * inner, n * inner, src.raw(), len * inner,
-            len * inner, outer);
+  copy_rows(static_cast<char*>(dst.device_ptr()) + start * inner, n * inner, src.device_ptr(),
+            len * inner, len * inner, outer);
 }
 
 }  // namespace redco

@@ -74,6 +74,10 @@ class CudaBackend final : public Backend {
   Tensor upsample_nearest2d(const Tensor& x, int64_t f) override;
   Tensor upsample_nearest2d_backward(const Tensor& dy, int64_t f) override;
   Tensor dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) override;
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdCoeffs& c) override;
+  void adam_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                   const AdamCoeffs& c) override;
+  double sum_of_squares(const Tensor& x) override;
 };
 
 }  // namespace redco

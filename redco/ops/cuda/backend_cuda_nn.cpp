@@ -20,7 +20,7 @@ const int64_t* ids_of(const Tensor& t, Device dev, const char* op) {
   cuda::expect_on(t, dev, op);
   REDCO_CHECK(t.dtype() == DType::i64, "{}: indices must be i64, got {}{}", op,
               dtype_name(t.dtype()), t.shape());
-  return t.data<int64_t>();
+  return t.device_data<int64_t>();
 }
 
 void check_last_dim(const Tensor& x, const Tensor& v, const char* op, const char* what) {
@@ -36,7 +36,7 @@ int64_t value_at(const Tensor& ids, int64_t i) {
 
 void check_labels(const char* op, const Tensor& labels, int64_t V, int64_t ignore_index) {
   const int64_t bad =
-      cuda::k::first_bad_id(labels.data<int64_t>(), labels.numel(), V, ignore_index);
+      cuda::k::first_bad_id(labels.device_data<int64_t>(), labels.numel(), V, ignore_index);
   if (bad < 0) return;
   const int64_t l = value_at(labels, bad);
   fail("{}: row {} has label {}, outside [0, {}) and not ignore_index ({})", op, bad, l, V,
@@ -45,7 +45,7 @@ void check_labels(const char* op, const Tensor& labels, int64_t V, int64_t ignor
 
 void check_ids(const char* op, const Tensor& ids, int64_t V) {
   // ids < 0 are all bad, so -1 works as "skip nothing".
-  const int64_t bad = cuda::k::first_bad_id(ids.data<int64_t>(), ids.numel(), V, -1);
+  const int64_t bad = cuda::k::first_bad_id(ids.device_data<int64_t>(), ids.numel(), V, -1);
   if (bad < 0) return;
   const int64_t id = value_at(ids, bad);
   fail("{}: id {} at position {} is out of range for a table of {} rows", op, id, bad, V);
@@ -54,8 +54,8 @@ void check_ids(const char* op, const Tensor& ids, int64_t V) {
 // Sums [chunks, 2, D] partials over the chunks (in chunk order) into {dgamma, dbeta}.
 TensorList sum_partials(const Tensor& partials, int64_t D, bool has_beta) {
   Tensor both = Tensor::empty({2 * D}, DType::f32, partials.device());
-  cuda::k::reduce_pass(false, partials.data<float>(), both.data<float>(), 1, partials.dim(0),
-                       2 * D);
+  cuda::k::reduce_pass(false, partials.device_data<float>(), both.device_data<float>(), 1,
+                       partials.dim(0), 2 * D);
   Tensor dgamma = both.slice0(0, D).clone();
   return {dgamma, has_beta ? both.slice0(D, 2 * D).clone() : Tensor()};
 }
@@ -65,31 +65,31 @@ TensorList sum_partials(const Tensor& partials, int64_t D, bool has_beta) {
 Tensor CudaBackend::softmax(const Tensor& x_in) {
   Scope scope(x_in.device());
   Tensor x = f32(x_in, x_in.device(), "softmax"), y = like(x);
-  cuda::k::softmax_forward(x.data<float>(), y.data<float>(), x.shape().rows(), x.shape().last(),
-                           false);
+  cuda::k::softmax_forward(x.device_data<float>(), y.device_data<float>(), x.shape().rows(),
+                           x.shape().last(), false);
   return y;
 }
 Tensor CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy_in) {
   Scope scope(y.device());
   Tensor dy = f32(dy_in, y.device(), "softmax backward"), dx = like(y);
   check_same_shape(y, dy, "softmax backward");
-  cuda::k::softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.shape().rows(),
-                            y.shape().last(), false);
+  cuda::k::softmax_backward(y.device_data<float>(), dy.device_data<float>(),
+                            dx.device_data<float>(), y.shape().rows(), y.shape().last(), false);
   return dx;
 }
 Tensor CudaBackend::log_softmax(const Tensor& x_in) {
   Scope scope(x_in.device());
   Tensor x = f32(x_in, x_in.device(), "log_softmax"), y = like(x);
-  cuda::k::softmax_forward(x.data<float>(), y.data<float>(), x.shape().rows(), x.shape().last(),
-                           true);
+  cuda::k::softmax_forward(x.device_data<float>(), y.device_data<float>(), x.shape().rows(),
+                           x.shape().last(), true);
   return y;
 }
 Tensor CudaBackend::log_softmax_backward(const Tensor& y, const Tensor& dy_in) {
   Scope scope(y.device());
   Tensor dy = f32(dy_in, y.device(), "log_softmax backward"), dx = like(y);
   check_same_shape(y, dy, "log_softmax backward");
-  cuda::k::softmax_backward(y.data<float>(), dy.data<float>(), dx.data<float>(), y.shape().rows(),
-                            y.shape().last(), true);
+  cuda::k::softmax_backward(y.device_data<float>(), dy.device_data<float>(),
+                            dx.device_data<float>(), y.shape().rows(), y.shape().last(), true);
   return dx;
 }
 
@@ -106,8 +106,8 @@ Tensor CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& labels,
   check_labels("cross_entropy_forward", labels, vocab, ignore_index);
   Tensor losses = Tensor::empty(labels.shape(), DType::f32, dev);
   lse = Tensor::empty(labels.shape(), DType::f32, dev);
-  cuda::k::cross_entropy_forward(logits.data<float>(), l, losses.data<float>(), lse.data<float>(),
-                                 rows, vocab, ignore_index);
+  cuda::k::cross_entropy_forward(logits.device_data<float>(), l, losses.device_data<float>(),
+                                 lse.device_data<float>(), rows, vocab, ignore_index);
   return losses;
 }
 Tensor CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& labels,
@@ -123,9 +123,9 @@ Tensor CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor
   const int64_t* l = ids_of(labels, dev, "cross_entropy");
   cuda::expect_on(lse, dev, "cross_entropy backward");
   check_labels("cross_entropy_backward", labels, logits.shape().last(), ignore_index);
-  cuda::k::cross_entropy_backward(logits.data<float>(), l, lse.data<float>(), dloss.data<float>(),
-                                  dlogits.data<float>(), logits.shape().rows(),
-                                  logits.shape().last(), ignore_index);
+  cuda::k::cross_entropy_backward(logits.device_data<float>(), l, lse.device_data<float>(),
+                                  dloss.device_data<float>(), dlogits.device_data<float>(),
+                                  logits.shape().rows(), logits.shape().last(), ignore_index);
   return dlogits;
 }
 
@@ -144,10 +144,10 @@ Tensor CudaBackend::layer_norm(const Tensor& x_in, const Tensor& gamma_in, const
   saved.mean = Tensor::empty({rows}, DType::f32, dev);
   saved.rstd = Tensor::empty({rows}, DType::f32, dev);
   Tensor y = like(x);
-  cuda::k::norm_forward(x.data<float>(), gamma.data<float>(),
-                        beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
-                        saved.mean.data<float>(), saved.rstd.data<float>(), rows, x.shape().last(),
-                        eps);
+  cuda::k::norm_forward(x.device_data<float>(), gamma.device_data<float>(),
+                        beta.defined() ? beta.device_data<float>() : nullptr,
+                        y.device_data<float>(), saved.mean.device_data<float>(),
+                        saved.rstd.device_data<float>(), rows, x.shape().last(), eps);
   return y;
 }
 
@@ -162,9 +162,10 @@ static TensorList norm_backward(const Tensor& dy_in, const Tensor& x_in, const T
   const int64_t chunks = cuda::k::norm_chunks(N);
   Tensor dx = like(x), partials = Tensor::empty({chunks, 2, D}, DType::f32, dev);
   const bool layer = saved.mean.defined();
-  cuda::k::norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
-                         layer ? saved.mean.data<float>() : nullptr, saved.rstd.data<float>(),
-                         dx.data<float>(), partials.data<float>(), chunks, N, D);
+  cuda::k::norm_backward(
+      dy.device_data<float>(), x.device_data<float>(), gamma.device_data<float>(),
+      layer ? saved.mean.device_data<float>() : nullptr, saved.rstd.device_data<float>(),
+      dx.device_data<float>(), partials.device_data<float>(), chunks, N, D);
   TensorList dg = sum_partials(partials, D, has_beta);
   return has_beta ? TensorList{dx, dg[0], dg[1]} : TensorList{dx, dg[0]};
 }
@@ -186,8 +187,9 @@ Tensor CudaBackend::rms_norm(const Tensor& x_in, const Tensor& gamma_in, float e
   saved.mean = Tensor();
   saved.rstd = Tensor::empty({rows}, DType::f32, dev);
   Tensor y = like(x);
-  cuda::k::norm_forward(x.data<float>(), gamma.data<float>(), nullptr, y.data<float>(), nullptr,
-                        saved.rstd.data<float>(), rows, x.shape().last(), eps);
+  cuda::k::norm_forward(x.device_data<float>(), gamma.device_data<float>(), nullptr,
+                        y.device_data<float>(), nullptr, saved.rstd.device_data<float>(), rows,
+                        x.shape().last(), eps);
   return y;
 }
 TensorList CudaBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -199,7 +201,7 @@ TensorList CudaBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, con
 Tensor CudaBackend::gelu(const Tensor& x_in, bool tanh_approx) {
   Scope scope(x_in.device());
   Tensor x = f32(x_in, x_in.device(), "gelu"), y = like(x);
-  cuda::k::gelu_forward(x.data<float>(), y.data<float>(), x.numel(), tanh_approx);
+  cuda::k::gelu_forward(x.device_data<float>(), y.device_data<float>(), x.numel(), tanh_approx);
   return y;
 }
 Tensor CudaBackend::gelu_backward(const Tensor& x_in, const Tensor& dy_in, bool tanh_approx) {
@@ -207,14 +209,14 @@ Tensor CudaBackend::gelu_backward(const Tensor& x_in, const Tensor& dy_in, bool 
   Scope scope(dev);
   Tensor x = f32(x_in, dev, "gelu backward"), dy = f32(dy_in, dev, "gelu backward"), dx = like(x);
   check_same_shape(x, dy, "gelu backward");
-  cuda::k::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel(),
-                         tanh_approx);
+  cuda::k::gelu_backward(x.device_data<float>(), dy.device_data<float>(), dx.device_data<float>(),
+                         x.numel(), tanh_approx);
   return dx;
 }
 Tensor CudaBackend::silu(const Tensor& x_in) {
   Scope scope(x_in.device());
   Tensor x = f32(x_in, x_in.device(), "silu"), y = like(x);
-  cuda::k::silu_forward(x.data<float>(), y.data<float>(), x.numel());
+  cuda::k::silu_forward(x.device_data<float>(), y.device_data<float>(), x.numel());
   return y;
 }
 Tensor CudaBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
@@ -222,7 +224,8 @@ Tensor CudaBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
   Scope scope(dev);
   Tensor x = f32(x_in, dev, "silu backward"), dy = f32(dy_in, dev, "silu backward"), dx = like(x);
   check_same_shape(x, dy, "silu backward");
-  cuda::k::silu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), x.numel());
+  cuda::k::silu_backward(x.device_data<float>(), dy.device_data<float>(), dx.device_data<float>(),
+                         x.numel());
   return dx;
 }
 
@@ -235,7 +238,8 @@ Tensor CudaBackend::embedding(const Tensor& table_in, const Tensor& ids) {
   const int64_t* p = ids_of(ids, dev, "embedding");
   check_ids("embedding_forward", ids, table.dim(0));
   Tensor out = Tensor::empty(ids.shape().append(table.dim(1)), DType::f32, dev);
-  cuda::k::embedding_forward(table.data<float>(), p, out.data<float>(), ids.numel(), table.dim(1));
+  cuda::k::embedding_forward(table.device_data<float>(), p, out.device_data<float>(), ids.numel(),
+                             table.dim(1));
   return out;
 }
 Tensor CudaBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids, int64_t vocab,
@@ -255,8 +259,8 @@ Tensor CudaBackend::embedding_backward(const Tensor& dout_in, const Tensor& ids,
   Tensor dtable = into.defined() ? into : Tensor::zeros({vocab, dim}, DType::f32, dev);
   const size_t bytes = cuda::k::embedding_backward_scratch(ids.numel());
   Tensor scratch = Tensor::empty({int64_t(bytes)}, DType::u8, dev);
-  cuda::k::embedding_backward(dout.data<float>(), p, dtable.data<float>(), ids.numel(), vocab, dim,
-                              scratch.raw(), bytes);
+  cuda::k::embedding_backward(dout.device_data<float>(), p, dtable.device_data<float>(),
+                              ids.numel(), vocab, dim, scratch.device_ptr(), bytes);
   return dtable;
 }
 
@@ -272,8 +276,8 @@ Tensor CudaBackend::rotary(const Tensor& x_in, int64_t pos_offset, float base, b
   const int64_t T = x.dim(2), D = x.dim(3);
   Tensor table = Tensor::empty({2, T, D / 2}, DType::f32, dev);  // cos, sin
   const int64_t rows = x.numel() / std::max<int64_t>(D, 1);
-  cuda::k::rotary(x.data<float>(), y.data<float>(), table.data<float>(), rows, T, D, pos_offset,
-                  base, inverse);
+  cuda::k::rotary(x.device_data<float>(), y.device_data<float>(), table.device_data<float>(), rows,
+                  T, D, pos_offset, base, inverse);
   return y;
 }
 
@@ -282,7 +286,7 @@ Tensor CudaBackend::dropout_mask(const Shape& shape, float p, uint64_t seed, uin
   // The kernels entry point passes no tensor: the mask goes to the current device.
   const Device dev = Device::cuda(cuda::current_device());
   Tensor mask = Tensor::empty(shape, DType::f32, dev);
-  cuda::k::dropout_mask(mask.data<float>(), shape.numel(), p, seed, stream);
+  cuda::k::dropout_mask(mask.device_data<float>(), shape.numel(), p, seed, stream);
   return mask;
 }
 
@@ -363,5 +367,13 @@ Tensor CudaBackend::upsample_nearest2d_backward(const Tensor& dy_in, int64_t f) 
                                        dx.dim(2), dx.dim(3), f);
   return dx;
 }
+
+void CudaBackend::sgd_update(Tensor&, const Tensor&, Tensor&, const SgdCoeffs&) {
+  missing("sgd_update (the optimizer step)");
+}
+void CudaBackend::adam_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamCoeffs&) {
+  missing("adam_update (the optimizer step)");
+}
+double CudaBackend::sum_of_squares(const Tensor&) { missing("sum_of_squares (the gradient norm)"); }
 
 }  // namespace redco

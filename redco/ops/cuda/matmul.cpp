@@ -49,7 +49,8 @@ cublasHandle_t handle(Device dev) {
     cublas_check(api.set_stream(h, cuda::stream()), "cublasSetStream");
     Tensor& ws = workspaces[size_t(dev.index)];
     ws = Tensor::empty({kWorkspaceBytes}, DType::u8, dev);
-    cublas_check(api.set_workspace(h, ws.raw(), size_t(kWorkspaceBytes)), "cublasSetWorkspace");
+    cublas_check(api.set_workspace(h, ws.device_ptr(), size_t(kWorkspaceBytes)),
+                 "cublasSetWorkspace");
   }
   return h;
 }
@@ -150,16 +151,16 @@ Tensor CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a,
     a = a.to(DType::f32);
     b = b.to(DType::f32);
   }
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
+  const auto* pa = static_cast<const char*>(a.device_ptr());
+  const auto* pb = static_cast<const char*>(b.device_ptr());
   if (bs.rank() == 2 && !trans_a) {
     // Linear-layer fast path: a's rows are contiguous across its batch dims.
     Gemm flat = g;
     flat.M = a.numel() / g.K;
-    gemm_batched(handle(dev), flat, 1, pa, 0, pb, 0, c.data<float>(), 0);
+    gemm_batched(handle(dev), flat, 1, pa, 0, pb, 0, c.device_data<float>(), 0);
     return c;
   }
-  run_batched(handle(dev), g, bt, pa, pb, c.data<float>());
+  run_batched(handle(dev), g, bt, pa, pb, c.device_data<float>());
   return c;
 }
 
@@ -177,7 +178,7 @@ void CudaBackend::matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans
   }
   const Tensor a = a_in.to(DType::f32), b = b_in.to(DType::f32);
   const Gemm g{trans_a, trans_b, M, N, K, a.dim(1), b.dim(1), CUDA_R_32F, 4};
-  gemm_batched(handle(dev), g, 1, a.raw(), 0, b.raw(), 0, c.data<float>(), 0,
+  gemm_batched(handle(dev), g, 1, a.device_ptr(), 0, b.device_ptr(), 0, c.device_data<float>(), 0,
                accumulate ? 1.f : 0.f);
 }
 

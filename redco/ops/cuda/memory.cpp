@@ -124,6 +124,7 @@ class CudaMemory final : public DeviceMemory {
     k::convert(dst, dd, src, sd, n);
   }
 
+  int device_count() const override { return cuda::device_count(); }
   AllocatorStats stats(int device) const override {
     check_index(device);
     Pool& p = pools_[size_t(device)];

@@ -213,12 +213,13 @@ void store(void* p, DType t, int64_t i, float v) {
 }  // namespace
 
 float Tensor::item() const {
-  const void* p = raw();  // first: a device tensor's message says how to read it
   REDCO_CHECK(numel() == 1, "item() needs a one-element tensor, got shape {}", shape());
-  return load(p, dtype(), 0);
+  if (!on_host()) return to(Device::cpu()).item();
+  return load(raw(), dtype(), 0);
 }
 
 std::vector<float> Tensor::to_vector() const {
+  if (!on_host()) return to(Device::cpu()).to_vector();
   std::vector<float> out(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = load(raw(), dtype(), i);
   return out;

@@ -156,13 +156,20 @@ class Tensor {
     check_dtype(dtype_of<T>());
     return static_cast<T*>(device_ptr());
   }
-  float item() const;                    // a one-element CPU tensor's value as float
-  std::vector<float> to_vector() const;  // any floating dtype, converted to float (CPU only)
+  // Copies of the values into host memory, from any device: these are the
+  // explicit reads (like PyTorch's item() / tolist(), a device-to-host copy
+  // when the tensor is on a device). A model-parallel shard is still refused.
+  float item() const;                    // a one-element tensor's value as float
+  std::vector<float> to_vector() const;  // any floating dtype, converted to float
   template <typename T>
-  std::vector<T> values() const {  // CPU only, like raw()
+  std::vector<T> values() const {
+    if (!on_host()) [[unlikely]]
+      return to(Device::cpu()).template values<T>();
     const T* p = data<T>();
     return std::vector<T>(p, p + numel());
   }
+  // True when the values live in host memory (a CPU tensor, not a shard view).
+  bool on_host() const { return impl().storage->device.is_cpu(); }
 
   // ---- views and copies (no autograd; see redco/autodiff for differentiable ones)
   Tensor view(const Shape& shape) const;  // same data, new shape (same numel; one dim may be -1)

@@ -56,12 +56,12 @@ DeviceExtras attach(cuda::k::AttentionArgs& a, const AttentionExtras& x, Device 
     }
     d.begin = row_values(x.key_begin, a.B, dev, "key_begin");
     d.end = row_values(x.key_end, a.B, dev, "key_end");
-    a.key_begin = d.begin.data<int64_t>();
-    a.key_end = d.end.data<int64_t>();
+    a.key_begin = d.begin.device_data<int64_t>();
+    a.key_end = d.end.device_data<int64_t>();
   }
   if (x.causal_offset.defined()) {
     d.offset = row_values(x.causal_offset, a.B, dev, "causal_offset");
-    a.causal_offset = d.offset.data<int64_t>();
+    a.causal_offset = d.offset.device_data<int64_t>();
   }
   if (x.bias.defined()) {
     d.bias = cuda::f32(x.bias, dev, "attention bias");
@@ -70,7 +70,7 @@ DeviceExtras attach(cuda::k::AttentionArgs& a, const AttentionExtras& x, Device 
                 "attention: the bias must be [Hq, Tq, Tk] = [{}, {}, {}] or one per batch row "
                 "[{}, {}, {}, {}], got {}",
                 a.Hq, a.Tq, a.Tk, a.B, a.Hq, a.Tq, a.Tk, d.bias.shape());
-    a.bias = d.bias.data<float>();
+    a.bias = d.bias.device_data<float>();
   }
   return d;
 }
@@ -89,8 +89,9 @@ Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tens
   const DeviceExtras keep = attach(a, x, dev);
   Tensor o = like(q);
   lse = Tensor::empty({a.B, a.Hq, a.Tq}, DType::f32, dev);
-  cuda::k::attention_forward(a, q.data<float>(), k.data<float>(), v.data<float>(), o.data<float>(),
-                             lse.data<float>());
+  cuda::k::attention_forward(a, q.device_data<float>(), k.device_data<float>(),
+                             v.device_data<float>(), o.device_data<float>(),
+                             lse.device_data<float>());
   return o;
 }
 
@@ -114,15 +115,17 @@ TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_i
   const Shape rows{a.B, a.Hq, a.Tq, a.Tk};
   Tensor P = Tensor::empty(rows, DType::f32, dev), dS = Tensor::empty(rows, DType::f32, dev);
   Tensor dbias_rows = a.bias ? Tensor::empty(rows, DType::f32, dev) : Tensor();
-  cuda::k::attention_backward(a, q.data<float>(), k.data<float>(), v.data<float>(), o.data<float>(),
-                              lse.data<float>(), dout.data<float>(), dq.data<float>(),
-                              dk.data<float>(), dv.data<float>(), P.data<float>(), dS.data<float>(),
-                              a.bias ? dbias_rows.data<float>() : nullptr);
+  cuda::k::attention_backward(
+      a, q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
+      o.device_data<float>(), lse.device_data<float>(), dout.device_data<float>(),
+      dq.device_data<float>(), dk.device_data<float>(), dv.device_data<float>(),
+      P.device_data<float>(), dS.device_data<float>(),
+      a.bias ? dbias_rows.device_data<float>() : nullptr);
   if (!a.bias) return {dq, dk, dv};
   if (a.bias_per_row) return {dq, dk, dv, dbias_rows};
   // Summed over the batch rows in order: [B, Hq*Tq*Tk] -> [Hq, Tq, Tk].
   Tensor dbias = Tensor::empty({a.Hq, a.Tq, a.Tk}, DType::f32, dev);
-  cuda::k::reduce_pass(false, dbias_rows.data<float>(), dbias.data<float>(), 1, a.B,
+  cuda::k::reduce_pass(false, dbias_rows.device_data<float>(), dbias.device_data<float>(), 1, a.B,
                        a.Hq * a.Tq * a.Tk);
   return {dq, dk, dv, dbias};
 }

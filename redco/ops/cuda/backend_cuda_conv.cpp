@@ -26,7 +26,7 @@ cuda::k::ConvDims conv_dims(const Tensor& x, const Tensor& w, int64_t stride, in
 Tensor cols_of(const Tensor& x, const cuda::k::ConvDims& g) {  // [N, C*KH*KW, OH*OW]
   Tensor cols =
       Tensor::empty({g.N, g.C * g.KH * g.KW, g.out_h() * g.out_w()}, DType::f32, x.device());
-  cuda::k::im2col(x.data<float>(), cols.data<float>(), g);
+  cuda::k::im2col(x.device_data<float>(), cols.device_data<float>(), g);
   return cols;
 }
 cuda::k::PoolDims pool_dims(const Shape& x, int64_t k, int64_t stride, const char* op) {
@@ -72,7 +72,7 @@ TensorList CudaBackend::conv2d_backward(const Tensor& dy_in, const Tensor& x_in,
   // dcols[n] = w^T dy[n]: [CKK, O] x [N, O, OHW] -> [N, CKK, OHW], then col2im.
   Tensor dcols = matmul(w.view({g.O, ckk}), d, true, false);
   Tensor dx = Tensor::empty(x.shape(), DType::f32, dev);
-  cuda::k::col2im(dcols.data<float>(), dx.data<float>(), g);
+  cuda::k::col2im(dcols.device_data<float>(), dx.device_data<float>(), g);
   Tensor dbias;
   if (has_bias) {
     const int image_axes[] = {0, 2};
@@ -88,7 +88,8 @@ Tensor CudaBackend::max_pool2d(const Tensor& x_in, int64_t k, int64_t stride, Te
   const auto g = pool_dims(x.shape(), k, stride, "max_pool2d");
   Tensor y = Tensor::empty({g.N, g.C, g.out_h(), g.out_w()}, DType::f32, dev);
   argmax = Tensor::empty(y.shape(), DType::i32, dev);
-  cuda::k::max_pool2d_forward(x.data<float>(), y.data<float>(), argmax.data<int32_t>(), g);
+  cuda::k::max_pool2d_forward(x.device_data<float>(), y.device_data<float>(),
+                              argmax.device_data<int32_t>(), g);
   return y;
 }
 Tensor CudaBackend::max_pool2d_backward(const Tensor& dy_in, const Tensor& argmax, const Shape& x,
@@ -99,7 +100,8 @@ Tensor CudaBackend::max_pool2d_backward(const Tensor& dy_in, const Tensor& argma
   cuda::expect_on(argmax, dev, "max_pool2d backward");
   check_same_shape(dy, argmax, "max_pool2d backward");
   const auto g = pool_dims(x, k, stride, "max_pool2d backward");
-  cuda::k::max_pool2d_backward(dy.data<float>(), argmax.data<int32_t>(), dx.data<float>(), g);
+  cuda::k::max_pool2d_backward(dy.device_data<float>(), argmax.device_data<int32_t>(),
+                               dx.device_data<float>(), g);
   return dx;
 }
 Tensor CudaBackend::max_pool2d_gather(const Tensor& dx_in, const Tensor& argmax) {
@@ -112,8 +114,8 @@ Tensor CudaBackend::max_pool2d_gather(const Tensor& dx_in, const Tensor& argmax)
               "max_pool2d gather: input {} does not match the pooled indices {}", dx.shape(),
               argmax.shape());
   Tensor out = Tensor::empty(argmax.shape(), DType::f32, dev);
-  cuda::k::max_pool2d_gather(dx.data<float>(), argmax.data<int32_t>(), out.data<float>(),
-                             dx.dim(0) * dx.dim(1), dx.dim(2) * dx.dim(3),
+  cuda::k::max_pool2d_gather(dx.device_data<float>(), argmax.device_data<int32_t>(),
+                             out.device_data<float>(), dx.dim(0) * dx.dim(1), dx.dim(2) * dx.dim(3),
                              argmax.dim(2) * argmax.dim(3));
   return out;
 }
@@ -123,7 +125,7 @@ Tensor CudaBackend::avg_pool2d(const Tensor& x_in, int64_t k, int64_t stride) {
   Tensor x = f32(x_in, dev, "avg_pool2d");
   const auto g = pool_dims(x.shape(), k, stride, "avg_pool2d");
   Tensor y = Tensor::empty({g.N, g.C, g.out_h(), g.out_w()}, DType::f32, dev);
-  cuda::k::avg_pool2d_forward(x.data<float>(), y.data<float>(), g);
+  cuda::k::avg_pool2d_forward(x.device_data<float>(), y.device_data<float>(), g);
   return y;
 }
 Tensor CudaBackend::avg_pool2d_backward(const Tensor& dy_in, const Shape& x, int64_t k,
@@ -135,7 +137,7 @@ Tensor CudaBackend::avg_pool2d_backward(const Tensor& dy_in, const Shape& x, int
   REDCO_CHECK(dy.shape() == (Shape{g.N, g.C, g.out_h(), g.out_w()}),
               "avg_pool2d backward: gradient {} does not match the pooled shape of {}", dy.shape(),
               x);
-  cuda::k::avg_pool2d_backward(dy.data<float>(), dx.data<float>(), g);
+  cuda::k::avg_pool2d_backward(dy.device_data<float>(), dx.device_data<float>(), g);
   return dx;
 }
 

@@ -319,10 +319,10 @@ Tensor CudaBackend::group_norm(const Tensor& x_in, const Tensor& gamma_in, const
   saved.mean = Tensor::empty({g.N * groups}, DType::f32, dev);
   saved.rstd = Tensor::empty({g.N * groups}, DType::f32, dev);
   Tensor y = like(x);
-  cuda::k::group_norm_forward(x.data<float>(), gamma.data<float>(),
-                              beta.defined() ? beta.data<float>() : nullptr, y.data<float>(),
-                              saved.mean.data<float>(), saved.rstd.data<float>(), g.N, g.C, g.S,
-                              groups, eps);
+  cuda::k::group_norm_forward(x.device_data<float>(), gamma.device_data<float>(),
+                              beta.defined() ? beta.device_data<float>() : nullptr,
+                              y.device_data<float>(), saved.mean.device_data<float>(),
+                              saved.rstd.device_data<float>(), g.N, g.C, g.S, groups, eps);
   return y;
 }
 TensorList CudaBackend::group_norm_backward(const Tensor& dy_in, const Tensor& x_in,
@@ -335,12 +335,14 @@ TensorList CudaBackend::group_norm_backward(const Tensor& dy_in, const Tensor& x
   check_same_shape(x, dy, op);
   const GroupDims g = group_dims(x, gamma, groups, op);
   Tensor dx = like(x), partials = Tensor::empty({2, g.N, g.C}, DType::f32, dev);
-  cuda::k::group_norm_backward(dy.data<float>(), x.data<float>(), gamma.data<float>(),
-                               saved.mean.data<float>(), saved.rstd.data<float>(), dx.data<float>(),
-                               partials.data<float>(), g.N, g.C, g.S, groups);
+  cuda::k::group_norm_backward(dy.device_data<float>(), x.device_data<float>(),
+                               gamma.device_data<float>(), saved.mean.device_data<float>(),
+                               saved.rstd.device_data<float>(), dx.device_data<float>(),
+                               partials.device_data<float>(), g.N, g.C, g.S, groups);
   // Over the batch in a fixed order: [2, N, C] -> [2, C] = {dgamma, dbeta}.
   Tensor both = Tensor::empty({2 * g.C}, DType::f32, dev);
-  cuda::k::reduce_pass(false, partials.data<float>(), both.data<float>(), 2, g.N, g.C);
+  cuda::k::reduce_pass(false, partials.device_data<float>(), both.device_data<float>(), 2, g.N,
+                       g.C);
   return {dx, both.slice0(0, g.C).clone(), has_beta ? both.slice0(g.C, 2 * g.C).clone() : Tensor()};
 }
 Tensor CudaBackend::upsample_nearest2d(const Tensor& x_in, int64_t f) {
@@ -351,8 +353,8 @@ Tensor CudaBackend::upsample_nearest2d(const Tensor& x_in, int64_t f) {
               x.shape(), f);
   Tensor y =
       Tensor::empty({x.dim(0), x.dim(1), x.dim(2) * f, x.dim(3) * f}, DType::f32, x.device());
-  cuda::k::upsample_nearest2d_forward(x.data<float>(), y.data<float>(), x.dim(0) * x.dim(1),
-                                      x.dim(2), x.dim(3), f);
+  cuda::k::upsample_nearest2d_forward(x.device_data<float>(), y.device_data<float>(),
+                                      x.dim(0) * x.dim(1), x.dim(2), x.dim(3), f);
   return y;
 }
 Tensor CudaBackend::upsample_nearest2d_backward(const Tensor& dy_in, int64_t f) {
@@ -363,17 +365,9 @@ Tensor CudaBackend::upsample_nearest2d_backward(const Tensor& dy_in, int64_t f) 
               f);
   Tensor dx =
       Tensor::empty({dy.dim(0), dy.dim(1), dy.dim(2) / f, dy.dim(3) / f}, DType::f32, dy.device());
-  cuda::k::upsample_nearest2d_backward(dy.data<float>(), dx.data<float>(), dy.dim(0) * dy.dim(1),
-                                       dx.dim(2), dx.dim(3), f);
+  cuda::k::upsample_nearest2d_backward(dy.device_data<float>(), dx.device_data<float>(),
+                                       dy.dim(0) * dy.dim(1), dx.dim(2), dx.dim(3), f);
   return dx;
 }
-
-void CudaBackend::sgd_update(Tensor&, const Tensor&, Tensor&, const SgdCoeffs&) {
-  missing("sgd_update (the optimizer step)");
-}
-void CudaBackend::adam_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamCoeffs&) {
-  missing("adam_update (the optimizer step)");
-}
-double CudaBackend::sum_of_squares(const Tensor&) { missing("sum_of_squares (the gradient norm)"); }
 
 }  // namespace redco

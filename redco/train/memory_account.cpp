@@ -6,6 +6,7 @@
 #include <array>
 
 #include "redco/comm/comm.hpp"
+#include "redco/core/allocator.hpp"
 #include "redco/sched/task.hpp"
 
 namespace redco::train {
@@ -21,6 +22,21 @@ std::array<uint64_t, kParts> parts(const MemoryAccount& a) {
 }
 
 }  // namespace
+
+AllocatorDelta::AllocatorDelta() : held_(CachingAllocator::cpu().stats().bytes_in_use) {}
+
+uint64_t AllocatorDelta::bytes() const {
+  return uint64_t(CachingAllocator::cpu().stats().bytes_in_use - held_);
+}
+
+MemoryAccount account_now(const ParamTree& params, const ParamTree& grads,
+                          const ParamTree& opt_state, uint64_t activations) {
+  return {.params = tree_bytes(params),
+          .grads = tree_bytes(grads),
+          .opt_state = tree_bytes(opt_state),
+          .activations = activations,
+          .slack = CachingAllocator::cpu().stats().bytes_cached};
+}
 
 uint64_t tree_bytes(const ParamTree& tree) {
   uint64_t n = 0;

@@ -28,6 +28,21 @@ struct MemoryAccount {
   uint64_t slack = 0;  // free bytes the caching allocator keeps after the step
 };
 
+// The bytes the CPU caching allocator has handed out since this was made
+// (beyond those it had then): what a stretch of computation keeps alive.
+class AllocatorDelta {
+ public:
+  AllocatorDelta();
+  uint64_t bytes() const;
+
+ private:
+  size_t held_;
+};
+
+// This rank's account now; slack is read from the CPU caching allocator.
+MemoryAccount account_now(const ParamTree& params, const ParamTree& grads,
+                          const ParamTree& opt_state, uint64_t activations);
+
 // Bytes of every tensor of `tree` (views counted at their own size).
 uint64_t tree_bytes(const ParamTree& tree);
 

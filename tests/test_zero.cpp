@@ -18,6 +18,7 @@
 #include "redco/models/gpt2.hpp"
 #include "redco/train/memory_account.hpp"
 #include "redco/train/trainer.hpp"
+#include "tree_checks.hpp"
 
 using namespace redco;
 namespace fs = std::filesystem;
@@ -96,38 +97,8 @@ Result fit(const Run& run) {
   return all;
 }
 
-void check_bitwise(const ParamTree& got, const ParamTree& want) {
-  REQUIRE(got.size() == want.size());
-  for (const auto& [name, t] : want) {
-    INFO("'" << name << "'");
-    const Tensor& u = got.at(name);
-    CHECK((u.shape() == t.shape() && std::memcmp(u.raw(), t.raw(), t.nbytes()) == 0));
-  }
-}
-
-// Every element within rel of the largest magnitude of its tensor.
-void check_close(const ParamTree& got, const ParamTree& want, double rel) {
-  REQUIRE(got.size() == want.size());
-  for (const auto& [name, t] : want) {
-    INFO("'" << name << "'");
-    const Tensor& u = got.at(name);
-    REQUIRE(u.shape() == t.shape());
-    double scale = 0, diff = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      scale = std::max(scale, double(std::abs(t.data<float>()[i])));
-      diff = std::max(diff, double(std::abs(u.data<float>()[i] - t.data<float>()[i])));
-    }
-    CHECK(diff <= rel * scale);
-  }
-}
-
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("step " << i + 1 << ": " << got[i] << " vs " << want[i]);
-    CHECK(std::abs(got[i] - want[i]) <= rel * std::abs(want[i]));
-  }
-}
+using test::check_bitwise;
+using test::check_close;
 
 struct TempDir {
   fs::path path =
@@ -248,30 +219,4 @@ TEST_CASE("ZeRO-2 keeps 1/dp of the gradients and of the optimizer state per ran
   }
   CHECK(grads == Approx(params_mib).epsilon(1e-4));  // each gradient once, at its owner
   CHECK(state == Approx(2 * params_mib + 4 * 8 / 1048576.0).epsilon(1e-4));  // + 4 "step"s
-}
-
-TEST_CASE("ZeRO with parameter groups or a custom step is one clear error", "[zero]") {
-  const auto gpt = models::gpt2(kGpt);
-  auto loss = [](auto& model, const LmBatch& b, train::Rng) {
-    return cross_entropy(model(b.inputs), b.targets);
-  };
-  train::Deployer d({.seed = 3, .quiet = true, .zero_stage = 1});
-  auto grouped = [&] {
-    train::Trainer t(d, gpt, collate, loss,
-                     train::ParamGroups()
-                         .train(
-                             "biases", [](const std::string& n) { return n.ends_with("bias"); },
-                             optim::sgd(optim::constant(0.1f)))
-                         .train("", optim::sgd(optim::constant(0.1f))));
-  };
-  CHECK_THROWS_WITH(grouped(), Catch::Contains("zero_stage 1 with parameter groups") &&
-                                   Catch::Contains("is not supported yet"));
-  train::Trainer t(d, gpt, collate, loss, optim::sgd(optim::constant(0.1f)));
-  auto step = [&](auto& s, const LmBatch& b, train::Rng) {
-    auto [l, g] = s.value_and_grad([&](auto& m) { return loss(m, b, train::Rng{}); });
-    return train::StepResult{l, g};
-  };
-  const std::vector<Window> data = windows();
-  CHECK_THROWS_WITH(t.fit(data, {.global_batch_size = 8, .save_at_end = false}, step),
-                    Catch::Contains("zero_stage 1 with a custom step is not supported yet"));
 }

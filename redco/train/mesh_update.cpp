@@ -14,13 +14,12 @@ namespace redco::train {
 
 MeshUpdate::MeshUpdate(Deployer& deployer, const ShardPlan& plan, ParamGroups& groups)
     : deployer_(&deployer), plan_(&plan), groups_(&groups) {
-  REDCO_CHECK(deployer.zero_stage() == 0 || groups.single(),
-              "Trainer: zero_stage {} with parameter groups (several optimizers, frozen "
-              "parameters or polyak targets) is not supported yet; use one optimizer for "
-              "every parameter, or zero_stage = 0 in the Deployer's config",
-              deployer.zero_stage());
-  if (deployer.zero_stage() >= 1 && deployer.dp_size() > 1)
-    zero_ = std::make_unique<ZeroPartition>(plan, deployer.dp_size(), deployer.dp_rank());
+  if (deployer.zero_stage() == 0 || deployer.dp_size() == 1) return;
+  // Frozen parameters have no gradient and no state to partition.
+  ShardPlan trained;
+  for (const shard::ParamSplit& s : plan)
+    if (groups.single() || groups.trained(s.name)) trained.push_back(s);
+  zero_ = std::make_unique<ZeroPartition>(trained, deployer.dp_size(), deployer.dp_rank());
 }
 
 MeshUpdate::~MeshUpdate() = default;
@@ -64,15 +63,24 @@ bool MeshUpdate::apply(ParamTree& params, const ParamTree& grads, double loss, F
 }
 
 // With parameter groups each optimizer steps with its group's norm; then
-// replicated parameters are synchronised and the polyak targets move.
+// replicated parameters are synchronised, the owners' updates shared (ZeRO)
+// and the polyak targets move, on every replica alike.
 bool MeshUpdate::apply_groups(ParamTree& params, const ParamTree& grads, double loss,
                               FitDriver& run) {
   const bool sharded = deployer_->n_model_shards() > 1;
-  if (!groups_->step_all(params, grads, loss, sharded ? &deployer_->mesh().mp_comm() : nullptr)) {
+  ParamGroups::StepScope scope;
+  if (zero_) {
+    scope.updates = [z = zero_.get()](const std::string& name) { return z->owns(name); };
+    if (deployer_->zero_stage() >= 2)
+      scope.squares = zero_->squares(grads, deployer_->mesh().dp_comm());
+  }
+  if (!groups_->step_all(params, grads, loss, sharded ? &deployer_->mesh().mp_comm() : nullptr,
+                         scope)) {
     const optim::GradNorm n = optim::checked_global_norm(grads);  // this shard's offender, if any
     return run.non_finite(loss, n.non_finite, grads, params), false;
   }
   if (sharded) sync_replicated(params);
+  if (zero_) zero_->share_params(params, deployer_->mesh().dp_comm());
   groups_->after_step(params);
   return true;
 }
@@ -116,7 +124,9 @@ void MeshUpdate::sync_replicated(ParamTree& params) {
 
 ParamTree MeshUpdate::full_state(const ParamTree& params) const {
   const ParamTree state = groups_->state();
-  return zero_ ? zero_->full_state(state, params, deployer_->mesh().dp_comm()) : state;
+  if (!zero_) return state;
+  return zero_->full_state(state, params, deployer_->mesh().dp_comm(),
+                           [this](const std::string& p) { return groups_->state_keys(p); });
 }
 
 ParamTree MeshUpdate::owned_state(const ParamTree& state) const {

@@ -4,9 +4,12 @@
 //  - the global gradient norm (clipping, the non-finite check) over every
 //    model shard: split parameters' squares summed over the model-parallel
 //    group, replicated ones counted once;
-//  - ZeRO (Deployer zero_stage >= 1 with several replicas, zero.hpp): each
-//    replica updates the parameters it owns and hands them to the others; the
-//    optimizer state it keeps is its own part, gathered whole for checkpoints;
+//  - ZeRO (Deployer zero_stage >= 1 with several replicas, zero.hpp): the
+//    trained parameters are partitioned; each replica updates those it owns
+//    (with every parameter group, each group's optimizer on its own part,
+//    with the group's norm over all replicas) and hands them to the others;
+//    the optimizer state it keeps is its own part, gathered whole for
+//    checkpoints; frozen parameters and polyak targets stay whole everywhere;
 //  - replicated parameters and their optimizer buffers made identical on
 //    every model shard again (their gradients may differ in the last bit), so
 //    checkpoints keep one copy of them.

@@ -221,10 +221,6 @@ class Trainer {
                 "{} micro-batches of {} on {} replicas; set global_batch_size = "
                 "per_device_batch_size x replicas",
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
-    REDCO_CHECK(!custom || deployer_->zero_stage() == 0,
-                "fit: zero_stage {} with a custom step is not supported yet; use zero_stage = 0 "
-                "in the Deployer's config for custom steps",
-                deployer_->zero_stage());
     recompute_ = o.recompute;
     memory_logged_ = false;
     // A job the launcher restarted after a failure continues where it stopped.

@@ -106,7 +106,8 @@ class Trainer {
     if (!params) groups_.start_targets(params_);  // given parameters are taken as they are
     order_ = groups_.trained_only(param_order(plan_));
     saved_plan_ = groups_.saved_plan(plan_);
-    if (deployer.dp_size() > 1) dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm());
+    if (deployer.dp_size() > 1)
+      dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm(), deployer.grad_bucket_bytes());
     update_ = std::make_unique<MeshUpdate>(deployer, plan_, groups_);
     if (deployer.zero_stage() >= 2 && dp_) dp_->reduce_to_owners(update_->zero());
   }
@@ -278,21 +279,9 @@ class Trainer {
     const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
     const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
     const Rng rng = deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j));
-    uint64_t activations = 0;  // bytes the forward pass left for backward
-    auto [loss, grads] = groups_.single()
-                             ? value_and_grad(
-                                   [&](const ParamTree& p) {
-                                     // Watched parameters hand each gradient to its
-                                     // bucket as backward finalises it, so the
-                                     // all-reduces overlap the rest of backward.
-                                     const ParamTree watched =
-                                         dp_ ? dp_->watch(p, order_) : ParamTree{};
-                                     BoundModel<L> bound(model_, dp_ ? watched : p, c);
-                                     return measured_loss(bound, batch, rng, activations);
-                                   },
-                                   params_)
-                             : grouped_value_and_grad(batch, c, rng, activations);
-    if (dp_) dp_->finish(grads);
+    StepMemory mem;  // what the first step measures
+    auto [loss, grads] = loss_and_grads(batch, c, rng, mem);
+    mem.grad_peak = dp_ ? dp_->last_grad_peak() : tree_bytes(grads);
     loss_sum += double(loss.item());
     // Accumulation: the k-th add completes a step (no averaging buffers when k is 1).
     if (accumulation > 1 && !acc.add(grads)) return std::nullopt;
@@ -301,41 +290,52 @@ class Trainer {
     const double mean = update_->dp_mean(loss_sum / double(accumulation));
     loss_sum = 0;
     const bool applied = update_->apply(params_, accumulation == 1 ? grads : acc.mean(), mean, run);
-    if (!memory_logged_) log_memory(run, grads, activations);
+    if (!memory_logged_) log_memory(run, grads, mem);
     return StepOutcome{mean, !applied};
   }
 
-  // The loss, with the bytes its forward pass left for backward in `activations`.
+  // The loss; on the first step the bytes its forward pass left for backward.
   template <typename Bound, typename Batch>
-  Tensor measured_loss(Bound& bound, const Batch& batch, const Rng& rng, uint64_t& activations) {
+  Tensor measured_loss(Bound& bound, const Batch& batch, const Rng& rng, StepMemory& mem) {
+    if (memory_logged_) return loss_(bound, batch, rng);
     const AllocatorDelta forward;
     Tensor l(loss_(bound, batch, rng));
-    activations = forward.bytes();
+    mem.activations = forward.bytes();
     return l;
   }
 
   // The first step's memory, logged after its optimizer step (its state exists
   // then). Collective over the world.
-  void log_memory(FitDriver& run, const ParamTree& grads, uint64_t activations) {
+  void log_memory(FitDriver& run, const ParamTree& grads, const StepMemory& mem) {
     memory_logged_ = true;
-    const MemoryAccount mine = account_now(params_, grads, groups_.state(), activations);
+    MemoryAccount mine = account_now(params_, grads, groups_.state(), mem.activations);
+    mine.grad_peak = mem.grad_peak;
     run.memory_measured(gather_accounts(mine, &deployer_->mesh().world()));
   }
 
-  // With frozen parameters: gradients of the trained ones only, the frozen
-  // ones joined in as constants.
+  // Loss and gradients of one micro-batch. With several replicas, averaged
+  // over them in buckets: the watched parameters hand each gradient to its
+  // bucket as backward finalises it, so the reductions overlap the rest of
+  // backward. With frozen parameters: gradients of the trained ones only, the
+  // frozen ones joined in as constants.
   template <typename Batch>
-  std::pair<Tensor, ParamTree> grouped_value_and_grad(const Batch& batch, const nn::Ctx& c,
-                                                      const Rng& rng, uint64_t& activations) {
-    return value_and_grad(
-        [&](const ParamTree& p) {
-          ParamTree all = params_;
-          const ParamTree watched = dp_ ? dp_->watch(p, order_) : ParamTree{};
-          for (const auto& [name, t] : dp_ ? watched : p) all.insert_or_assign(name, t);
-          BoundModel<L> bound(model_, all, c);
-          return measured_loss(bound, batch, rng, activations);
-        },
-        groups_.trained_of(params_));
+  std::pair<Tensor, ParamTree> loss_and_grads(const Batch& batch, const nn::Ctx& c, const Rng& rng,
+                                              StepMemory& mem) {
+    auto loss = [&](const ParamTree& p) {
+      if (groups_.single()) {
+        BoundModel<L> bound(model_, p, c);
+        return measured_loss(bound, batch, rng, mem);
+      }
+      ParamTree all = params_;
+      for (const auto& [name, t] : p) all.insert_or_assign(name, t);
+      BoundModel<L> bound(model_, all, c);
+      return measured_loss(bound, batch, rng, mem);
+    };
+    ParamTree some;  // the trained ones, when some are frozen
+    if (!groups_.single()) some = groups_.trained_of(params_);
+    const ParamTree& trained = groups_.single() ? params_ : some;
+    if (dp_) return dp_->value_and_grad(loss, trained, order_);
+    return value_and_grad(loss, trained);
   }
 
   // A custom step on one micro-batch: its gradients averaged over the

@@ -209,14 +209,23 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
     pending.erase(owner);
     numel.erase(owner);
   };
+  // ZeRO-2: each owner's gradients leave in at least about four buckets, so
+  // that most of another replica's buckets are freed during backward (one
+  // bucket per owner would keep them all, and the owner's received parts too).
+  size_t limit = bucket_bytes_;
+  if (owners_) {
+    int64_t total = 0;
+    for (const auto& [name, t] : shapes) total += t.numel();
+    const auto per_owner = size_t(total) * sizeof(float) / size_t(dp_->size());
+    limit = std::min(limit, std::max<size_t>(per_owner / 4, 4096));
+  }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     auto found = shapes.find(*it);
     REDCO_CHECK(found != shapes.end(), "DataParallel: no parameter '{}'", *it);
     const int owner = owners_ ? owners_->owner(*it) : -1;
     pending[owner].names.push_back(*it);
     pending[owner].shapes.push_back(found->second.shape());
-    if (size_t(numel[owner] += found->second.numel()) * sizeof(float) >= bucket_bytes_)
-      close(owner);
+    if (size_t(numel[owner] += found->second.numel()) * sizeof(float) >= limit) close(owner);
   }
   while (!pending.empty()) close(pending.begin()->first);
 }

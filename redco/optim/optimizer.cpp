@@ -269,6 +269,13 @@ ParamTree Optimizer::state() const {
   return out;
 }
 
+std::vector<std::string> Optimizer::state_keys(const std::string& param) const {
+  std::vector<std::string> out;
+  for (int i = 0; i < buffers_per_param(); ++i)
+    out.push_back(fmt::format("{}.{}.{}", kind_name(), buffer_name(i), param));
+  return out;
+}
+
 void Optimizer::load_state(const ParamTree& state) {
   const auto step_it = state.find("step");
   REDCO_CHECK(step_it != state.end() && step_it->second.numel() == 1,

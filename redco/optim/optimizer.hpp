@@ -134,6 +134,9 @@ class Optimizer {
   // starts fresh at its next step. Shapes are checked against the
   // parameters at the next step.
   void load_state(const ParamTree& state);
+  // The keys state() gives the buffers of parameter `param` (none for SGD
+  // without momentum): what a partitioned state (ZeRO) gathers for it.
+  std::vector<std::string> state_keys(const std::string& param) const;
 
   Optimizer(Optimizer&&) noexcept;
   Optimizer& operator=(Optimizer&&) noexcept;

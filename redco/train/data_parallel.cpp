@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <coroutine>
+#include <deque>
 #include <exception>
 #include <map>
 
@@ -31,13 +32,26 @@ Tensor DataParallel::local_batch(const Tensor& global) const {
 
 namespace {
 
+// Bytes of bucket buffers held now, and the most held at once.
+struct Held {
+  int64_t now = 0, peak = 0;
+  void add(int64_t bytes) { peak = std::max(peak, now += bytes); }
+  void sub(int64_t bytes) { now -= bytes; }
+};
+
 // One bucket: its gradients packed into a flat buffer that is all-reduced at once.
 struct Bucket {
   std::vector<std::string> names;
   std::vector<Shape> shapes;
-  Tensor flat;
+  int64_t numel = 0;
+  Tensor flat;  // [numel], made on the gradients' device when the first one arrives
+  Device device = Device::cpu();
   size_t arrived = 0;
   int owner = -1;  // ZeRO stage 2: the replica that receives the mean; -1: all-reduced
+  // Where the bucket's reduction suspends (made at launch): whoever completes
+  // it posts it back here, and this rank's thread resumes it by draining the
+  // queue, which returns once the reduction has ended.
+  std::unique_ptr<sched::RunQueue> queue;
 };
 
 struct Slot {
@@ -57,42 +71,45 @@ struct Detached {
   };
 };
 
+// ZeRO-2 buckets whose reductions may still be in flight while backward
+// starts another; beyond this many the oldest is waited for.
+constexpr size_t kInFlight = 2;
+
 }  // namespace
 
-// The step's reductions suspend on `queue` (not on a sync_wait's queue), so
-// whoever completes them posts them back here and finish() resumes them on
-// this rank's thread.
 struct DataParallel::Step {
   std::vector<Bucket> buckets;
   std::map<std::string, Slot> slots;
-  sched::RunQueue queue;
-  int outstanding = 0;
-  bool sealed = false;
+  std::deque<size_t> in_flight;  // ZeRO-2 buckets launched by backward, not yet waited for
   size_t launched = 0;
+  Held held;
   std::exception_ptr error;
 };
 
 namespace {
 
-Detached run_reduction(sched::Task<void> reduction, DataParallel::Step* step) {
+Detached run_reduction(sched::Task<void> reduction, DataParallel::Step* step, Bucket* bucket) {
   try {
     co_await std::move(reduction);
   } catch (...) {
     if (!step->error) step->error = std::current_exception();
   }
-  if (--step->outstanding == 0 && step->sealed) step->queue.finish();
+  bucket->queue->finish();
 }
 
 constexpr int kOwnerTag = 3664;  // point-to-point tag of ZeRO-2 gradient sends (UCX: < 4096)
 
 // ZeRO stage 2: the bucket's mean formed at its owner only: the others send
 // their part, the owner sums the parts in rank order and divides, as the
-// threads communicator's all-reduce does. A sender frees its copy once sent.
-sched::Task<void> reduce_to_owner(Bucket& b, comm::Comm& dp) {
+// threads communicator's all-reduce does. A sender lets go of its buffer
+// once the send has completed.
+sched::Task<void> reduce_to_owner(Bucket& b, comm::Comm& dp, Held& held) {
   const int n = dp.size(), me = dp.rank();
+  const int64_t bytes = b.numel * int64_t(sizeof(float));
   if (me != b.owner) {
-    co_await dp.send(b.flat, b.owner, kOwnerTag);
-    b.flat = Tensor();
+    const Tensor data = std::move(b.flat);
+    co_await dp.send(data, b.owner, kOwnerTag);
+    held.sub(bytes);
     co_return;
   }
   std::vector<Tensor> parts(static_cast<size_t>(n));  // [n] of [numel]
@@ -100,41 +117,68 @@ sched::Task<void> reduce_to_owner(Bucket& b, comm::Comm& dp) {
   // its order among those from the same peer, which must be the order in
   // which this rank's buckets launch, not the order in which they resume.
   std::vector<sched::Task<void>> receives;
+  held.add(bytes * (n - 1));
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    parts[size_t(r)] = Tensor::empty(b.flat.shape(), DType::f32, b.flat.device());
+    parts[size_t(r)] = Tensor::empty(b.flat.shape(), DType::f32, b.device);
     receives.push_back(dp.recv(parts[size_t(r)], r, kOwnerTag));
   }
   for (auto& t : receives) co_await std::move(t);
-  parts[size_t(me)] = b.flat;
-  // On the gradients' device: ranks in order, then the mean's division.
-  Tensor sum = parts[0].clone();  // [numel]
-  for (int r = 1; r < n; ++r) kernels::add_inplace(sum, parts[size_t(r)]);
+  parts[size_t(me)] = std::move(b.flat);
+  // Summed into rank 0's part (a buffer of this rank's: its own or one
+  // received), in rank order, on the gradients' device, then divided.
+  Tensor sum = std::move(parts[0]);  // [numel]
+  for (int r = 1; r < n; ++r) {
+    kernels::add_inplace(sum, parts[size_t(r)]);
+    parts[size_t(r)] = Tensor();
+  }
   b.flat = kernels::binary_scalar(BinaryOp::div, sum, float(n));
+  held.sub(bytes * (n - 1));
 }
+
+// Waits for bucket b's reduction, resuming it on this thread.
+void wait_for(DataParallel::Step& step, size_t b) { step.buckets[b].queue->drain(); }
 
 // Starts bucket b's mean all-reduce. Every dp rank builds the same buckets
 // and completes them in the same order (the same graph runs backward in the
 // same order), so the k-th all_reduce call pairs with the k-th everywhere.
-void launch(DataParallel::Step& step, size_t b, comm::Comm& dp) {
-  ++step.outstanding;
+// From backward (`early`), a ZeRO-2 bucket then waits for the one launched
+// kInFlight buckets before: its peers have sent it or are about to (they run
+// the same backward), and the buffers it holds are freed now rather than
+// after backward.
+void launch(DataParallel::Step& step, size_t b, comm::Comm& dp, bool early) {
   ++step.launched;
-  sched::RunQueue*& current = sched::RunQueue::current();
-  sched::RunQueue* const outer = std::exchange(current, &step.queue);
   Bucket& bucket = step.buckets[b];
+  bucket.queue = std::make_unique<sched::RunQueue>();
+  sched::RunQueue*& current = sched::RunQueue::current();
+  sched::RunQueue* const outer = std::exchange(current, bucket.queue.get());
   run_reduction(bucket.owner < 0 ? dp.all_reduce(bucket.flat, comm::ReduceOp::mean)
-                                 : reduce_to_owner(bucket, dp),
-                &step);
+                                 : reduce_to_owner(bucket, dp, step.held),
+                &step, &bucket);
   current = outer;
+  if (!early || bucket.owner < 0) return;
+  step.in_flight.push_back(b);
+  while (step.in_flight.size() > kInFlight) {
+    wait_for(step, step.in_flight.front());
+    step.in_flight.pop_front();
+  }
+}
+
+// The bucket's buffer, made (zeros: an unused parameter's gradient is 0) when first needed.
+Tensor& buffer(DataParallel::Step& step, Bucket& b) {
+  if (!b.flat.defined()) {
+    b.flat = Tensor::zeros(Shape{b.numel}, DType::f32, b.device);
+    step.held.add(b.numel * int64_t(sizeof(float)));
+  }
+  return b.flat;
 }
 
 // Copies a final gradient into its bucket; the bucket's last one starts it.
 void arrive(DataParallel::Step& step, const std::string& name, const Tensor& g, comm::Comm& dp) {
   const Slot& s = step.slots.at(name);
   Bucket& b = step.buckets[s.bucket];
-  const Tensor src = g.dtype() == DType::f32 ? g.detach() : g.to(DType::f32);
-  b.flat.slice0(s.offset, s.offset + src.numel()).copy_from(src);
-  if (++b.arrived == b.names.size()) launch(step, s.bucket, dp);
+  buffer(step, b).slice0(s.offset, s.offset + g.numel()).copy_from(g.detach());  // as f32
+  if (++b.arrived == b.names.size()) launch(step, s.bucket, dp, true);
 }
 
 }  // namespace
@@ -147,9 +191,8 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
   // One bucket being filled per owner (just one without ZeRO-2); a bucket's
   // slots are numbered when it is closed, so buckets keep their closing order.
   std::map<int, Bucket> pending;
-  std::map<int, int64_t> numel;
-  // The buckets live where the gradients do.
   const Device device = shapes.empty() ? Device::cpu() : shapes.begin()->second.device();
+  std::map<int, int64_t> numel;
   auto close = [&](int owner) {
     Bucket& b = pending[owner];
     int64_t offset = 0;
@@ -157,20 +200,30 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
       step_->slots[b.names[i]] = {step_->buckets.size(), offset};
       offset += b.shapes[i].numel();
     }
-    b.flat = Tensor::zeros(Shape{offset}, DType::f32, device);  // an unused parameter's is 0
+    b.numel = offset;
     b.owner = owner;
+    b.device = device;
     step_->buckets.push_back(std::move(b));
     pending.erase(owner);
     numel.erase(owner);
   };
+  // ZeRO-2: each owner's gradients leave in at least about four buckets, so
+  // that most of another replica's buckets are freed during backward (one
+  // bucket per owner would keep them all, and the owner's received parts too).
+  size_t limit = bucket_bytes_;
+  if (owners_) {
+    int64_t total = 0;
+    for (const auto& [name, t] : shapes) total += t.numel();
+    const auto per_owner = size_t(total) * sizeof(float) / size_t(dp_->size());
+    limit = std::min(limit, std::max<size_t>(per_owner / 4, 4096));
+  }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     auto found = shapes.find(*it);
     REDCO_CHECK(found != shapes.end(), "DataParallel: no parameter '{}'", *it);
     const int owner = owners_ ? owners_->owner(*it) : -1;
     pending[owner].names.push_back(*it);
     pending[owner].shapes.push_back(found->second.shape());
-    if (size_t(numel[owner] += found->second.numel()) * sizeof(float) >= bucket_bytes_)
-      close(owner);
+    if (size_t(numel[owner] += found->second.numel()) * sizeof(float) >= limit) close(owner);
   }
   while (!pending.empty()) close(pending.begin()->first);
 }
@@ -189,7 +242,7 @@ ParamTree DataParallel::watch(const ParamTree& params, const std::vector<std::st
     out.emplace(key, record("grad_ready", {p}, p.detach(),
                             [step, dp, key](const Node&, const TensorList& g) -> TensorList {
                               arrive(*step, key, g[0], *dp);
-                              return {g[0]};
+                              return {Tensor()};  // kept in the bucket only
                             }));
   }
   return out;
@@ -204,27 +257,30 @@ void DataParallel::finish(ParamTree& grads) {
   for (size_t b = 0; b < step->buckets.size(); ++b) {
     Bucket& bucket = step->buckets[b];
     if (bucket.arrived == bucket.names.size()) continue;
-    for (size_t i = 0; i < bucket.names.size(); ++i)
-      if (const Tensor& g = grads.at(bucket.names[i]); g.defined()) {
-        const int64_t at = step->slots.at(bucket.names[i]).offset;
-        bucket.flat.slice0(at, at + g.numel()).copy_from(g);  // converted to f32
-      }
+    Tensor& flat = buffer(*step, bucket);
+    for (size_t i = 0; i < bucket.names.size(); ++i) {
+      const auto it = grads.find(bucket.names[i]);
+      if (it == grads.end() || !it->second.defined()) continue;
+      const int64_t at = step->slots.at(bucket.names[i]).offset;
+      flat.slice0(at, at + it->second.numel()).copy_from(it->second);  // converted to f32
+    }
     bucket.arrived = bucket.names.size();
-    launch(*step, b, *dp_);
+    launch(*step, b, *dp_, false);
   }
-  step->sealed = true;
-  if (step->outstanding > 0) step->queue.drain();
+  for (size_t b = 0; b < step->buckets.size(); ++b) wait_for(*step, b);
+  last_peak_ = uint64_t(step->held.peak);
   if (step->error) std::rethrow_exception(step->error);
   for (const Bucket& b : step->buckets) {
     if (b.owner >= 0 && b.owner != dp_->rank()) {  // ZeRO-2: another replica's gradients
       for (const std::string& name : b.names) grads.erase(name);
       continue;
     }
-    int64_t at = 0;
+    // Views of the reduced buffer: no second copy of the gradients.
+    int64_t offset = 0;
     for (size_t i = 0; i < b.names.size(); ++i) {
       const int64_t n = b.shapes[i].numel();
-      grads[b.names[i]] = b.flat.slice0(at, at + n).clone().view(b.shapes[i]);
-      at += n;
+      grads[b.names[i]] = b.flat.slice0(offset, offset + n).view(b.shapes[i]);
+      offset += n;
     }
   }
   last_buckets_ = step->buckets.size();

@@ -99,6 +99,8 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
               "Deployer: zero_stage must be 0 (off), 1 (optimizer state partitioned over the "
               "data-parallel replicas) or 2 (gradients too), got {}",
               config_.zero_stage);
+  REDCO_CHECK(config_.grad_bucket_bytes > 0,
+              "Deployer: grad_bucket_bytes must be > 0 (the default is 25 MiB)");
   comm::Comm* world = config_.world;
   if (!world) {
     const comm::LaunchEnv env = comm::detect_launch_env();

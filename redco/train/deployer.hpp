@@ -68,6 +68,11 @@ struct DeployerConfig {
   // CI) or "auto" (cuda when a GPU is present, else cpu). Empty: the
   // environment's REDCO_DEVICE (the samples' --device flag sets it), else cpu.
   std::string device = {};
+  // The data-parallel gradient buckets: each holds at least this many bytes
+  // (f32) and is averaged as soon as backward has finalised it. Smaller
+  // buckets start communicating earlier and, under ZeRO-2, hold less of
+  // another replica's gradients at once.
+  size_t grad_bucket_bytes = size_t(25) << 20;
 };
 
 // A learning-rate schedule in the units a user thinks in (examples, epochs);
@@ -119,6 +124,7 @@ class Deployer {
   int n_devices() const;  // ranks in the run (world size)
   int n_model_shards() const { return config_.n_model_shards; }
   int zero_stage() const { return config_.zero_stage; }
+  size_t grad_bucket_bytes() const { return config_.grad_bucket_bytes; }
   int dp_size() const;  // data-parallel replicas: n_devices() / n_model_shards()
   int dp_rank() const;  // this rank's replica
   int mp_rank() const;  // this rank's model shard

@@ -6,21 +6,45 @@
 #include <array>
 
 #include "redco/comm/comm.hpp"
+#include "redco/core/allocator.hpp"
+#include "redco/core/device_memory.hpp"
 #include "redco/sched/task.hpp"
 
 namespace redco::train {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr int kParts = 5;
-constexpr std::array<const char*, kParts> kNames = {"params", "grads", "opt_state", "activations",
-                                                    "slack"};
+constexpr int kParts = 6;
+constexpr std::array<const char*, kParts> kNames = {"params",      "grads", "opt_state",
+                                                    "activations", "slack", "grad_peak"};
 
 std::array<uint64_t, kParts> parts(const MemoryAccount& a) {
-  return {a.params, a.grads, a.opt_state, a.activations, a.slack};
+  return {a.params, a.grads, a.opt_state, a.activations, a.slack, a.grad_peak};
 }
 
 }  // namespace
+
+// The allocator of `device`: the CPU's caching allocator or the device's own pool.
+static AllocatorStats memory_stats(Device device) {
+  return device.is_cpu() ? CachingAllocator::cpu().stats()
+                         : device_memory(device).stats(device.index);
+}
+
+AllocatorDelta::AllocatorDelta(Device device)
+    : device_(device), held_(memory_stats(device).bytes_in_use) {}
+
+uint64_t AllocatorDelta::bytes() const {
+  return uint64_t(memory_stats(device_).bytes_in_use - held_);
+}
+
+MemoryAccount account_now(const ParamTree& params, const ParamTree& grads,
+                          const ParamTree& opt_state, uint64_t activations, Device device) {
+  return {.params = tree_bytes(params),
+          .grads = tree_bytes(grads),
+          .opt_state = tree_bytes(opt_state),
+          .activations = activations,
+          .slack = memory_stats(device).bytes_cached};
+}
 
 uint64_t tree_bytes(const ParamTree& tree) {
   uint64_t n = 0;
@@ -41,7 +65,7 @@ std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, comm::Comm
   for (int k = 0; k < n; ++k) {
     const float* v = all.data<float>() + k * kParts;
     auto bytes = [&](int i) { return uint64_t(double(v[i]) * 1024); };
-    out[size_t(k)] = {bytes(0), bytes(1), bytes(2), bytes(3), bytes(4)};
+    out[size_t(k)] = {bytes(0), bytes(1), bytes(2), bytes(3), bytes(4), bytes(5)};
   }
   out[size_t(r)] = mine;  // exact for this rank
   return out;
@@ -61,9 +85,9 @@ io::Metrics memory_metrics(const std::vector<MemoryAccount>& ranks) {
 std::string describe(const MemoryAccount& a, int rank) {
   return fmt::format(
       "memory rank {}: params {:.1f} MiB, grads {:.1f} MiB, optimizer state {:.1f} MiB, "
-      "activations {:.1f} MiB, allocator slack {:.1f} MiB",
+      "activations {:.1f} MiB, allocator slack {:.1f} MiB, gradient peak {:.1f} MiB",
       rank, double(a.params) / kMiB, double(a.grads) / kMiB, double(a.opt_state) / kMiB,
-      double(a.activations) / kMiB, double(a.slack) / kMiB);
+      double(a.activations) / kMiB, double(a.slack) / kMiB, double(a.grad_peak) / kMiB);
 }
 
 }  // namespace redco::train

@@ -4,7 +4,12 @@
 // caching allocator's slack (free memory it keeps for reuse). fit() measures
 // them on its first step, prints one line per rank and writes them to
 // metrics.jsonl (split "memory": rank<r>.params_mib, .grads_mib,
-// .opt_state_mib, .activations_mib, .slack_mib for every rank r).
+// .opt_state_mib, .activations_mib, .slack_mib, .grad_peak_mib for every
+// rank r).
+//
+// The allocator figures (activations, slack) are the CPU caching allocator's, which every thread of
+// a process shares: with ranks on threads (comm::ThreadsWorld) they are all ranks' together, each
+// rank reading about the same total; with one rank per process (redco-run) they are the rank's own.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,7 +31,35 @@ struct MemoryAccount {
   // held when forward began: the activations saved for backward.
   uint64_t activations = 0;
   uint64_t slack = 0;  // free bytes the caching allocator keeps after the step
+  // The most gradient bytes held at once from backward until the gradients
+  // are averaged: with several replicas what the data-parallel buckets hold
+  // (DataParallel::last_grad_peak), else the gradients themselves. ZeRO-2
+  // lowers it to about 1/dp plus the buckets in flight.
+  uint64_t grad_peak = 0;
 };
+
+// The bytes the CPU caching allocator has handed out since this was made
+// (beyond those it had then): what a stretch of computation keeps alive.
+class AllocatorDelta {
+ public:
+  explicit AllocatorDelta(Device device = Device::cpu());
+  uint64_t bytes() const;
+
+ private:
+  Device device_;
+  size_t held_;
+};
+
+// What a training step measures of itself on the first step.
+struct StepMemory {
+  uint64_t activations = 0;  // AllocatorDelta over forward
+  uint64_t grad_peak = 0;    // MemoryAccount::grad_peak
+};
+
+// This rank's account now; slack is read from the allocator of `device`.
+MemoryAccount account_now(const ParamTree& params, const ParamTree& grads,
+                          const ParamTree& opt_state, uint64_t activations,
+                          Device device = Device::cpu());
 
 // Bytes of every tensor of `tree` (views counted at their own size).
 uint64_t tree_bytes(const ParamTree& tree);

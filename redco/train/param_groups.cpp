@@ -185,17 +185,25 @@ ParamTree ParamGroups::saved_of(const ParamTree& params) const {
   return out;
 }
 
-bool ParamGroups::step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp) {
+bool ParamGroups::step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp,
+                           const StepScope& scope) {
   const size_t n = trained_.size();
   std::vector<double> split_sq(n), whole_sq(n);
   bool finite = std::isfinite(loss);
   for (size_t i = 0; i < n; ++i) {
     for (const std::string& name : groups_[trained_[i]].params) {
-      ParamTree one;
-      one.emplace(name, grads.at(name));
-      const optim::GradNorm g = optim::checked_global_norm(one);
-      finite = finite && !g.non_finite;
-      (mp && split_.at(name) ? split_sq : whole_sq)[i] += g.norm * g.norm;
+      double norm = 0;  // of this parameter's gradient
+      if (scope.squares.empty()) {
+        ParamTree one;
+        one.emplace(name, grads.at(name));
+        const optim::GradNorm g = optim::checked_global_norm(one);
+        finite = finite && !g.non_finite;
+        norm = g.norm;
+      } else {
+        norm = std::sqrt(scope.squares.at(name));  // as checked_global_norm forms it
+        finite = finite && std::isfinite(norm);
+      }
+      (mp && split_.at(name) ? split_sq : whole_sq)[i] += norm * norm;
     }
   }
   if (mp) {
@@ -213,9 +221,12 @@ bool ParamGroups::step_all(ParamTree& params, const ParamTree& grads, double los
     Group& g = groups_[trained_[i]];
     ParamTree p, d;
     for (const std::string& name : g.params) {
+      if (scope.updates && !scope.updates(name)) continue;
       p.emplace(name, params.at(name));
       d.emplace(name, grads.at(name));
     }
+    // Every replica steps every group (maybe on no parameters), so its step
+    // count and schedule advance alike.
     g.optimizer->step(p, d, std::sqrt(split_sq[i] + whole_sq[i]));
   }
   last_grad_norm_ = float(std::sqrt(all_sq));
@@ -269,6 +280,11 @@ ParamTree ParamGroups::state() const {
       out.emplace(k == "step" ? step_key(i) : k, t);
   }
   return out;
+}
+
+std::vector<std::string> ParamGroups::state_keys(const std::string& param) const {
+  const Group* g = group_of(param);
+  return g && g->optimizer ? g->optimizer->state_keys(param) : std::vector<std::string>{};
 }
 
 // Each optimizer gets its own buffers (those of its parameters) and its step.

@@ -105,12 +105,23 @@ class ParamGroups {
   const std::vector<std::string>& trained_params(size_t i) const {
     return groups_[trained_[i]].params;
   }
+  // Under ZeRO (zero.hpp) a replica updates only the parameters it owns, and
+  // under ZeRO-2 holds only their gradients: the groups' norms then come from
+  // every trained parameter's sum of squares over the replicas.
+  struct StepScope {
+    ParamFilter updates = nullptr;          // the parameters to update; null: all
+    std::map<std::string, double> squares;  // per trained parameter; empty: from `grads`
+  };
   // Every trained group's optimizer step on its parameters, each with the
   // global norm of its own gradients (split parameters' squares summed over
   // `mp`, the model-parallel group, when given; replicated ones counted
   // once). Returns false, changing nothing, when the loss or any gradient on
   // any model shard is not finite. Collective over `mp`.
-  bool step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp);
+  bool step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp,
+                const StepScope& scope);
+  bool step_all(ParamTree& params, const ParamTree& grads, double loss, comm::Comm* mp) {
+    return step_all(params, grads, loss, mp, {});
+  }
   // The polyak updates, after every step.
   void after_step(ParamTree& params) const;
   // Every polyak target set to its source (bitwise): where a Trainer that
@@ -128,6 +139,8 @@ class ParamGroups {
 
   ParamTree state() const;
   void load_state(const ParamTree& state);
+  // The state keys of a trained parameter's optimizer buffers (Optimizer::state_keys).
+  std::vector<std::string> state_keys(const std::string& param) const;
 
  private:
   struct Group {

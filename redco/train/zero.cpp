@@ -1,10 +1,10 @@
-// ZeRO stage 1: optimizer state partitioned by data-parallel rank (zero.hpp).
+// ZeRO stages 1 and 2: optimizer state and gradients partitioned by data-parallel rank
+// (zero.hpp).
 #include "redco/train/zero.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <set>
 
 #include "redco/comm/comm.hpp"
 #include "redco/core/error.hpp"
@@ -89,35 +89,38 @@ void ZeroPartition::share_params(ParamTree& params, comm::Comm& dp) const {
   }
 }
 
-ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params,
-                                    comm::Comm& dp) const {
-  // The buffer kinds ("adamw.m.", "adamw.v.") from this replica's own keys:
-  // every replica runs the same optimizer, so they agree.
-  std::set<std::string> prefixes;
-  for (const auto& [key, t] : state)
-    if (const std::string p = param_of(key); !p.empty())
-      prefixes.insert(key.substr(0, key.size() - p.size()));
+ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp,
+                                    const StateKeys& keys) const {
   ParamTree out;
   for (int r = 0; r < int(names_.size()); ++r) {
-    std::vector<std::string> keys;
-    std::vector<Tensor> parts;
+    std::vector<std::string> names;
+    std::vector<Tensor> parts(1);  // [0]: which buffers the owner has (1) or not yet (0)
     for (const std::string& n : names_[size_t(r)])
-      for (const std::string& pre : prefixes) {
-        const auto it = state.find(pre + n);
-        keys.push_back(pre + n);
+      for (const std::string& key : keys(n)) {
+        const auto it = state.find(key);
+        names.push_back(key);
         const Tensor& like = params.at(n);
         parts.push_back(r == rank_ && it != state.end()
                             ? it->second
                             : Tensor::zeros(like.shape(), DType::f32, like.device()));
       }
+    parts[0] = Tensor::zeros(Shape{int64_t(names.size()) + 1});  // [keys + 1], never empty
+    if (r == rank_)
+      for (size_t i = 0; i < names.size(); ++i)
+        parts[0].data<float>()[i] = state.count(names[i]) ? 1.f : 0.f;
     broadcast_packed(parts, r, dp);
-    for (size_t i = 0; i < keys.size(); ++i) out.emplace(keys[i], parts[i]);
+    // A buffer the owner has not made yet (before its parameter's first
+    // step) stays out, as it is out of an unpartitioned state.
+    for (size_t i = 0; i < names.size(); ++i)
+      if (parts[0].data<float>()[i] != 0.f) out.emplace(names[i], parts[i + 1]);
   }
-  if (const auto it = state.find("step"); it != state.end()) out.emplace("step", it->second);
+  for (const auto& [key, t] : state)
+    if (param_of(key).empty()) out.emplace(key, t);
   return out;
 }
 
-double ZeroPartition::squared_norm(const ParamTree& owned_grads, comm::Comm& dp) const {
+std::map<std::string, double> ZeroPartition::squares(const ParamTree& owned_grads,
+                                                     comm::Comm& dp) const {
   // [n * 3]: each parameter's sum of squares as three floats that add up to
   // the double exactly, filled by its owner only, so the sum over the
   // replicas (adding zeros) is exact.
@@ -134,9 +137,15 @@ double ZeroPartition::squared_norm(const ParamTree& owned_grads, comm::Comm& dp)
     v[3 * i + 2] = float(ss - double(v[3 * i]) - double(v[3 * i + 1]));
   }
   sched::sync_wait(dp.all_reduce(parts));
-  double total = 0.0;  // in key order, as checked_global_norm adds them
+  std::map<std::string, double> out;
   for (int64_t i = 0; i < n; ++i)
-    total += double(v[3 * i]) + double(v[3 * i + 1]) + double(v[3 * i + 2]);
+    out.emplace(all_[size_t(i)], double(v[3 * i]) + double(v[3 * i + 1]) + double(v[3 * i + 2]));
+  return out;
+}
+
+double ZeroPartition::squared_norm(const ParamTree& owned_grads, comm::Comm& dp) const {
+  double total = 0.0;  // in key order, as checked_global_norm adds them
+  for (const auto& [name, ss] : squares(owned_grads, dp)) total += ss;
   return total;
 }
 

@@ -21,10 +21,13 @@
 // state's own part, so a checkpoint moves freely between runs with and
 // without ZeRO and between meshes.
 //
-// The Trainer partitions one optimizer over every parameter (a plain
-// optim::Optimizer, or ParamGroups with a single trained group); several
-// groups, frozen parameters, polyak targets and custom steps under ZeRO are
-// refused with a redco::Error for now.
+// The Trainer partitions the trained parameters only (frozen ones have no
+// gradient and no state, and every replica keeps them whole); with parameter
+// groups each replica steps each group's optimizer on the parameters of that
+// group it owns, with the group's norm over every replica's gradients
+// (MeshUpdate, ParamGroups::step_all).
+#include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,7 +43,7 @@ namespace redco::train {
 
 class ZeroPartition {
  public:
-  // `plan`: every parameter with its whole shape. Throws when a replica
+  // `plan`: every parameter to partition, with its whole shape. Throws when a replica
   // would own nothing (fewer parameters than replicas).
   ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_size, int dp_rank);
 
@@ -53,12 +56,20 @@ class ZeroPartition {
   void share_params(ParamTree& params, comm::Comm& dp) const;
   // The whole optimizer state (the form Optimizer::state() has without
   // ZeRO): this replica's buffers and every other owner's. `params` give the
-  // buffers' shapes. Collective over `dp`.
-  ParamTree full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp) const;
+  // buffers' shapes, `keys(param)` the state keys of a parameter's buffers
+  // (Optimizer::state_keys); entries not of a parameter ("step",
+  // "step.<group>") are this replica's. Collective over `dp`.
+  using StateKeys = std::function<std::vector<std::string>(const std::string& param)>;
+  ParamTree full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp,
+                       const StateKeys& keys) const;
   // ZeRO-2: the squared global gradient norm from each replica's own
   // gradients (`owned_grads`), bit for bit as optim::checked_global_norm
   // forms it over all of them; NaN when any is not finite. Collective over `dp`.
   double squared_norm(const ParamTree& owned_grads, comm::Comm& dp) const;
+  // ZeRO-2: every partitioned parameter's gradient sum of squares (exact, as
+  // optim::sum_of_squares forms it at its owner; NaN when not finite), from
+  // each replica's own gradients. Collective over `dp`.
+  std::map<std::string, double> squares(const ParamTree& owned_grads, comm::Comm& dp) const;
   // The part of a whole optimizer state this replica keeps ("step" and the
   // buffers of the parameters it owns).
   ParamTree owned_state(const ParamTree& state) const;

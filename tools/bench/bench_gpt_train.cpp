@@ -3,14 +3,24 @@
 // written the way a user would write the loop: value_and_grad over a
 // ParamTree, then an optimizer step.
 //
-//   bench_gpt_train --config S|M --steps N --warmup W --tokens FILE
+//   bench_gpt_train --config S|M|L --steps N --warmup W --tokens FILE
 //                   [--dtype f32|bf16] [--init FILE.safetensors]
 //                   [--save-init FILE.safetensors] [--losses FILE] [--lr 3e-4] [--profile]
-//                   [--trainer] [--recompute]
+//                   [--trainer] [--recompute] [--n-model-shards K] [--zero 0|1|2]
+//                   [--workdir DIR]
 //
 // --trainer runs the same steps through Trainer::fit (one example per window,
-// batches of B in order, no shuffling) instead of the hand-written loop: the
-// library's default step path, timed from one on_step call to the next.
+// batches of B per replica in order, no shuffling) instead of the hand-written
+// loop: the library's default step path, timed from one on_step call to the
+// next. Under a launcher (redco-run -n N) the trainer path runs on every rank
+// with K model shards (--n-model-shards) and N / K data-parallel replicas,
+// each taking B windows per step, ZeRO stage --zero over the replicas; each
+// rank prints its memory line (parameters, optimizer state, peak RSS) and
+// rank 0 the RESULT line, with tokens_per_s counting every replica's tokens.
+// --workdir writes metrics.jsonl there, with the Trainer's memory accounting
+// of the first step for every rank (split "memory"). Config L (GPT-2 large,
+// ~774M parameters) needs ~12 GB per rank in f32 AdamW on one rank, less
+// with model shards, ZeRO and --recompute.
 //
 // W untimed warmup steps run first, then N timed steps (W + N in all). FILE
 // holds little-endian int32 token ids; step s (0-based, warmup included), row b
@@ -33,8 +43,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "redco/ops/backend.hpp"  // profile::
@@ -53,7 +65,17 @@ struct BenchConfig {
 BenchConfig config_named(const std::string& name) {
   if (name == "S")
     return {{.vocab = 8192, .context = 256, .dim = 256, .layers = 4, .heads = 4}, 8, 256};
+  if (name == "L")  // GPT-2 large (its 1024 positions), one window of 512 per replica
+    return {{.vocab = 50257, .context = 1024, .dim = 1280, .layers = 36, .heads = 20}, 1, 512};
   return {{.vocab = 50257, .context = 512, .dim = 768, .layers = 12, .heads = 12}, 4, 512};
+}
+
+// Parameters of the model, counted from its entries (nothing allocated).
+template <typename Model>
+double count_params(const Model& model) {
+  double n = 0;
+  for (const auto& e : nn::param_entries(model)) n += double(e.shape.shape().numel());
+  return n;
 }
 
 std::vector<int32_t> read_tokens(const std::string& path, int64_t seq) {
@@ -124,12 +146,15 @@ void print_profile(int64_t steps) {
 struct TrainerRun {
   std::vector<double> ms, cpu_ms;
   float last_loss = 0;
+  uint64_t param_bytes = 0, state_bytes = 0;  // this rank's, after the run
 };
 template <typename Model>
-TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer opt,
-                       const std::vector<int32_t>& tok, int64_t B, int64_t T, int64_t vocab,
-                       int64_t total, Precision precision, bool recompute) {
-  std::vector<int64_t> windows(size_t(total * B));
+TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<ParamTree> params,
+                       optim::Optimizer opt, const std::vector<int32_t>& tok, int64_t B, int64_t T,
+                       int64_t vocab, int64_t total, Precision precision, bool recompute) {
+  // Every replica takes B windows a step: global step s covers windows
+  // [s B dp, (s + 1) B dp), replica r the r-th B of them.
+  std::vector<int64_t> windows(size_t(total * B * deployer.dp_size()));
   std::iota(windows.begin(), windows.end(), int64_t{0});
   auto collate = [&](std::span<const int64_t> ids) {
     // Window i is row i % B of step i / B, as batch_for lays them out.
@@ -140,7 +165,6 @@ TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer op
     PrecisionGuard mixed(precision);
     return cross_entropy(m(b.first), b.second);
   };
-  Deployer deployer({.seed = 0, .quiet = true});
   Trainer trainer(deployer, model, collate, loss, std::move(opt), std::move(params));
   TrainerRun r;
   auto t0 = std::chrono::steady_clock::now();
@@ -161,6 +185,8 @@ TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer op
                      t0 = t1, cpu0 = cpu1;
                    },
                .recompute = recompute});
+  r.param_bytes = train::tree_bytes(trainer.params());
+  r.state_bytes = train::tree_bytes(trainer.groups().state());
   return r;
 }
 
@@ -168,12 +194,15 @@ TrainerRun run_trainer(const Model& model, ParamTree params, optim::Optimizer op
 
 int main(int argc, char** argv) try {
   CLI::App app{"GPT-2 training-step throughput on the CPU"};
-  std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path;
+  std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path, workdir;
   int64_t steps = 10, warmup = 2;
+  int n_model_shards = 1, zero_stage = 0;
   float lr = 3e-4f;
   bool profiling = false, formed_logits = false, through_trainer = false, recompute = false;
-  app.add_option("--config", config, "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4")
-      ->check(CLI::IsMember({"S", "M"}));
+  app.add_option("--config", config,
+                 "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4; L: GPT-2 large, "
+                 "seq 512, batch 1 (per replica)")
+      ->check(CLI::IsMember({"S", "M", "L"}));
   app.add_option("--steps", steps, "timed steps")->check(redco::cli::at_least(1));
   app.add_option("--warmup", warmup, "untimed steps before them")->check(redco::cli::at_least(0));
   app.add_option("--tokens", tokens_path, "little-endian int32 token ids")->required();
@@ -189,16 +218,42 @@ int main(int argc, char** argv) try {
   app.add_flag("--trainer", through_trainer, "run the steps through Trainer::fit");
   app.add_flag("--recompute", recompute,
                "keep only each block's input for backward and recompute the block there");
+  app.add_option("--n-model-shards", n_model_shards,
+                 "model shards (trainer path; the ranks of redco-run -n N split into N / K "
+                 "replicas of K shards)")
+      ->check(redco::cli::at_least(1));
+  app.add_option("--zero", zero_stage,
+                 "ZeRO stage over the data-parallel replicas (trainer path): 0 off, 1 optimizer "
+                 "state, 2 gradients too")
+      ->check(CLI::Range(0, 2));
+  app.add_option("--workdir", workdir,
+                 "trainer path: write metrics.jsonl here (the first step's memory per rank)");
   REDCO_CLI_PARSE(app, argc, argv);
 
+  Deployer deployer({.n_model_shards = n_model_shards,
+                     .seed = 0,
+                     .workdir = workdir,
+                     .quiet = true,
+                     .zero_stage = zero_stage});
+  // Several ranks, model shards and ZeRO exist only on the trainer path.
+  const bool distributed = deployer.n_devices() > 1 || n_model_shards > 1 || zero_stage > 0;
+  REDCO_CHECK(through_trainer || !distributed,
+              "several ranks ({} here), --n-model-shards (given {}) and --zero (given {}) run "
+              "through Trainer::fit; add --trainer",
+              deployer.n_devices(), n_model_shards, zero_stage);
+  REDCO_CHECK(through_trainer || workdir.empty(),
+              "--workdir holds the trainer path's metrics; add --trainer");
   const BenchConfig cfg = config_named(config);
   const int64_t B = cfg.batch, T = cfg.seq;
   const std::vector<int32_t> tokens = read_tokens(tokens_path, T);
   const auto model = models::gpt2(cfg.model);
-  ParamTree params = nn::init_params(model, 0);
+  const double n_params = count_params(model);
+  // The trainer initialises its own shards (the same values) unless given
+  // whole parameters: config L's whole tree is 3 GB on every rank.
+  const bool whole = !through_trainer || !init.empty() || !save_init.empty();
+  ParamTree params = whole ? nn::init_params(model, 0) : ParamTree{};
   if (!init.empty()) io::load_safetensors_into(init, params);
-  if (!save_init.empty()) io::save_safetensors(save_init, params);
-  const double n_params = double(nn::count_parameters(params));
+  if (!save_init.empty() && deployer.is_main()) io::save_safetensors(save_init, params);
 
   // Weight decay on every tensor of rank >= 2 (wte, wpe, weight matrices), never
   // on biases or norm parameters.
@@ -217,11 +272,24 @@ int main(int argc, char** argv) try {
   float last_loss = 0;
   size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
   if (through_trainer) {
-    const TrainerRun r = run_trainer(model, params, std::move(opt), tokens, B, T, cfg.model.vocab,
-                                     warmup + steps, precision, recompute);
+    const TrainerRun r = run_trainer(
+        deployer, model, whole ? std::optional<ParamTree>(std::move(params)) : std::nullopt,
+        std::move(opt), tokens, B, T, cfg.model.vocab, warmup + steps, precision, recompute);
     timed_ms.assign(r.ms.begin() + warmup, r.ms.end());
     timed_cpu_ms.assign(r.cpu_ms.begin() + warmup, r.cpu_ms.end());
     last_loss = r.last_loss;
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    // Every rank its own line (stdout, not the Deployer's console: that is rank 0's only).
+    fmt::print(
+        "memory rank {} (model shard {}, replica {}, zero {}): params {:.1f} MiB, "
+        "optimizer state {:.1f} MiB, peak RSS {:.1f} MiB\n",
+        deployer.rank(), deployer.mp_rank(), deployer.dp_rank(), zero_stage,
+        double(r.param_bytes) / 1048576.0, double(r.state_bytes) / 1048576.0,
+        double(ru.ru_maxrss) / 1024.0);
+    std::fflush(stdout);
+    deployer.barrier();
+    if (!deployer.is_main()) return 0;
   }
   for (int64_t s = 0; !through_trainer && s < warmup + steps; ++s) {
     if (s == warmup && profiling) {
@@ -270,7 +338,8 @@ int main(int argc, char** argv) try {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const double med = median(timed_ms);
-  const double tokens_per_s = double(B * T) / (med / 1e3);
+  // Every replica's tokens (one replica on the loop path).
+  const double tokens_per_s = double(B * T * deployer.dp_size()) / (med / 1e3);
   if (profiling) print_profile(steps);
   const double flops_per_token = 6 * n_params + 12.0 * double(cfg.model.layers * cfg.model.dim * T);
   fmt::print(

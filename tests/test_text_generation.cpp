@@ -16,6 +16,7 @@
 #include "hf_fixtures.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/io/json.hpp"
+#include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
 
 using namespace redco;
@@ -281,4 +282,59 @@ TEST_CASE("text generation: redco-generate prints transformers' greedy completio
     CHECK(run(base + " --prompt '" + k.at("prompt").as_string() + "' --stop '" + stop + "'") ==
           tok.decode(ints(k.at("tokens")), true) + "\n");
   }
+}
+
+// The tiny T5 (tests/fixtures/hf/t5) with a 96-piece tokenizer.json of T5's
+// layout (tests/fixtures/hf/t5_text, tests/python/make_t5_text_tokenizer.py):
+// redco-generate's text mode prints the decode of what generate_seq2seq
+// makes from the tokenised source, greedy, with a stop string and with beams.
+TEST_CASE("text generation: redco-generate's text mode for an encoder-decoder", "[generation]") {
+  const char* exe = std::getenv("REDCO_GENERATE");
+  REQUIRE(exe != nullptr);  // set by tests/meson.build
+  test::TempDir folder("t5text");
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    fs::copy_file(test::hf_fixture("t5") / f, folder.path / f);
+  fs::copy_file(test::hf_fixture("t5_text") / "tokenizer.json", folder.path / "tokenizer.json");
+  const auto p = models::from_pretrained<models::T5>(folder.path);
+  const auto tok = data::Tokenizer::from_file(folder.path);
+  const std::vector<std::string> prompts{"And the LORD said unto him", "I have a house",
+                                         "the children of Israel came"};
+  std::vector<std::vector<int64_t>> sources;
+  for (const std::string& s : prompts) sources.push_back(encode(tok, s));
+  CHECK(sources[0].back() == 1);  // T5's closing </s>
+  GenerationConfig c = models::generation_config(folder.path);
+  c.max_new_tokens = 10;
+  // What the library makes of them, as text.
+  auto expected = [&](const GenerationConfig& cfg) {
+    const auto out =
+        generation::generate_seq2seq(p.model, p.params, sources, cfg, {}, {}, {.tokenizer = &tok});
+    std::string all;
+    for (const auto& seq : out.sequences) all += tok.decode(seq, true) + "\n";
+    return all;
+  };
+  const std::string greedy_text = expected(c);
+  INFO(greedy_text);
+  CHECK(greedy_text.size() > 3 * 4);  // the decodes are not empty
+  const fs::path file = folder.path / "prompts.txt";
+  {
+    std::ofstream f(file);
+    for (const std::string& s : prompts) f << s << "\n";
+  }
+  const std::string base = fmt::format("'{}' '{}' --max-new-tokens 10", exe, folder.path.string());
+  CHECK(run(base + " --prompts-file '" + file.string() + "'") == greedy_text);
+  CHECK(run(base + " < '" + file.string() + "'") == greedy_text);
+  // A stop string cut from the first completion's text, and beams.
+  const std::string first = greedy_text.substr(0, greedy_text.find('\n'));
+  REQUIRE(first.size() >= 4);
+  GenerationConfig stop = c;
+  size_t at = 1;
+  while (at + 3 < first.size() && first.substr(at, 3).find('\'') != std::string::npos) ++at;
+  stop.stop_strings = {first.substr(at, 3)};
+  CHECK(run(base + " --prompts-file '" + file.string() + "' --stop '" + stop.stop_strings[0] +
+            "'") == expected(stop));
+  CHECK(expected(stop) != greedy_text);
+  GenerationConfig beams = c;
+  beams.num_beams = 3, beams.num_return_sequences = 2;
+  CHECK(run(base + " --prompts-file '" + file.string() +
+            "' --num-beams 3 --num-return-sequences 2") == expected(beams));
 }

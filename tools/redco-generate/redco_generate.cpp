@@ -161,7 +161,11 @@ std::vector<std::string> run(const models::Pretrained<M>& m, const Prompts& prom
     return {};
   }
   if (stream) std::cout << '\n';
-  if (tok) return std::move(order.text);
+  if (tok) {  // rows that produced no text (--max-new-tokens 0) still get their line
+    for (size_t r = 0; r < rows; ++r)
+      if (!order.ended[r]) order.on_text(int64_t(r), "", true);
+    return std::move(order.text);
+  }
   std::vector<std::string> lines;
   for (const auto& seq : out.sequences) lines.push_back(fmt::format("{}", fmt::join(seq, " ")));
   if (print && !stream)

@@ -186,6 +186,46 @@ TEST_CASE("encoder-decoders on 2 model shards give the 1-shard tokens", "[genera
   }
 }
 
+TEST_CASE("encoder-decoders: cross-attention projects each source once, not once per beam",
+          "[generation][seq2seq]") {
+  for (const auto& fixture : {std::pair{"t5", 3}, std::pair{"bart", 2}}) {
+    const char* name = fixture.first;
+    const int64_t cross_layers = fixture.second;  // decoder layers
+    INFO(name);
+    std::visit(
+        [&](const auto& p) {
+          GenerationConfig c = models::generation_config(test::hf_fixture(name));
+          c.max_new_tokens = 6, c.num_beams = 3, c.num_return_sequences = 2;
+          int64_t projected = -1, rows = 0;
+          const generation::StepFn step = [&](const Tensor& ids, nn::Ctx& ctx) {
+            Tensor y = nn::apply(p.model, p.params, ids, ctx);
+            projected = ctx.cache->cross_rows_projected(), rows = ctx.cache->batch();
+            return y;
+          };
+          // (The beams' tokens against transformers': the goldens test above.)
+          generation::generate_seq2seq(step, kSources, c);
+          CHECK(rows == 3 * int64_t(kSources.size()));  // a cache row per beam
+          CHECK(projected == cross_layers * int64_t(kSources.size()));
+          // Sampled return sequences: rows per source too, projected once.
+          c.num_beams = 1, c.do_sample = true, c.num_return_sequences = 4;
+          generation::generate_seq2seq(step, kSources, c);
+          CHECK(rows == 4 * int64_t(kSources.size()));
+          CHECK(projected == cross_layers * int64_t(kSources.size()));
+        },
+        models::from_pretrained_any(test::hf_fixture(name)));
+  }
+  // Rows that change source (reorder without same_source): the memory, one
+  // row per source, follows each cache row.
+  nn::KVCache cache(4, 2);
+  Tensor memory = Tensor::empty({2, 1, 3});
+  for (int64_t i = 0; i < 6; ++i) memory.data<float>()[i] = float(i);
+  nn::cache_memory(cache, memory, Tensor::ones({2, 1}));
+  CHECK(cache.memory.dim(0) == 2);  // kept per source
+  cache.reorder({3, 0, 2, 1});      // sources of rows: 1, 0, 1, 0
+  REQUIRE(cache.memory.shape() == (Shape{4, 1, 3}));
+  for (int64_t r = 0; r < 4; ++r) CHECK(cache.memory.data<float>()[r * 3] == (r % 2 ? 0.f : 3.f));
+}
+
 TEST_CASE("encoder-decoders: sampling draws a source's tokens in any batch",
           "[generation][seq2seq]") {
   const auto p = models::from_pretrained<models::Bart>(test::hf_fixture("bart"));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "redco/comm/threads_comm.hpp"
+#include "redco/generation/generate.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/vision.hpp"
@@ -262,6 +263,46 @@ TEST_CASE("predictions come back whole and in input order on every rank", "[trai
     const auto [got, loss] = predict_on(m);
     CHECK(got == one);
     CHECK(std::abs(loss - one_loss) <= 1e-5 * one_loss);
+  }
+}
+
+// Sampled generation in predict: draws are keyed by the prompt (Philox), so
+// each example gets its 1-device tokens whichever replica and batch it lands
+// in, and the model shards agree.
+TEST_CASE("sampled generation in predict gives the 1-device tokens on every mesh",
+          "[trainer_dist]") {
+  const auto gpt = models::gpt2(kGpt);
+  const std::vector<Seq> data = make_seqs(7);
+  const ParamTree params = nn::init_params(gpt, 5);
+  const auto predict = [](auto& model, const LmBatch& b, Rng) {
+    std::vector<std::vector<int64_t>> prompts;
+    // Each example's first 3 tokens (+ 5 new: the context, 8).
+    for (int64_t i = 0; i < b.inputs.dim(0); ++i)
+      prompts.push_back({b.inputs.data<int64_t>() + i * kT, b.inputs.data<int64_t>() + i * kT + 3});
+    const generation::GenerationConfig how{.max_new_tokens = 5, .do_sample = true, .seed = 9};
+    std::vector<std::string> out;
+    const auto gen = generation::generate(model.layer(), model.params(), prompts, how, model.ctx());
+    for (size_t i = 0; i < gen.sequences.size(); ++i)
+      out.push_back(
+          fmt::format("{}:{}", b.ids.data<int64_t>()[i], fmt::join(gen.sequences[i], ",")));
+    return out;
+  };
+  auto predict_on = [&](Mesh m) {
+    std::vector<std::vector<std::string>> per_rank(size_t(m.world));
+    on_ranks(m.world, [&](comm::Comm* world, int rank) {
+      Deployer d({.n_model_shards = m.mp, .seed = 3, .world = world});
+      Predictor p(d, gpt, lm_collate, predict);
+      per_rank[size_t(rank)] = p.predict(data, 2, params);
+    });
+    for (int r = 1; r < m.world; ++r) CHECK(per_rank[size_t(r)] == per_rank[0]);
+    return per_rank[0];
+  };
+  const auto one = predict_on({1, 1});
+  REQUIRE(one.size() == data.size());
+  CHECK(one[0].substr(one[0].find(':')) != one[1].substr(one[1].find(':')));  // draws differ
+  for (const Mesh& m : kMeshes) {
+    INFO("world " << m.world << ", n_model_shards " << m.mp);
+    CHECK(predict_on(m) == one);
   }
 }
 

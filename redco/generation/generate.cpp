@@ -126,7 +126,7 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
 }  // namespace
 
 Generated beam_search(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
-                      nn::Ctx ctx);
+                      nn::Ctx ctx, const TextOptions& text);
 
 Generated generate(const StepFn& step, const Prompts& prompts, const GenerationConfig& c,
                    nn::Ctx ctx, const OnToken& on_token, const TextOptions& text) {
@@ -135,27 +135,23 @@ Generated generate(const StepFn& step, const Prompts& prompts, const GenerationC
               "generate: stop_strings need the tokenizer: pass TextOptions{{.tokenizer = &tok}}");
   REDCO_CHECK(!text.on_text || text.tokenizer,
               "generate: TextOptions::on_text needs TextOptions::tokenizer");
-  REDCO_CHECK(c.num_beams == 1 || (c.stop_strings.empty() && !text.on_text),
-              "generate: stop_strings and streamed text are not implemented for beam search "
-              "(num_beams = {}): use greedy or sampled decoding",
-              c.num_beams);
   REDCO_CHECK(!prompts.empty(), "generate: no prompts");
   NoGradGuard no_grad;
   ctx.train = false;
   if (c.max_new_tokens == 0) return {Prompts(prompts.size() * size_t(c.num_return_sequences)), {}};
-  if (c.num_beams > 1) return beam_search(step, prompts, c, std::move(ctx));
+  if (c.num_beams > 1) return beam_search(step, prompts, c, std::move(ctx), text);
   return sample_or_greedy(step, prompts, c, std::move(ctx), on_token, text);
 }
 
 Generated generate_seq2seq(const StepFn& step, const Prompts& sources, const GenerationConfig& c,
-                           nn::Ctx ctx, const OnToken& on_token) {
+                           nn::Ctx ctx, const OnToken& on_token, const TextOptions& text) {
   REDCO_CHECK(!sources.empty(), "generate_seq2seq: no sources");
   REDCO_CHECK(c.decoder_start_token_id >= 0,
               "generate_seq2seq: set decoder_start_token_id, the decoder's first input (the "
               "checkpoint's: models::generation_config(dir); T5 starts from its pad id)");
   std::tie(ctx.source, ctx.source_mask) = detail::source_batch(sources, c.pad_token_id);
   return generate(step, Prompts(sources.size(), {c.decoder_start_token_id}), c, std::move(ctx),
-                  on_token);
+                  on_token, text);
 }
 
 }  // namespace redco::generation

@@ -48,6 +48,11 @@ using OnToken = std::function<bool(int64_t row, int64_t token)>;
 // completes, whole UTF-8 characters only (the tokenizer's Stream decoder, in
 // the context of the prompt), then once more with last = true when the row
 // ends (with any text held back, e.g. a trailing U+FFFD).
+// Beam search (which transformers refuses streamers for) has no text before
+// a prompt's search ends, since any beam can still be overtaken: each
+// prompt's chosen sequences (rows prompt * num_return_sequences + i) are
+// streamed piece by piece as soon as its search ends, prompts finishing
+// early first.
 using OnText = std::function<void(int64_t row, std::string_view piece, bool last)>;
 struct TextOptions {
   const data::Tokenizer* tokenizer = nullptr;  // needed by on_text and stop_strings
@@ -78,21 +83,23 @@ Generated generate(const L& model, const nn::ParamTree& params,
 // sources: encoder input ids per row (own lengths, padded here with
 // config.pad_token_id); out.sequences: the ids generated after the decoder
 // start token, row-major as generate's.
+// `text` as generate's: the streamed text and stop strings are the
+// decoder's output (after its start token).
 Generated generate_seq2seq(const StepFn& step, const std::vector<std::vector<int64_t>>& sources,
                            const GenerationConfig& config, nn::Ctx ctx = {},
-                           const OnToken& on_token = {});
+                           const OnToken& on_token = {}, const TextOptions& text = {});
 
 template <nn::Layer L>
 Generated generate_seq2seq(const L& model, const nn::ParamTree& params,
                            const std::vector<std::vector<int64_t>>& sources,
                            const GenerationConfig& config, nn::Ctx ctx = {},
-                           const OnToken& on_token = {}) {
+                           const OnToken& on_token = {}, const TextOptions& text = {}) {
   // The step's host-built ids go where the parameters are.
   const Device device = params.empty() ? Device::cpu() : params.begin()->second.device();
   const StepFn step = [&](const Tensor& ids, nn::Ctx& c) {
     return nn::apply(model, params, ids.to(device), c);
   };
-  return generate_seq2seq(step, sources, config, std::move(ctx), on_token);
+  return generate_seq2seq(step, sources, config, std::move(ctx), on_token, text);
 }
 
 }  // namespace redco::generation

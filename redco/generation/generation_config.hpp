@@ -26,7 +26,8 @@ struct GenerationConfig {
   // may start earlier, in the prompt too), as transformers' stop_strings;
   // needs generate's TextOptions::tokenizer. Matched on the decoded text
   // (special tokens left out when TextOptions::skip_special_tokens, where
-  // transformers matches their text too). Not with beam search.
+  // transformers matches their text too). Under beam search a candidate
+  // completing one closes its hypothesis, as an end id does.
   std::vector<std::string> stop_strings{};
   // ---- sampling (greedy when off)
   bool do_sample = false;

@@ -20,6 +20,11 @@ class RowTexts {
   // Row r has ended: emits what is held back, with last = true (once).
   void finish(int64_t r);
   void finish_all();
+  // Beam search: whether `token` appended to row r would complete a stop
+  // string (nothing changes), and rows following their beams (row i becomes
+  // old row rows[i]).
+  bool would_stop(int64_t r, int64_t token) const;
+  void reorder(const std::vector<int64_t>& rows);
 
  private:
   struct Row {
@@ -31,5 +36,10 @@ class RowTexts {
   const std::vector<std::string>& stops_;
   std::vector<Row> rows_;
 };
+
+// Beam search's streamed text: a finished sequence's pieces, in the context
+// of its prompt, to options.on_text as row `row`, then last = true.
+void stream_final(const TextOptions& options, const std::vector<int64_t>& prompt,
+                  const std::vector<int64_t>& tokens, int64_t row);
 
 }  // namespace redco::generation::detail

@@ -8,6 +8,37 @@
 
 namespace redco::nn {
 
+namespace {
+// t's rows (dim 0) repeated `copies` times each, consecutively.
+Tensor repeat_rows(const Tensor& t, int64_t copies) {
+  if (!t.defined() || copies == 1) return t;
+  const Tensor src = t.to(Device::cpu());
+  Shape shape = src.shape();
+  shape[0] *= copies;
+  Tensor out = Tensor::empty(shape, src.dtype());
+  const size_t row = size_t(src.numel() / src.dim(0)) * dtype_size(src.dtype());
+  for (int64_t r = 0; r < shape[0]; ++r)
+    std::memcpy(static_cast<char*>(out.raw()) + size_t(r) * row,
+                static_cast<const char*>(src.raw()) + size_t(r / copies) * row, row);
+  return t.device().is_cpu() ? out : out.to(t.device());
+}
+
+// t[i] = old t[rows[i]] along dim 0, through `scratch` (a copy of t).
+void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vector<int64_t>& rows) {
+  if (!t.defined()) return;
+  Tensor& scratch = scratches[size_t(t.numel()) * dtype_size(t.dtype())];
+  const Device dev = t.device();  // rows move where they live: memcpy on the CPU
+  if (!scratch.defined() || scratch.device() != dev)
+    scratch = Tensor::empty(t.shape(), t.dtype(), dev);
+  const size_t row_bytes = size_t(t.numel() / t.dim(0)) * dtype_size(t.dtype());
+  copy_bytes(scratch.device_ptr(), dev, t.device_ptr(), dev, row_bytes * size_t(t.dim(0)));
+  auto* dst = static_cast<char*>(t.device_ptr());
+  const auto* src = static_cast<const char*>(scratch.device_ptr());
+  for (size_t i = 0; i < rows.size(); ++i)
+    copy_bytes(dst + i * row_bytes, dev, src + size_t(rows[i]) * row_bytes, dev, row_bytes);
+}
+}  // namespace
+
 KVCache::KVCache(int64_t batch, int64_t capacity)
     : batch_(batch), capacity_(capacity), length_(size_t(batch), 0), pending_(size_t(batch), 0) {
   REDCO_CHECK(batch >= 1 && capacity >= 1, "KVCache: batch {} and capacity {} must be >= 1", batch,
@@ -40,6 +71,19 @@ void KVCache::commit() {
   in_step_ = false;
 }
 
+KVCache::Slots& KVCache::set_cross(const std::string& path, const Tensor& k, const Tensor& v) {
+  const int64_t sources = k.dim(0);
+  REDCO_CHECK(sources > 0 && batch_ % sources == 0 && v.dim(0) == sources,
+              "KVCache: cross-attention '{}' projected {} rows of encoder output for a cache of {} "
+              "rows; each source needs the same number of rows",
+              path, sources, batch_);
+  cross_rows_projected_ += sources;
+  CachingAllocator::LongLivedScope long_lived;  // lives as long as the generation
+  Slots& s = cross_[path];
+  s.k = repeat_rows(k, batch_ / sources), s.v = repeat_rows(v, batch_ / sources);
+  return s;
+}
+
 void KVCache::reset() {
   std::fill(length_.begin(), length_.end(), 0);
   in_step_ = false;
@@ -61,23 +105,6 @@ KVCache::Slots& KVCache::self(const std::string& path, int64_t heads, int64_t he
   return s;
 }
 
-namespace {
-// t[i] = old t[rows[i]] along dim 0, through `scratch` (a copy of t).
-void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vector<int64_t>& rows) {
-  if (!t.defined()) return;
-  Tensor& scratch = scratches[size_t(t.numel()) * dtype_size(t.dtype())];
-  const Device dev = t.device();  // rows move where they live: memcpy on the CPU
-  if (!scratch.defined() || scratch.device() != dev)
-    scratch = Tensor::empty(t.shape(), t.dtype(), dev);
-  const size_t row_bytes = size_t(t.numel() / t.dim(0)) * dtype_size(t.dtype());
-  copy_bytes(scratch.device_ptr(), dev, t.device_ptr(), dev, row_bytes * size_t(t.dim(0)));
-  auto* dst = static_cast<char*>(t.device_ptr());
-  const auto* src = static_cast<const char*>(scratch.device_ptr());
-  for (size_t i = 0; i < rows.size(); ++i)
-    copy_bytes(dst + i * row_bytes, dev, src + size_t(rows[i]) * row_bytes, dev, row_bytes);
-}
-}  // namespace
-
 void KVCache::reorder(const std::vector<int64_t>& rows, bool same_source) {
   REDCO_CHECK(!in_step_ && int64_t(rows.size()) == batch_,
               "KVCache::reorder: {} rows for a batch of {} (between steps)", rows.size(), batch_);
@@ -90,6 +117,10 @@ void KVCache::reorder(const std::vector<int64_t>& rows, bool same_source) {
     }
   }
   if (!same_source) {
+    // Rows may change source: the memory, one row per source, is repeated
+    // for every cache row first (rare: beam search keeps its sources).
+    if (memory.defined() && memory.dim(0) != batch_)
+      memory = repeat_rows(memory, batch_ / memory.dim(0));
     gather_rows(memory, scratch_, rows);
     gather_rows(memory_mask, scratch_, rows);
   }
@@ -101,21 +132,6 @@ void KVCache::reorder(const std::vector<int64_t>& rows, bool same_source) {
 }  // namespace redco::nn
 
 namespace redco::nn {
-namespace {
-// t's rows (dim 0) repeated `copies` times each, consecutively.
-Tensor repeat_rows(const Tensor& t, int64_t copies) {
-  if (!t.defined() || copies == 1) return t;
-  const Tensor src = t.to(Device::cpu());
-  Shape shape = src.shape();
-  shape[0] *= copies;
-  Tensor out = Tensor::empty(shape, src.dtype());
-  const size_t row = size_t(src.numel() / src.dim(0)) * dtype_size(src.dtype());
-  for (int64_t r = 0; r < shape[0]; ++r)
-    std::memcpy(static_cast<char*>(out.raw()) + size_t(r) * row,
-                static_cast<const char*>(src.raw()) + size_t(r / copies) * row, row);
-  return t.device().is_cpu() ? out : out.to(t.device());
-}
-}  // namespace
 
 const Tensor& cached_memory(const KVCache& cache) { return cache.memory; }
 const Tensor& cached_memory_mask(const KVCache& cache) { return cache.memory_mask; }
@@ -126,7 +142,7 @@ void cache_memory(KVCache& cache, const Tensor& memory, const Tensor& mask) {
               "number of rows (1, or its beams / return sequences, consecutive)",
               sources, cache.batch());
   CachingAllocator::LongLivedScope long_lived;  // lives as long as the generation
-  cache.memory = repeat_rows(memory, cache.batch() / sources);
+  cache.memory = memory;  // the cross-attention layers project each source once
   cache.memory_mask = repeat_rows(mask, cache.batch() / sources);
 }
 }  // namespace redco::nn

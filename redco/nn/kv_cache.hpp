@@ -15,9 +15,11 @@
 // Inputs past a row's real ones (right padding of a ragged prefill) write
 // slots that the row's next tokens overwrite; they are never attended to.
 // Encoder-decoders: the encoder runs once, on the first step, over one row
-// per source; its output (memory) is kept repeated for the cache rows each
-// source serves (beams, return sequences: consecutive rows), and each
-// cross-attention layer keeps the keys and values it projects from it then.
+// per source; its output (memory) is kept as it is, one row per source, and
+// its mask repeated for the cache rows each source serves (beams, return
+// sequences: consecutive rows). Each cross-attention layer projects its keys
+// and values from the memory then, once per source, and keeps them repeated
+// for those rows (a copy, not a projection per beam: set_cross).
 #include <map>
 #include <string>
 #include <vector>
@@ -56,7 +58,15 @@ class KVCache {
   Slots& self(const std::string& path, int64_t heads, int64_t head_dim, DType dtype);
   // The cross-attention keys and values of layer `path` (empty until set).
   Slots& cross(const std::string& path) { return cross_[path]; }
-  // The encoder output and mask the cross-attention slots were made from.
+  // Sets them from keys and values projected from the memory's rows
+  // [S, heads, Ts, head_dim] (S divides the batch): each source's row is
+  // repeated for the batch / S cache rows it serves.
+  Slots& set_cross(const std::string& path, const Tensor& k, const Tensor& v);
+  // Rows of encoder output projected into cross-attention keys and values so
+  // far, summed over layers (tests read it: sources x layers, not beams).
+  int64_t cross_rows_projected() const { return cross_rows_projected_; }
+  // The encoder output [S, Ts, d], one row per source, and its mask repeated
+  // for the cache rows [batch, Ts] (reorder keeps them for those rows).
   Tensor memory, memory_mask;
 
   // Per row of this step: key ranges and causal offsets for attention over
@@ -71,6 +81,7 @@ class KVCache {
   std::map<std::string, Slots> self_, cross_;
   Tensor key_end_, causal_offset_;
   std::map<size_t, Tensor> scratch_;  // reorder's copies by byte size, reused
+  int64_t cross_rows_projected_ = 0;
 };
 
 }  // namespace redco::nn

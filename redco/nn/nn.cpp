@@ -341,14 +341,14 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
               "{}: the KV cache (batch {}) must be in a step (KVCache::begin) for this input {}",
               path, cache.batch(), in.shape());
   if constexpr (Cross) {
-    KVCache::Slots& s = cache.cross(path);
-    if (!s.k.defined()) {  // the encoder's keys and values, once
+    KVCache::Slots* s = &cache.cross(path);
+    if (!s->k.defined()) {  // the encoder's keys and values, once per source (not per beam)
       const Tensor kv_in = split ? to_parallel(ctx.memory, ctx) : ctx.memory;
-      s.k = project(p, "k_proj", kv_in), s.v = project(p, "v_proj", kv_in);
+      s = &cache.set_cross(path, project(p, "k_proj", kv_in), project(p, "v_proj", kv_in));
     }
     const Tensor q = project(p, "q_proj", in);
-    const AttentionExtras extras = key_ranges(ctx.memory_mask, s.k.dim(0), s.k.dim(2), path);
-    return attention_merged_heads(q, s.k, s.v, false, logit_scale(ctx), extras);
+    const AttentionExtras extras = key_ranges(ctx.memory_mask, s->k.dim(0), s->k.dim(2), path);
+    return attention_merged_heads(q, s->k, s->v, false, logit_scale(ctx), extras);
   } else {
     REDCO_CHECK(causal, "{}: a KV cache serves causal self-attention only", path);
     // A decode step reads each weight once: three GEMVs beat stacking the

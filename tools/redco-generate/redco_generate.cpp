@@ -6,18 +6,28 @@
 //   echo "In the beginning" | redco-generate MODEL_DIR       # stdin: one per line
 //   redco-generate MODEL_DIR --ids --prompt 15496,11,995 --do-sample --top-p 0.9
 //   redco-run -n 2 redco-generate MODEL_DIR --n-model-shards 2 --prompt "Hello"
+//   redco-run -n 2 redco-generate MODEL_DIR --prompts-file prompts.txt  # 2 replicas
 //   redco-generate MODEL_DIR --bench --prompt-length 512 --batch 1 --max-new-tokens 128
 //
 // With a tokenizer.json in MODEL_DIR, prompts are text, tokenised with it,
 // and each completion is printed as text on its own line, in prompt order,
-// the current one streamed as its characters complete. With --ids (or no
-// tokenizer.json) prompts and output are token ids (comma- or
-// space-separated). Every rank computes; the main one prints. --bench times
-// prefill and decode on random prompts and prints one JSON line.
-// For an encoder-decoder (T5, BART) prompts are token ids: the encoder's
-// source, and the output its generated ids; the decoder start, end, pad and
-// forced ids come from the folder's generation_config.json unless given.
-// --bench's prefill is then the encoder and the first decoder step.
+// the current one streamed as its characters complete (beam search: each
+// prompt's when its search ends). With --ids (or no tokenizer.json) prompts
+// and output are token ids (comma- or space-separated).
+// For an encoder-decoder (T5, BART) a prompt is the encoder's source (text
+// tokenised with the folder's special tokens, e.g. T5's closing </s>, or
+// ids) and the output is what the decoder generates from it; the decoder
+// start, end, pad and forced ids come from the folder's
+// generation_config.json unless given. --bench's prefill is then the encoder
+// and the first decoder step.
+//
+// Processes: the model-parallel ranks of a replica (--n-model-shards) compute
+// together; the data-parallel replicas (the rest of the process count) each
+// take a contiguous block of the prompts, and the main rank prints its own
+// block as it streams, then the others' in prompt order. Draws are keyed by
+// the prompt, so a sampled completion is the same on any number of
+// processes. --bench times prefill and decode on random prompts and prints
+// one JSON line (every replica runs the whole batch).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
@@ -34,6 +44,7 @@
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/train/deployer.hpp"
+#include "redco/train/gather_outputs.hpp"
 #include "redco_cli.hpp"
 
 using namespace redco;
@@ -76,21 +87,23 @@ struct Timing {
   int64_t tokens = 0;
 };
 
-// Text output in prompt order: the first unfinished row streams; later rows
-// wait in buffers and are printed when their turn comes.
+// Text output in prompt order: each row's text is kept; when printing, the
+// first unfinished row streams and later rows wait until their turn comes.
 struct InOrder {
-  std::vector<std::string> held;
+  bool print;
+  std::vector<std::string> text;  // each row's text so far
   std::vector<bool> ended;
-  size_t head = 0;
+  size_t head = 0, shown = 0;  // the row being printed, and how much of it is
   void on_text(int64_t row, std::string_view piece, bool last) {
-    held[size_t(row)] += piece;
+    text[size_t(row)] += piece;
     ended[size_t(row)] = ended[size_t(row)] || last;
-    while (head < held.size()) {
-      std::cout << held[head];
-      held[head].clear();
+    if (!print) return;
+    while (head < text.size()) {
+      std::cout << std::string_view(text[head]).substr(shown);
+      shown = text[head].size();
       if (!ended[head]) break;
       std::cout << '\n';
-      ++head;
+      ++head, shown = 0;
     }
     std::cout << std::flush;
   }
@@ -99,61 +112,147 @@ struct InOrder {
 template <typename M>
 constexpr bool kSeq2seq = std::is_same_v<M, models::T5> || std::is_same_v<M, models::Bart>;
 
+void print_bench(const Timing& t, const Prompts& prompts) {
+  const double prefill = std::chrono::duration<double>(t.first - t.start).count();
+  const double decode = std::chrono::duration<double>(t.last - t.first).count();
+  const int64_t B = int64_t(prompts.size()), steps = t.tokens / B;
+  std::cout << fmt::format(
+      "{{\"batch\": {}, \"prompt\": {}, \"new\": {}, \"prefill_s\": {:.4f}, "
+      "\"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.2f}}}\n",
+      B, prompts[0].size(), steps, prefill, double(B * prompts[0].size()) / prefill,
+      double(B * (steps - 1)) / decode);
+}
+
+// Generates the prompts' completions and returns one output line per row
+// (text, or ids separated by spaces); prints them too when `print`,
+// streaming. --bench prints its JSON line instead and returns nothing.
 template <typename M>
-void run(const models::Pretrained<M>& m, const Prompts& prompts,
-         const generation::GenerationConfig& config, nn::Ctx ctx, bool bench, bool print,
-         const data::Tokenizer* tok = nullptr) {
+std::vector<std::string> run(const models::Pretrained<M>& m, const Prompts& prompts,
+                             const generation::GenerationConfig& config, nn::Ctx ctx, bool bench,
+                             bool print, const data::Tokenizer* tok = nullptr) {
+  if (prompts.empty()) return {};  // a replica with no prompts of its own
   Timing t;
   t.start = Clock::now();
-  InOrder order{std::vector<std::string>(prompts.size() * size_t(config.num_return_sequences)),
-                std::vector<bool>(prompts.size() * size_t(config.num_return_sequences)), 0};
+  const size_t rows = prompts.size() * size_t(config.num_return_sequences);
+  InOrder order{print && !bench, std::vector<std::string>(rows), std::vector<bool>(rows)};
   generation::TextOptions text;
   if (tok) {
     text.tokenizer = tok;
-    if (print && !bench && config.num_beams == 1)
+    if (!bench)
       text.on_text = [&](int64_t r, std::string_view piece, bool last) {
         order.on_text(r, piece, last);
       };
   }
-  const bool stream = !tok && print && !bench && prompts.size() == 1 && config.num_beams == 1;
+  const bool stream = !tok && print && !bench && rows == 1 && config.num_beams == 1;
   const generation::OnToken on_token = [&](int64_t, int64_t id) {
     const auto now = Clock::now();
     if (t.tokens++ == 0) t.first = now;
     t.last = now;
-    if (stream) std::cout << id << ' ' << std::flush;
+    if (stream) std::cout << (t.tokens > 1 ? " " : "") << id << std::flush;
     return true;
   };
   generation::Generated out;
   if constexpr (kSeq2seq<M>)
-    out = generation::generate_seq2seq(m.model, m.params, prompts, config, ctx, on_token);
+    out = generation::generate_seq2seq(m.model, m.params, prompts, config, ctx, on_token, text);
   else
     out = generation::generate(m.model, m.params, prompts, config, ctx, on_token, text);
-  if (!print) return;
   if (bench) {
-    const double prefill = std::chrono::duration<double>(t.first - t.start).count();
-    const double decode = std::chrono::duration<double>(t.last - t.first).count();
-    const int64_t B = int64_t(prompts.size()), steps = t.tokens / B;
-    std::cout << fmt::format(
-        "{{\"batch\": {}, \"prompt\": {}, \"new\": {}, \"prefill_s\": {:.4f}, "
-        "\"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.2f}}}\n",
-        B, prompts[0].size(), steps, prefill, double(B * prompts[0].size()) / prefill,
-        double(B * (steps - 1)) / decode);
-    return;
+    if (print) print_bench(t, prompts);
+    return {};
   }
   if (stream) std::cout << '\n';
-  if (tok) {
-    if (!text.on_text)  // beam search: the texts are final only now
-      for (const auto& seq : out.sequences) std::cout << tok->decode(seq, true) << '\n';
-    return;
+  if (tok) {  // rows that produced no text (--max-new-tokens 0) still get their line
+    for (size_t r = 0; r < rows; ++r)
+      if (!order.ended[r]) order.on_text(int64_t(r), "", true);
+    return std::move(order.text);
   }
-  for (size_t i = 0; !stream && i < out.sequences.size(); ++i)
-    std::cout << fmt::format("{}\n", fmt::join(out.sequences[i], " "));
+  std::vector<std::string> lines;
+  for (const auto& seq : out.sequences) lines.push_back(fmt::format("{}", fmt::join(seq, " ")));
+  if (print && !stream)
+    for (const std::string& line : lines) std::cout << line << '\n';
+  return lines;
 }
 
-}  // namespace
+// Prompts [begin, end) of n for this data-parallel replica: contiguous
+// blocks in replica order, so the replicas' outputs in rank order are in
+// prompt order.
+std::pair<size_t, size_t> replica_block(size_t n, int replicas, int replica) {
+  return {n * size_t(replica) / size_t(replicas), n * size_t(replica + 1) / size_t(replicas)};
+}
 
-int main(int argc, char** argv) try {
-  CLI::App app{"redco-generate: stream completions from a Hugging Face checkpoint"};
+// The other replicas' output lines to the main rank, printed after its own.
+// Collective over the data-parallel group.
+void print_other_replicas(const std::vector<std::string>& mine, train::Deployer& deployer) {
+  std::ostringstream os;
+  {
+    cereal::BinaryOutputArchive ar(os);
+    ar(mine);
+  }
+  const std::vector<std::string> parts =
+      train::detail::all_gather_bytes(os.str(), deployer.mesh().dp_comm());
+  if (!deployer.is_main()) return;
+  for (size_t r = 1; r < parts.size(); ++r) {
+    std::vector<std::string> lines;
+    std::istringstream is(parts[r]);
+    cereal::BinaryInputArchive ar(is);
+    ar(lines);
+    for (const std::string& line : lines) std::cout << line << '\n';
+  }
+  std::cout << std::flush;
+}
+
+std::vector<std::string> read_lines(const std::vector<std::string>& args,
+                                    const std::string& prompts_file, bool bench) {
+  std::vector<std::string> lines = args;
+  if (!prompts_file.empty()) {
+    std::ifstream f(prompts_file);
+    REDCO_CHECK(f, "redco-generate: cannot open --prompts-file {}", prompts_file);
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty()) lines.push_back(line);
+  }
+  if (lines.empty() && !bench)
+    for (std::string line; std::getline(std::cin, line);)
+      if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+// The prompts' ids: through the tokenizer (text mode) or parsed (ids).
+Prompts to_prompts(const std::vector<std::string>& lines, const data::Tokenizer* tok, int64_t vocab,
+                   const std::string& dir) {
+  Prompts prompts;
+  for (const std::string& p : lines) {
+    if (!tok) {
+      if (!parse_ids(p).empty()) prompts.push_back(parse_ids(p));
+      continue;
+    }
+    std::vector<int64_t> ids;
+    for (int32_t id : tok->encode(p).ids) ids.push_back(id);
+    REDCO_CHECK(!ids.empty(), "redco-generate: the prompt '{}' has no tokens", p);
+    REDCO_CHECK(*std::max_element(ids.begin(), ids.end()) < vocab,
+                "redco-generate: {}'s tokenizer.json gives ids beyond the model's "
+                "vocabulary ({}); the folder's tokenizer does not belong to its model",
+                dir, vocab);
+    prompts.push_back(std::move(ids));
+  }
+  return prompts;
+}
+
+// An encoder-decoder's ids from its generation_config.json where no flag gives them.
+void seq2seq_defaults(generation::GenerationConfig& c, const CLI::App& app, const std::string& dir,
+                      bool bench) {
+  const generation::GenerationConfig f = models::generation_config(dir);
+  for (auto [flag, mine, theirs] :
+       {std::tuple{"--decoder-start", &c.decoder_start_token_id, f.decoder_start_token_id},
+        std::tuple{"--forced-bos", &c.forced_bos_token_id, f.forced_bos_token_id},
+        std::tuple{"--forced-eos", &c.forced_eos_token_id, f.forced_eos_token_id},
+        std::tuple{"--pad", &c.pad_token_id, f.pad_token_id}})
+    if (app.count(flag) == 0) *mine = theirs;
+  // --bench generates max_new_tokens whatever the random sources give.
+  if (app.count("--eos") == 0 && !bench) c.eos_token_ids = f.eos_token_ids;
+}
+
+// The command line.
+struct Options {
   std::string dir;
   std::vector<std::string> prompt_args;
   std::string prompts_file;
@@ -163,11 +262,15 @@ int main(int argc, char** argv) try {
   bool bench = false;
   int64_t batch = 1, prompt_length = 512;
   std::string dtype = "f32";
-  app.add_option("model", dir, "checkpoint folder (config.json + safetensors)")->required();
-  app.add_option("--prompt", prompt_args,
+};
+
+void add_options(CLI::App& app, Options& o) {
+  generation::GenerationConfig& c = o.c;
+  app.add_option("model", o.dir, "checkpoint folder (config.json + safetensors)")->required();
+  app.add_option("--prompt", o.prompt_args,
                  "a text prompt, or token ids with --ids (repeatable; default: stdin, one a line)");
-  app.add_option("--prompts-file", prompts_file, "prompts, one a line");
-  app.add_flag("--ids", ids_mode,
+  app.add_option("--prompts-file", o.prompts_file, "prompts, one a line");
+  app.add_flag("--ids", o.ids_mode,
                "prompts and output are token ids, e.g. 15496,11,995 (the default without a "
                "tokenizer.json in the model folder)");
   app.add_option("--stop", c.stop_strings, "stop strings (text mode; repeatable)");
@@ -193,79 +296,68 @@ int main(int argc, char** argv) try {
   app.add_flag("--early-stopping", c.early_stopping);
   app.add_option("--num-return-sequences", c.num_return_sequences);
   app.add_option("--seed", c.seed);
-  app.add_option("--n-model-shards", shards, "tensor-parallel shards")
+  app.add_option("--n-model-shards", o.shards, "tensor-parallel shards")
       ->check(redco::cli::at_least(1));
-  app.add_option("--dtype", dtype, "weights in memory (bf16: decoding reads half the bytes)")
+  app.add_option("--dtype", o.dtype, "weights in memory (bf16: decoding reads half the bytes)")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  app.add_flag("--bench", bench, "time prefill and decode on random prompts (JSON line)");
-  app.add_option("--batch", batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
-  app.add_option("--prompt-length", prompt_length, "--bench: tokens per prompt")
+  app.add_flag("--bench", o.bench, "time prefill and decode on random prompts (JSON line)");
+  app.add_option("--batch", o.batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
+  app.add_option("--prompt-length", o.prompt_length, "--bench: tokens per prompt")
       ->check(redco::cli::at_least(1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  CLI::App app{"redco-generate: stream completions from a Hugging Face checkpoint"};
+  Options o;
+  add_options(app, o);
   REDCO_CLI_PARSE(app, argc, argv);
 
-  train::Deployer deployer({.n_model_shards = shards, .quiet = true});
-  const models::hf::LoadOptions load{.dtype = dtype == "bf16" ? DType::bf16 : DType::f32,
-                                     .n_shards = shards,
+  train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
+  const models::hf::LoadOptions load{.dtype = o.dtype == "bf16" ? DType::bf16 : DType::f32,
+                                     .n_shards = o.shards,
                                      .rank = deployer.mp_rank()};
-  const std::string type = models::hf::Config(dir).model_type();
+  const std::string type = models::hf::Config(o.dir).model_type();
   REDCO_CHECK(type != "bert" && type != "roberta",
               "redco-generate: '{}' holds a '{}' model, an encoder without a decoder; this tool "
               "runs language models and encoder-decoders (T5, BART)",
-              dir, type);
-  if (type == "t5" || type == "bart") {  // the checkpoint's ids where no flag gives them
-    const generation::GenerationConfig f = models::generation_config(dir);
-    for (auto [flag, mine, theirs] :
-         {std::tuple{"--decoder-start", &c.decoder_start_token_id, f.decoder_start_token_id},
-          std::tuple{"--forced-bos", &c.forced_bos_token_id, f.forced_bos_token_id},
-          std::tuple{"--forced-eos", &c.forced_eos_token_id, f.forced_eos_token_id},
-          std::tuple{"--pad", &c.pad_token_id, f.pad_token_id}})
-      if (app.count(flag) == 0) *mine = theirs;
-    // --bench generates max_new_tokens whatever the random sources give.
-    if (app.count("--eos") == 0 && !bench) c.eos_token_ids = f.eos_token_ids;
-  }
-  auto any = models::from_pretrained_any(dir, load);
+              o.dir, type);
+  const bool seq2seq = type == "t5" || type == "bart";
+  if (seq2seq) seq2seq_defaults(o.c, app, o.dir, o.bench);
+  auto any = models::from_pretrained_any(o.dir, load);
   std::optional<data::Tokenizer> tok;
-  const bool seq2seq = type == "t5" || type == "bart";  // ids in, ids out
-  if (!ids_mode && !bench && !seq2seq &&
-      std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
-    tok.emplace(data::Tokenizer::from_file(dir));
-  REDCO_CHECK(tok || c.stop_strings.empty(),
+  if (!o.ids_mode && !o.bench &&
+      std::filesystem::exists(std::filesystem::path(o.dir) / "tokenizer.json"))
+    tok.emplace(data::Tokenizer::from_file(o.dir));
+  REDCO_CHECK(tok || o.c.stop_strings.empty(),
               "redco-generate: --stop needs text mode (a tokenizer.json in {}, without --ids)",
-              dir);
-  std::vector<std::string> lines = prompt_args;
-  if (!prompts_file.empty()) {
-    std::ifstream f(prompts_file);
-    REDCO_CHECK(f, "redco-generate: cannot open --prompts-file {}", prompts_file);
-    for (std::string line; std::getline(f, line);)
-      if (!line.empty()) lines.push_back(line);
-  }
-  if (lines.empty() && !bench)
-    for (std::string line; std::getline(std::cin, line);)
-      if (!line.empty()) lines.push_back(line);
+              o.dir);
+  // Every process would read its own share of one stdin.
+  REDCO_CHECK(
+      deployer.n_devices() == 1 || o.bench || !o.prompt_args.empty() || !o.prompts_file.empty(),
+      "redco-generate: on {} processes give the prompts with --prompt or --prompts-file "
+      "(stdin is one stream, which the processes would split between them)",
+      deployer.n_devices());
+  const std::vector<std::string> lines = read_lines(o.prompt_args, o.prompts_file, o.bench);
   nn::Ctx ctx;
   ctx.mp = &deployer.mesh().mp_comm();
   std::visit(
       [&](const auto& m) {
-        Prompts prompts;
-        if (bench) prompts = random_prompts(batch, prompt_length, m.config.vocab);
-        for (const std::string& p : lines) {
-          if (!tok) {
-            if (!parse_ids(p).empty()) prompts.push_back(parse_ids(p));
-            continue;
-          }
-          std::vector<int64_t> ids;
-          for (int32_t id : tok->encode(p).ids) ids.push_back(id);
-          REDCO_CHECK(!ids.empty(), "redco-generate: the prompt '{}' has no tokens", p);
-          REDCO_CHECK(*std::max_element(ids.begin(), ids.end()) < m.config.vocab,
-                      "redco-generate: {}'s tokenizer.json gives ids beyond the model's "
-                      "vocabulary ({}); the folder's tokenizer does not belong to its model",
-                      dir, m.config.vocab);
-          prompts.push_back(std::move(ids));
-        }
+        Prompts prompts = to_prompts(lines, tok ? &*tok : nullptr, m.config.vocab, o.dir);
+        if (o.bench) prompts = random_prompts(o.batch, o.prompt_length, m.config.vocab);
         REDCO_CHECK(!prompts.empty(),
                     "redco-generate: no prompts (give --prompt, --prompts-file or lines on stdin)");
-        if (bench) run(m, prompts, c, ctx, true, false);  // warm-up: buffers and caches
-        run(m, prompts, c, ctx, bench, deployer.is_main(), tok ? &*tok : nullptr);
+        if (o.bench) {
+          run(m, prompts, o.c, ctx, true, false);  // warm-up: buffers and caches
+          run(m, prompts, o.c, ctx, true, deployer.is_main());
+          return;
+        }
+        const auto [begin, end] =
+            replica_block(prompts.size(), deployer.dp_size(), deployer.dp_rank());
+        const Prompts mine(prompts.begin() + int64_t(begin), prompts.begin() + int64_t(end));
+        const auto out = run(m, mine, o.c, ctx, false, deployer.is_main(), tok ? &*tok : nullptr);
+        if (deployer.dp_size() > 1) print_other_replicas(out, deployer);
       },
       any);
   return 0;

@@ -35,9 +35,14 @@ import subprocess
 import sys
 import time
 
-import torch
-import transformers as tf
-import transformers.generation.utils as gen_utils
+# On a shared machine (more runnable threads than cores) libgomp's spinning
+# barriers make PyTorch 10-20x slower (measured: GPT-2 prefill 3.3 vs 77.6
+# tok/s at load 16); passive waiting is the peer's best setting there. Must be
+# set before torch loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
+import transformers as tf  # noqa: E402
+import transformers.generation.utils as gen_utils  # noqa: E402
 
 gen_utils.is_fsdp_managed_module = lambda module: False  # torch 1.13's FSDP import fails on Python 3.11
 
@@ -148,7 +153,8 @@ def bandwidth(a):
         return None
     out = subprocess.run([a.bandwidth, "--seconds", "2"], capture_output=True, text=True, check=True)
     fields = dict(kv.split("=") for kv in out.stdout.strip().splitlines()[-1].split()[1:])
-    return float(fields["read_all"])
+    print(f"bench_bandwidth: {out.stdout.strip().splitlines()[0]}", flush=True)
+    return float(fields["read_all"])  # the memory's rate while on the cores (CPU time, not wall)
 
 
 def contenders(a):
@@ -160,7 +166,7 @@ def contenders(a):
 
 def run_one(a, name, kind, d, hf, batch, dtype):
     if name == "transformers":
-        return hf_run(hf, batch, a.prompt, a.new)
+        return hf_run(hf, batch, a.prompt, a.hf_new or a.new)
     if name == "redco":
         return redco_run(a, d, batch, dtype)
     if kind in SEQ2SEQ:
@@ -173,7 +179,8 @@ def bench_model(a, kind, bw):
     auto = tf.AutoModelForSeq2SeqLM if kind in SEQ2SEQ else tf.AutoModelForCausalLM
     hf = auto.from_pretrained(d).eval() if "transformers" in a.contenders else None
     n = streamed_weights(hf if hf is not None else auto.from_pretrained(d))
-    print(f"\n## {kind}: {n / 1e6:.1f}M streamed weights, prompt {a.prompt}, {a.new} new tokens, "
+    hf_new = f" (transformers {a.hf_new})" if a.hf_new else ""
+    print(f"\n## {kind}: {n / 1e6:.1f}M streamed weights, prompt {a.prompt}, {a.new}{hf_new} new tokens, "
           f"{a.threads} threads, {a.rounds} round(s)", flush=True)
     results = {}  # (batch, name, dtype) -> list of runs, or the reason it did not run
     for r in range(a.rounds):
@@ -244,6 +251,9 @@ def main():
     ap.add_argument("--batch", type=lambda s: [int(x) for x in csv(s)], default=[1])
     ap.add_argument("--dtypes", type=csv, default=["f32"], help="weights for redco and llama.cpp: f32,bf16")
     ap.add_argument("--contenders", type=csv, default=["transformers", "redco", "llama.cpp"])
+    ap.add_argument("--hf-new", type=int, default=0,
+                    help="new tokens for transformers only (default --new): its decode rate over fewer "
+                         "steps, when 128 steps of a 1B model take too long on a loaded machine")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bandwidth", default="build/tools/bench/bench_bandwidth")
@@ -263,7 +273,7 @@ def main():
     bw = bandwidth(a)
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; read bandwidth "
           f"{f'{bw:.1f} GB/s' if bw else 'not measured (no --bandwidth binary)'}; torch {torch.__version__}, "
-          f"transformers {tf.__version__}", flush=True)
+          f"transformers {tf.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
     for kind in a.models:
         bench_model(a, kind, bw)
 

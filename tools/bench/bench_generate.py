@@ -7,19 +7,20 @@ converter (llamacpp_gguf.py), measures the machine's read bandwidth
 
   transformers  model.generate (PyTorch CPU, its KV cache), fp32
   redco         redco-generate --bench, --dtype f32 and bf16
-  llama.cpp     llama-batched-bench (one sequence per row), GGUF f32 and bf16
+  llama.cpp     llama-cpp-python's bindings (llamacpp_decode.py, llama-batched-bench's
+                method; or llama-batched-bench itself), GGUF f32 and bf16
 
 Greedy, batch B rows of P random prompt tokens, N new tokens, 2 threads each.
 Prefill tokens/s = B*P / time to the first new token; decode tokens/s =
-B*(N-1) / time from the first to the last new token (llama.cpp: B*N / its
-decode loop). Decode at small batch is memory-bound: each step reads every
+B*(N-1) / time from the first to the last new token (llama.cpp: B*P / its
+prefill, B*N / its decode loop). Decode at small batch is memory-bound: each step reads every
 weight once, so the table also gives the weight bytes streamed per second and
 their share of the measured read bandwidth.
 
   .venv-ref/bin/python tools/bench/bench_generate.py --redco build/tools/redco-generate \\
       --models gpt2,llama1b --batch 1,8 --dtypes f32,bf16 --prompt 512 --new 128 --rounds 1 \\
       --bandwidth build/tools/bench/bench_bandwidth \\
-      --llamacpp-bench /work/llamacpp/build/bin/llama-batched-bench \\
+      --llamacpp-py /work/llamacpp/llama_cpp_python-0.3.36 --llamacpp-lib /work/llamacpp/build/bin \\
       --llamacpp-src /work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp
 
 A contender that is missing keeps its rows, with the reason. Encoder-decoders
@@ -131,10 +132,27 @@ def gguf_path(a, kind, d, dtype):
 
 
 def llamacpp_run(a, kind, d, batch, dtype):
+    """llama.cpp through llama-cpp-python's bindings (llamacpp_decode.py) or llama-batched-bench."""
+    if a.llamacpp_bench:
+        return batched_bench_run(a, kind, d, batch, dtype)
+    lib = a.llamacpp_lib and os.path.join(a.llamacpp_lib, "libllama.so")
+    if not a.llamacpp_py or not lib or not os.path.exists(lib):
+        raise RuntimeError("llama.cpp not found: pass --llamacpp-py (the llama-cpp-python==0.3.36 sdist folder) "
+                           "and --llamacpp-lib (the folder with its libllama.so), see docs/performance.md")
+    model = gguf_path(a, kind, d, dtype)
+    env = dict(os.environ, PYTHONPATH=a.llamacpp_py, LLAMA_CPP_LIB_PATH=a.llamacpp_lib)
+    out = subprocess.run([sys.executable, os.path.join(HERE, "llamacpp_decode.py"), model, "--batch", str(batch),
+                          "--prompt", str(a.prompt), "--new", str(a.new), "--threads", str(a.threads)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"llamacpp_decode failed: {out.stderr.strip()[-300:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def batched_bench_run(a, kind, d, batch, dtype):
     exe = a.llamacpp_bench
-    if not exe or not os.access(exe, os.X_OK):
-        raise RuntimeError(f"llama-batched-bench not found ({exe or 'no --llamacpp-bench'}): build it from "
-                           "the llama-cpp-python==0.3.36 sdist (docs/performance.md) and pass --llamacpp-bench")
+    if not os.access(exe, os.X_OK):
+        raise RuntimeError(f"--llamacpp-bench: {exe} is not an executable llama-batched-bench")
     model = gguf_path(a, kind, d, dtype)
     ctx = batch * (a.prompt + a.new) + 16
     out = subprocess.run([exe, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
@@ -170,7 +188,7 @@ def run_one(a, name, kind, d, hf, batch, dtype):
     if name == "redco":
         return redco_run(a, d, batch, dtype)
     if kind in SEQ2SEQ:
-        raise RuntimeError("not run: llama-batched-bench is for decoder-only models")
+        raise RuntimeError("not run: the llama.cpp contender is for decoder-only models here")
     return llamacpp_run(a, kind, d, batch, dtype)
 
 
@@ -257,7 +275,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bandwidth", default="build/tools/bench/bench_bandwidth")
-    ap.add_argument("--llamacpp-bench", default=os.environ.get("LLAMACPP_BATCHED_BENCH"))
+    ap.add_argument("--llamacpp-py", default=os.environ.get("LLAMACPP_PY"),
+                    help="llama-cpp-python sdist folder (its llama_cpp package)")
+    ap.add_argument("--llamacpp-lib", default=os.environ.get("LLAMA_CPP_LIB_PATH"),
+                    help="folder with the libllama.so built from the sdist's vendor/llama.cpp")
+    ap.add_argument("--llamacpp-bench", default=os.environ.get("LLAMACPP_BATCHED_BENCH"),
+                    help="llama-batched-bench, used instead of the bindings when given")
     ap.add_argument("--llamacpp-src", default=os.environ.get("LLAMACPP_SRC"))
     a = ap.parse_args()
     for m in a.models:

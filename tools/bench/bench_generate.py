@@ -30,6 +30,7 @@ plus the first decoder step.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -75,12 +76,19 @@ def checkpoint(kind, root):
     return d
 
 
-def streamed_weights(model):
-    """Parameters a decode step reads in full: all but the gathered position/input embeddings."""
+def streamed_weights(d):
+    """Parameters a decode step reads in full, from the safetensors headers (no load): all but the
+    gathered position/input embeddings. A tied LM head (GPT-2's wte) counts once."""
+    shapes = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(d, f), "rb") as fh:
+                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
     gathered = {"transformer.wpe.weight"}
-    if not model.config.tie_word_embeddings:
+    if "lm_head.weight" in shapes:
         gathered.add("model.embed_tokens.weight")
-    return sum(p.numel() for n, p in model.named_parameters() if n not in gathered)
+    return sum(math.prod(s) for k, s in shapes.items() if k not in gathered)
 
 
 class Stamps(tf.StoppingCriteria):
@@ -196,7 +204,7 @@ def bench_model(a, kind, bw):
     d = checkpoint(kind, a.root)
     auto = tf.AutoModelForSeq2SeqLM if kind in SEQ2SEQ else tf.AutoModelForCausalLM
     hf = auto.from_pretrained(d).eval() if "transformers" in a.contenders else None
-    n = streamed_weights(hf if hf is not None else auto.from_pretrained(d))
+    n = streamed_weights(d)
     hf_new = f" (transformers {a.hf_new})" if a.hf_new else ""
     print(f"\n## {kind}: {n / 1e6:.1f}M streamed weights, prompt {a.prompt}, {a.new}{hf_new} new tokens, "
           f"{a.threads} threads, {a.rounds} round(s)", flush=True)

@@ -1,30 +1,68 @@
-"""Generation speed, redco against transformers, side by side in one run.
+"""Generation speed: redco, transformers and llama.cpp side by side in one run.
 
-Builds (once) a random-weight checkpoint with transformers' save_pretrained,
-then alternates contenders: transformers.generate (PyTorch CPU, KV cache) and
-redco-generate --bench, greedy, batch B, prompt P random tokens, N new tokens.
-Prefill tokens/s and decode tokens/s per contender; the ratios are what to
-quote (the machine is shared).
+One command builds (once) random-weight checkpoints with transformers'
+save_pretrained, makes llama.cpp's GGUFs from them with llama.cpp's own
+converter (llamacpp_gguf.py), measures the machine's read bandwidth
+(bench_bandwidth), then lets the contenders take turns, in rotating order:
 
-  .venv/bin/python tools/bench/bench_generate.py --redco build/tools/redco-generate \
-      --model gpt2 --prompt 512 --new 128 --batch 1 --rounds 2 [--bf16]
+  transformers  model.generate (PyTorch CPU, its KV cache), fp32
+  redco         redco-generate --bench, --dtype f32 and bf16
+  llama.cpp     llama-cpp-python's bindings (llamacpp_decode.py, llama-batched-bench's
+                method; or llama-batched-bench itself), GGUF f32 and bf16
 
-Encoder-decoders (--model t5-small or bart-base, random weights at those
-sizes): the prompt is the encoder's source; prefill is the encoder plus the
-first decoder step, decode the decoder's steps with cached self- and
-cross-attention.
+Greedy, batch B rows of P random prompt tokens, N new tokens, 2 threads each.
+Prefill tokens/s = B*P / time to the first new token; decode tokens/s =
+B*(N-1) / time from the first to the last new token (llama.cpp: B*P / its
+prefill, B*N / its decode loop). Decode at small batch is memory-bound: each step reads every
+weight once, so the table also gives the weight bytes streamed per second and
+their share of the measured read bandwidth.
+
+  .venv-ref/bin/python tools/bench/bench_generate.py --redco build/tools/redco-generate \\
+      --models gpt2,llama1b --batch 1,8 --dtypes f32,bf16 --prompt 512 --new 128 --rounds 1 \\
+      --bandwidth build/tools/bench/bench_bandwidth \\
+      --llamacpp-py /work/llamacpp/llama_cpp_python-0.3.36 --llamacpp-lib /work/llamacpp/build/bin \\
+      --llamacpp-src /work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp
+
+A contender that is missing keeps its rows, with the reason. Encoder-decoders
+(--models t5-small or bart-base, random weights at those sizes) run redco and
+transformers only: the prompt is the encoder's source, prefill the encoder
+plus the first decoder step.
 """
 import argparse
 import json
+import math
 import os
+import statistics
 import subprocess
+import sys
 import time
 
-import torch
-import transformers as tf
-import transformers.generation.utils as gen_utils
+# On a shared machine (more runnable threads than cores) libgomp's spinning
+# barriers make PyTorch 10-20x slower (measured: GPT-2 prefill 3.3 vs 77.6
+# tok/s at load 16); passive waiting is the peer's best setting there. Must be
+# set before torch loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
+import transformers as tf  # noqa: E402
+import transformers.generation.utils as gen_utils  # noqa: E402
 
-gen_utils.is_fsdp_managed_module = lambda module: False  # torch 1.13 + Python 3.11
+gen_utils.is_fsdp_managed_module = lambda module: False  # torch 1.13's FSDP import fails on Python 3.11
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEQ2SEQ = ("t5-small", "bart-base")
+
+
+def hf_config(kind):
+    if kind == "gpt2":  # n_ctx: llama.cpp's converter reads the old GPT-2 name
+        return tf.GPT2Config(n_ctx=1024)
+    if kind == "t5-small":  # t5-small's sizes (60M)
+        return tf.T5Config(decoder_start_token_id=0)
+    if kind == "bart-base":  # bart-base's sizes (140M)
+        return tf.BartConfig(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                             decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)
+    # llama1b: TinyLlama's shape, 1.1B parameters (untied LM head)
+    return tf.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                          num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048)
 
 
 def checkpoint(kind, root):
@@ -32,78 +70,243 @@ def checkpoint(kind, root):
     if os.path.exists(os.path.join(d, "config.json")):
         return d
     torch.manual_seed(0)
-    if kind == "gpt2":
-        model = tf.GPT2LMHeadModel(tf.GPT2Config())
-    elif kind == "t5-small":  # t5-small's sizes (60M)
-        model = tf.T5ForConditionalGeneration(tf.T5Config(decoder_start_token_id=0))
-    elif kind == "bart-base":  # bart-base's sizes (140M)
-        model = tf.BartForConditionalGeneration(tf.BartConfig(
-            d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
-            decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072))
-    else:  # a LLaMA of ~1B parameters
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(
-            vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
-            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048))
-    model.save_pretrained(d, safe_serialization=True)
+    cls = {"gpt2": tf.GPT2LMHeadModel, "t5-small": tf.T5ForConditionalGeneration,
+           "bart-base": tf.BartForConditionalGeneration}.get(kind, tf.LlamaForCausalLM)
+    cls(hf_config(kind)).save_pretrained(d, safe_serialization=True)
     return d
+
+
+def streamed_weights(d):
+    """Parameters a decode step reads in full, from the safetensors headers (no load): all but the
+    gathered position/input embeddings. A tied LM head (GPT-2's wte) counts once."""
+    shapes = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(d, f), "rb") as fh:
+                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    gathered = {"transformer.wpe.weight"}
+    if "lm_head.weight" in shapes:
+        gathered.add("model.embed_tokens.weight")
+    return sum(math.prod(s) for k, s in shapes.items() if k not in gathered)
+
+
+class Stamps(tf.StoppingCriteria):
+    """Timestamps each generated token, as redco's on_token does: one generate call, no re-prefill."""
+
+    def __init__(self):
+        self.t = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.t.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
 def hf_run(model, batch, prompt, new):
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=g)
-    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(ids))
+    vocab = model.config.vocab_size
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
-        model.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
+        warm = torch.randint(0, vocab, (batch, 8), generator=g)
+        model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=2, min_new_tokens=2, **kw)
+        ids = torch.randint(0, vocab, (batch, prompt), generator=g)
+        stamps = Stamps()
         t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-        t1 = time.perf_counter()
-        model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
-        t2 = time.perf_counter()
-    prefill = t1 - t0
-    return {"prefill_tok_s": batch * prompt / prefill,
-            "decode_tok_s": batch * (new - 1) / ((t2 - t1) - prefill)}
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                       stopping_criteria=tf.StoppingCriteriaList([stamps]), **kw)
+    t = stamps.t
+    return {"prefill_tok_s": batch * prompt / (t[0] - t0),
+            "decode_tok_s": batch * (len(t) - 1) / (t[-1] - t[0])}
 
 
-def redco_run(exe, d, batch, prompt, new, dtype="f32"):
-    out = subprocess.run([exe, d, "--bench", "--batch", str(batch), "--prompt-length", str(prompt),
-                          "--max-new-tokens", str(new), "--dtype", dtype],
-                         check=True, capture_output=True, text=True)
+def redco_run(a, d, batch, dtype):
+    out = subprocess.run([a.redco, d, "--bench", "--batch", str(batch), "--prompt-length", str(a.prompt),
+                          "--max-new-tokens", str(a.new), "--dtype", dtype],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"redco-generate failed: {out.stderr.strip()[-300:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def gguf_path(a, kind, d, dtype):
+    path = os.path.join(a.root, f"{kind}-{dtype}.gguf")
+    if os.path.exists(path):
+        return path
+    if not a.llamacpp_src:
+        raise RuntimeError(f"{path} missing and no --llamacpp-src to make it with llama.cpp's converter")
+    subprocess.run([sys.executable, os.path.join(HERE, "llamacpp_gguf.py"), "--llamacpp", a.llamacpp_src,
+                    d, path, "--outtype", dtype], check=True, capture_output=True)
+    return path
+
+
+def llamacpp_run(a, kind, d, batch, dtype):
+    """llama.cpp through llama-cpp-python's bindings (llamacpp_decode.py) or llama-batched-bench."""
+    if a.llamacpp_bench:
+        return batched_bench_run(a, kind, d, batch, dtype)
+    lib = a.llamacpp_lib and os.path.join(a.llamacpp_lib, "libllama.so")
+    if not a.llamacpp_py or not lib or not os.path.exists(lib):
+        raise RuntimeError("llama.cpp not found: pass --llamacpp-py (the llama-cpp-python==0.3.36 sdist folder) "
+                           "and --llamacpp-lib (the folder with its libllama.so), see docs/performance.md")
+    model = gguf_path(a, kind, d, dtype)
+    env = dict(os.environ, PYTHONPATH=a.llamacpp_py, LLAMA_CPP_LIB_PATH=a.llamacpp_lib)
+    out = subprocess.run([sys.executable, os.path.join(HERE, "llamacpp_decode.py"), model, "--batch", str(batch),
+                          "--prompt", str(a.prompt), "--new", str(a.new), "--threads", str(a.threads)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"llamacpp_decode failed: {out.stderr.strip()[-300:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def batched_bench_run(a, kind, d, batch, dtype):
+    exe = a.llamacpp_bench
+    if not os.access(exe, os.X_OK):
+        raise RuntimeError(f"--llamacpp-bench: {exe} is not an executable llama-batched-bench")
+    model = gguf_path(a, kind, d, dtype)
+    ctx = batch * (a.prompt + a.new) + 16
+    out = subprocess.run([exe, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
+                          "-npp", str(a.prompt), "-ntg", str(a.new), "-npl", str(batch),
+                          "-t", str(a.threads), "-tb", str(a.threads), "--output-format", "jsonl"],
+                         capture_output=True, text=True)
+    lines = [l for l in out.stdout.splitlines() + out.stderr.splitlines() if l.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"llama-batched-bench failed: {out.stderr.strip()[-300:]}")
+    r = json.loads(lines[-1])
+    return {"prefill_tok_s": r["speed_pp"], "decode_tok_s": r["speed_tg"]}
+
+
+def bandwidth(a):
+    if not a.bandwidth or not os.access(a.bandwidth, os.X_OK):
+        return None
+    out = subprocess.run([a.bandwidth, "--seconds", "2"], capture_output=True, text=True, check=True)
+    fields = dict(kv.split("=") for kv in out.stdout.strip().splitlines()[-1].split()[1:])
+    print(f"bench_bandwidth: {out.stdout.strip().splitlines()[0]}", flush=True)
+    return float(fields["read_all"])  # the memory's rate while on the cores (CPU time, not wall)
+
+
+def contenders(a):
+    rows = [("transformers", "f32")] if "transformers" in a.contenders else []
+    for name in ("redco", "llama.cpp"):
+        rows += [(name, dt) for dt in a.dtypes if name in a.contenders]
+    return rows
+
+
+def run_one(a, name, kind, d, hf, batch, dtype):
+    if name == "transformers":
+        return hf_run(hf, batch, a.prompt, a.hf_new or a.new)
+    if name == "redco":
+        return redco_run(a, d, batch, dtype)
+    if kind in SEQ2SEQ:
+        raise RuntimeError("not run: the llama.cpp contender is for decoder-only models here")
+    return llamacpp_run(a, kind, d, batch, dtype)
+
+
+def bench_model(a, kind, bw):
+    d = checkpoint(kind, a.root)
+    auto = tf.AutoModelForSeq2SeqLM if kind in SEQ2SEQ else tf.AutoModelForCausalLM
+    hf = auto.from_pretrained(d).eval() if "transformers" in a.contenders else None
+    n = streamed_weights(d)
+    hf_new = f" (transformers {a.hf_new})" if a.hf_new else ""
+    print(f"\n## {kind}: {n / 1e6:.1f}M streamed weights, prompt {a.prompt}, {a.new}{hf_new} new tokens, "
+          f"{a.threads} threads, {a.rounds} round(s)", flush=True)
+    results = {}  # (batch, name, dtype) -> list of runs, or the reason it did not run
+    for r in range(a.rounds):
+        for bi, batch in enumerate(a.batch):
+            order = contenders(a)
+            k = (r + bi) % len(order)
+            for name, dtype in order[k:] + order[:k]:  # rotating order: no contender always goes first
+                key = (batch, name, dtype)
+                if isinstance(results.get(key), str):
+                    continue
+                try:
+                    x = run_one(a, name, kind, d, hf, batch, dtype)
+                except Exception as e:  # the row stays, with why it has no numbers
+                    results[key] = str(e).splitlines()[0][:200]
+                    print(f"  {name} {dtype} batch {batch}: {results[key]}", flush=True)
+                    continue
+                x["load"] = os.getloadavg()[0]
+                results.setdefault(key, []).append(x)
+                print(f"  round {r} batch {batch} {name} {dtype}: prefill {x['prefill_tok_s']:.1f} tok/s, "
+                      f"decode {x['decode_tok_s']:.2f} tok/s (load {x['load']:.2f})", flush=True)
+    report(a, kind, n, bw, results)
+
+
+def median(runs, field):
+    return statistics.median(x[field] for x in runs)
+
+
+def report(a, kind, n, bw, results):
+    print(f"\n| {kind} batch | contender | weights | prefill tok/s | decode tok/s | decode weight GB/s "
+          f"| of read bandwidth | load avg (or why not run) |\n|---|---|---|---|---|---|---|---|")
+    for (batch, name, dtype), runs in sorted(results.items(), key=lambda kv: kv[0]):
+        if isinstance(runs, str):
+            print(f"| {batch} | {name} | {dtype} | — | — | — | — | {runs} |")
+            continue
+        dec = median(runs, "decode_tok_s")
+        gbs = dec / batch * n * (4 if dtype == "f32" else 2) / 1e9
+        share = f"{100 * gbs / bw:.0f}%" if bw else "not measured"
+        loads = "–".join(f"{x['load']:.1f}" for x in runs)
+        print(f"| {batch} | {name} | {dtype} | {median(runs, 'prefill_tok_s'):.1f} | {dec:.2f} | {gbs:.1f} "
+              f"| {share} | {loads} |")
+    print(f"\n| {kind} batch | ratio | value | target |\n|---|---|---|---|")
+    for batch in a.batch:
+        def get(name, dtype, field):
+            runs = results.get((batch, name, dtype))
+            return median(runs, field) if isinstance(runs, list) else None
+
+        checks = [("redco f32 / transformers, decode", ("redco", "f32"), ("transformers", "f32"), "decode", 3.0)]
+        for dt in a.dtypes:
+            checks += [(f"redco / llama.cpp {dt}, decode", ("redco", dt), ("llama.cpp", dt), "decode", 0.9),
+                       (f"redco / llama.cpp {dt}, prefill", ("redco", dt), ("llama.cpp", dt), "prefill", 1.0)]
+        checks.append(("redco bf16 / f32, decode", ("redco", "bf16"), ("redco", "f32"), "decode", 1.7))
+        for label, x, y, what, target in checks:
+            u, v = get(*x, f"{what}_tok_s"), get(*y, f"{what}_tok_s")
+            if u is None or v is None:
+                continue
+            verdict = "met" if u / v >= target else "MISSED"
+            print(f"| {batch} | {label} | {u / v:.2f}× | ≥ {target}× ({verdict}) |")
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    csv = lambda s: [x for x in s.split(",") if x]
     ap.add_argument("--redco", default="build/tools/redco-generate")
-    ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama1b", "t5-small", "bart-base"])
-    ap.add_argument("--root", default="/tmp/redco-bench-generate")
+    ap.add_argument("--models", type=csv, default=["gpt2"], help="gpt2,llama1b,t5-small,bart-base")
+    ap.add_argument("--root", default="/tmp/redco-bench-generate", help="checkpoints and GGUFs (made once)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch", type=lambda s: [int(x) for x in csv(s)], default=[1])
+    ap.add_argument("--dtypes", type=csv, default=["f32"], help="weights for redco and llama.cpp: f32,bf16")
+    ap.add_argument("--contenders", type=csv, default=["transformers", "redco", "llama.cpp"])
+    ap.add_argument("--hf-new", type=int, default=0,
+                    help="new tokens for transformers only (default --new): its decode rate over fewer "
+                         "steps, when 128 steps of a 1B model take too long on a loaded machine")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--bf16", action="store_true", help="also redco with bf16 weights (--dtype bf16)")
+    ap.add_argument("--bandwidth", default="build/tools/bench/bench_bandwidth")
+    ap.add_argument("--llamacpp-py", default=os.environ.get("LLAMACPP_PY"),
+                    help="llama-cpp-python sdist folder (its llama_cpp package)")
+    ap.add_argument("--llamacpp-lib", default=os.environ.get("LLAMA_CPP_LIB_PATH"),
+                    help="folder with the libllama.so built from the sdist's vendor/llama.cpp")
+    ap.add_argument("--llamacpp-bench", default=os.environ.get("LLAMACPP_BATCHED_BENCH"),
+                    help="llama-batched-bench, used instead of the bindings when given")
+    ap.add_argument("--llamacpp-src", default=os.environ.get("LLAMACPP_SRC"))
     a = ap.parse_args()
+    for m in a.models:
+        if m not in ("gpt2", "llama1b") + SEQ2SEQ:
+            ap.error(f"--models: unknown model '{m}' (gpt2, llama1b, t5-small, bart-base)")
+    for dt in a.dtypes:
+        if dt not in ("f32", "bf16"):
+            ap.error(f"--dtypes: unknown dtype '{dt}' (f32, bf16)")
+    if "redco" in a.contenders and not os.access(a.redco, os.X_OK):
+        ap.error(f"--redco: {a.redco} is not an executable; build it: ninja -C build tools/redco-generate")
     torch.set_num_threads(a.threads)
-    d = checkpoint(a.model, a.root)
-    auto = tf.AutoModelForSeq2SeqLM if a.model in ("t5-small", "bart-base") else tf.AutoModelForCausalLM
-    model = auto.from_pretrained(d).eval()
-    print(f"{a.model}: batch {a.batch}, prompt {a.prompt}, new {a.new}, {a.threads} threads; "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
-    rows = []
-    for r in range(a.rounds):
-        h = hf_run(model, a.batch, a.prompt, a.new)
-        x = redco_run(a.redco, d, a.batch, a.prompt, a.new)
-        rows.append((h, x))
-        print(f"round {r}: transformers prefill {h['prefill_tok_s']:.1f} tok/s decode "
-              f"{h['decode_tok_s']:.2f} tok/s | redco prefill {x['prefill_tok_s']:.1f} decode "
-              f"{x['decode_tok_s']:.2f} | decode ratio {x['decode_tok_s'] / h['decode_tok_s']:.2f} "
-              f"prefill ratio {x['prefill_tok_s'] / h['prefill_tok_s']:.2f} "
-              f"(load {os.getloadavg()[0]:.2f})", flush=True)
-        if a.bf16:
-            y = redco_run(a.redco, d, a.batch, a.prompt, a.new, "bf16")
-            print(f"round {r}: redco bf16 weights prefill {y['prefill_tok_s']:.1f} decode "
-                  f"{y['decode_tok_s']:.2f} | bf16 / f32 decode {y['decode_tok_s'] / x['decode_tok_s']:.2f} "
-                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    bw = bandwidth(a)
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; read bandwidth "
+          f"{f'{bw:.1f} GB/s' if bw else 'not measured (no --bandwidth binary)'}; torch {torch.__version__}, "
+          f"transformers {tf.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
+    for kind in a.models:
+        bench_model(a, kind, bw)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // The decode GEMM against bf16 weights (redco/ops/cpu/skinny_bf16.hpp): every
 // row count up to kSkinnyRows and ragged K against a double-precision
 // reference on the widened weights, and cpu::matmul routing bf16 weights
-// there with the result of the general path on the widened copy.
+// there with the result of the general path on the widened copy; the same for
+// the f32 decode kernel (redco/ops/cpu/skinny_f32.hpp).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "redco/core/dtype.hpp"
 #include "redco/core/tensor.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
+#include "redco/ops/cpu/skinny_f32.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 
 namespace redco {
@@ -67,6 +69,37 @@ TEST_CASE("cpu matmul sends few rows against bf16 weights to the skinny kernel",
     INFO("rows " << rows);
     CHECK(max_rel_error(y.data<float>(), x.view({rows, K}), w16, rows, N, K, N) < 1e-6);
     CHECK(max_rel_error(ref.data<float>(), x.view({rows, K}), w16, rows, N, K, N) < 1e-6);
+  }
+}
+
+TEST_CASE("skinny f32 matmul equals the double product for every row count", "[cpu][matmul]") {
+  for (int64_t K : {1, 15, 16, 17, 48, 771}) {
+    for (int64_t M = 1; M <= cpu::kSkinnyRows; ++M) {
+      const int64_t N = 67;
+      const Tensor x = values(Shape{M, K}, uint64_t(K * 100 + M));
+      // f32 weights that are exactly bf16 values, so the bf16 reference above applies.
+      const Tensor w16 = values(Shape{N, K}, uint64_t(K)).to(DType::bf16);
+      const Tensor w = w16.to(DType::f32);
+      std::vector<float> y(size_t(M * (N + 3)), -7.f);  // ldy > N: the gaps stay untouched
+      cpu::skinny_matmul_f32(x.data<float>(), K, w.data<float>(), K, y.data(), N + 3, M, N, K);
+      INFO("M " << M << " K " << K);
+      CHECK(max_rel_error(y.data(), x, w16, M, N, K, N + 3) < 1e-6);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = N; n < N + 3; ++n) REQUIRE(y[size_t(m * (N + 3) + n)] == -7.f);
+    }
+  }
+}
+
+TEST_CASE("cpu matmul sends few rows against f32 weights to the skinny kernel", "[cpu][matmul]") {
+  const int64_t K = 200, N = 3000;
+  const Tensor w16 = values(Shape{N, K}, 10).to(DType::bf16);
+  const Tensor w = w16.to(DType::f32);
+  for (int64_t rows : {int64_t(1), int64_t(3), cpu::kSkinnyRows, cpu::kSkinnyRows + 1}) {
+    const Tensor x = values(Shape{1, rows, K}, uint64_t(rows + 50));
+    const Tensor y = cpu::matmul(x, w, false, true);
+    REQUIRE(y.shape() == Shape{1, rows, N});
+    INFO("rows " << rows);
+    CHECK(max_rel_error(y.data<float>(), x.view({rows, K}), w16, rows, N, K, N) < 1e-6);
   }
 }
 

@@ -35,6 +35,7 @@
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
+#include "redco/ops/cpu/skinny_f32.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 #include "redco/ops/matmul_batch.hpp"
 
@@ -193,6 +194,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
     const Tensor a = gemm_operand(a_in);
     skinny_matmul_bf16(a.data<float>(), g.K, static_cast<const uint16_t*>(b_in.raw()), g.ldb,
                        c.data<float>(), g.N, a.numel() / g.K, g.N, g.K);
+    return c;
+  }
+  if (folds && trans_b && b_in.dtype() == DType::f32 && a_in.numel() / g.K <= kSkinnyRows) {
+    // Decoding against f32 weights: one streaming pass over them (skinny_f32.hpp).
+    const Tensor a = gemm_operand(a_in);
+    skinny_matmul_f32(a.data<float>(), g.K, b_in.data<float>(), g.ldb, c.data<float>(), g.N,
+                      a.numel() / g.K, g.N, g.K);
     return c;
   }
   if (native_bf16(a_in, b_in, g, bt, c)) return c;

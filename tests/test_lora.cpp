@@ -246,9 +246,11 @@ TEST_CASE("lora: two model shards train as one", "[lora]") {
     INFO("step " << i + 1 << ": " << l2[i] << " vs " << l1[i]);
     CHECK(std::abs(l2[i] - l1[i]) <= 1e-5 * std::abs(l1[i]));
   }
+  // Parameters after 12 steps: fp32 sums in another order (the row-parallel
+  // all-reduce) drift by a few 1e-5 at most; a wrong split is off by O(1).
   for (const auto& [name, t] : p1) {
     INFO(name);
-    CHECK(max_abs_diff(p2.at(name), t) < 1e-5f);
+    CHECK(max_abs_diff(p2.at(name), t) < 1e-4f);
   }
 }
 

@@ -621,13 +621,18 @@ TEST_CASE("gradients of imported models on 2 shards are the slices of the 1-shar
                 [&](const nn::ParamTree& p) { return loss_of(part.model, p, ctx); }, part.params);
             got[size_t(comm.rank())] = std::move(gr), losses[size_t(comm.rank())] = l.item();
           });
+          // A tensor whose true gradient is zero (a key bias: softmax ignores
+          // it) holds only rounding noise, so the tolerance's floor is set by
+          // the model's largest gradient, not by the tensor's own.
+          float scale = 0.f;
+          for (const auto& [n, t] : want) scale = std::max(scale, max_abs(t));
           for (int r = 0; r < 2; ++r) {
             CHECK(std::abs(losses[size_t(r)] - want_loss.item()) <= 1e-5f * want_loss.item());
             for (const shard::ParamSplit& s : plan) {
               INFO(s.name << " rank " << r);
               const Tensor slice_want = train::slice_shard(want.at(s.name), s, r, 2);
               CHECK(test::max_abs_diff(got[size_t(r)].at(s.name), slice_want) <=
-                    1e-5f * std::max(max_abs(slice_want), 1e-3f));
+                    1e-5f * std::max(max_abs(slice_want), 1e-2f * scale));
             }
           }
         },

@@ -196,8 +196,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
                        c.data<float>(), g.N, a.numel() / g.K, g.N, g.K);
     return c;
   }
-  if (folds && trans_b && b_in.dtype() == DType::f32 && a_in.numel() / g.K <= kSkinnyRows) {
+  if (folds && trans_b && b_in.dtype() == DType::f32 && a_in.numel() / g.K <= kSkinnyRows &&
+      !a_in.requires_grad()) {
     // Decoding against f32 weights: one streaming pass over them (skinny_f32.hpp).
+    // Only where no gradient flows through a (inference): training keeps one
+    // GEMM for every row count, so a step's rounding does not depend on how
+    // few rows it has, and sharded runs keep matching the 1-device run.
     const Tensor a = gemm_operand(a_in);
     skinny_matmul_f32(a.data<float>(), g.K, b_in.data<float>(), g.ldb, c.data<float>(), g.N,
                       a.numel() / g.K, g.N, g.K);

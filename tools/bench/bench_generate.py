@@ -17,11 +17,12 @@ prefill, B*N / its decode loop). Decode at small batch is memory-bound: each ste
 weight once, so the table also gives the weight bytes streamed per second and
 their share of the measured read bandwidth.
 
+  # LLAMACPP_SRC: the unpacked llama-cpp-python 0.3.36 sdist; LLAMACPP_BUILD: its CMake build
   .venv-ref/bin/python tools/bench/bench_generate.py --redco build/tools/redco-generate \\
       --models gpt2,llama1b --batch 1,8 --dtypes f32,bf16 --prompt 512 --new 128 --rounds 1 \\
       --bandwidth build/tools/bench/bench_bandwidth \\
-      --llamacpp-py /work/llamacpp/llama_cpp_python-0.3.36 --llamacpp-lib /work/llamacpp/build/bin \\
-      --llamacpp-src /work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp
+      --llamacpp-py $LLAMACPP_SRC --llamacpp-lib $LLAMACPP_BUILD/bin \\
+      --llamacpp-src $LLAMACPP_SRC/vendor/llama.cpp
 
 A contender that is missing keeps its rows, with the reason. Encoder-decoders
 (--models t5-small or bart-base, random weights at those sizes) run redco and

@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/attention.hpp"
 
@@ -282,4 +283,60 @@ TEST_CASE("attention rejects inconsistent shapes", "[attention]") {
   const AttentionShape bad_dim = make_shape(1, 2, 1, 2, 2, 0, false);
   CHECK_THROWS_AS(redco::cpu::flash_attention_backward(bad_dim, p, p, p, p, p, p, p, p, p),
                   redco::Error);
+}
+
+// The decode kernel (a few query rows against a KV cache) against the tiled
+// kernel, with everything a cache step passes: per-row key ranges and causal
+// offsets, shared and per-row biases, grouped-query heads, head dims that are
+// and are not multiples of 8, and a bf16 cache (against the tiled kernel on
+// the same values widened to f32: only the order of the sums may differ).
+TEST_CASE("decode attention equals the tiled kernel on cache steps", "[attention]") {
+  using redco::cpu::decode_attention_forward;
+  using redco::cpu::flash_attention_forward;
+  uint64_t seed = 900;
+  struct Case {
+    int64_t B, Hq, Hkv, Tq, Tk, D;
+    bool causal, ranges, bias, bias_per_row, bf16;
+  };
+  const Case cases[] = {
+      {1, 12, 12, 1, 576, 64, true, true, false, false, false},
+      {3, 4, 2, 1, 130, 16, true, true, false, false, true},
+      {2, 8, 2, 3, 77, 20, true, true, false, false, false},
+      {2, 4, 4, 1, 64, 64, false, true, true, false, false},
+      {2, 4, 1, 2, 50, 16, true, true, true, true, true},
+      {1, 2, 2, 4, 9, 8, false, false, false, false, true},
+  };
+  for (const Case& c : cases) {
+    AttentionShape s = make_shape(c.B, c.Hq, c.Hkv, c.Tq, c.Tk, c.D, c.causal);
+    INFO("B " << c.B << " Hq " << c.Hq << " Hkv " << c.Hkv << " Tq " << c.Tq << " Tk " << c.Tk
+              << " D " << c.D << " bf16 " << c.bf16);
+    REQUIRE(redco::cpu::use_decode_attention(s));
+    const Vf q = randn(q_size(s), seed++);
+    Vf k = randn(kv_size(s), seed++), v = randn(kv_size(s), seed++);
+    std::vector<uint16_t> kb(k.size()), vb(v.size());
+    if (c.bf16)  // the cache's values: f32 rounded to bf16, and their bits
+      for (size_t i = 0; i < k.size(); ++i) {
+        kb[i] = redco::float_to_bf16(k[i]), k[i] = redco::bf16_to_float(kb[i]);
+        vb[i] = redco::float_to_bf16(v[i]), v[i] = redco::bf16_to_float(vb[i]);
+      }
+    std::vector<int64_t> begin(size_t(c.B)), end(size_t(c.B)), offset(size_t(c.B));
+    for (int64_t b = 0; b < c.B; ++b) {  // row b holds Tk - 7b tokens, the first b are padding
+      begin[size_t(b)] = b;
+      end[size_t(b)] = c.Tk - 7 * b;
+      offset[size_t(b)] = end[size_t(b)] - c.Tq;
+    }
+    if (c.ranges)
+      s.key_begin = begin.data(), s.key_end = end.data(), s.causal_offset = offset.data();
+    const Vf bias = randn((c.bias_per_row ? c.B : 1) * c.Hq * c.Tq * c.Tk, seed++);
+    if (c.bias) s.bias = bias.data(), s.bias_per_row = c.bias_per_row;
+    Vf o_tiled(size_t(q_size(s))), lse_tiled(size_t(c.B * c.Hq * c.Tq));
+    Vf o(o_tiled.size(), 7.f), lse(lse_tiled.size(), 7.f);
+    flash_attention_forward(s, q.data(), k.data(), v.data(), o_tiled.data(), lse_tiled.data());
+    if (c.bf16)
+      decode_attention_forward(s, q.data(), kb.data(), vb.data(), true, o.data(), lse.data());
+    else
+      decode_attention_forward(s, q.data(), k.data(), v.data(), false, o.data(), lse.data());
+    check_close(o, to_d(o_tiled), 1e-5, 1e-4, "o");
+    check_close(lse, to_d(lse_tiled), 1e-5, 1e-5, "lse");
+  }
 }

@@ -40,6 +40,7 @@
 
 #include "redco/comm/mesh.hpp"
 #include "redco/core/philox.hpp"
+#include "redco/core/profile.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
@@ -123,13 +124,31 @@ void print_bench(const Timing& t, const Prompts& prompts) {
       double(B * (steps - 1)) / decode);
 }
 
+// Per-op time of the decode steps (after the first token), to stderr.
+void print_decode_profile(int64_t steps) {
+  profile::enable(false);
+  const std::vector<profile::Entry> entries = profile::report();
+  profile::reset();
+  double total = 0;
+  for (const auto& e : entries) total += e.seconds;
+  std::cerr << fmt::format("per-op decode time over {} steps (exclusive; ms per step, calls):\n",
+                           steps);
+  for (const auto& e : entries)
+    std::cerr << fmt::format("  {:8.3f} ms {:5.1f}%  {:7.1f}  {}\n",
+                             1e3 * e.seconds / double(steps), 100 * e.seconds / total,
+                             double(e.calls) / double(steps), e.path);
+  std::cerr << fmt::format("  {:8.3f} ms in profiled scopes per step\n",
+                           1e3 * total / double(steps));
+}
+
 // Generates the prompts' completions and returns one output line per row
 // (text, or ids separated by spaces); prints them too when `print`,
 // streaming. --bench prints its JSON line instead and returns nothing.
 template <typename M>
 std::vector<std::string> run(const models::Pretrained<M>& m, const Prompts& prompts,
                              const generation::GenerationConfig& config, nn::Ctx ctx, bool bench,
-                             bool print, const data::Tokenizer* tok = nullptr) {
+                             bool print, const data::Tokenizer* tok = nullptr,
+                             bool profile_decode = false) {
   if (prompts.empty()) return {};  // a replica with no prompts of its own
   Timing t;
   t.start = Clock::now();
@@ -146,7 +165,10 @@ std::vector<std::string> run(const models::Pretrained<M>& m, const Prompts& prom
   const bool stream = !tok && print && !bench && rows == 1 && config.num_beams == 1;
   const generation::OnToken on_token = [&](int64_t, int64_t id) {
     const auto now = Clock::now();
-    if (t.tokens++ == 0) t.first = now;
+    if (t.tokens++ == 0) {
+      t.first = now;
+      if (profile_decode) profile::enable(true);  // decode only, not the prefill
+    }
     t.last = now;
     if (stream) std::cout << (t.tokens > 1 ? " " : "") << id << std::flush;
     return true;
@@ -158,6 +180,7 @@ std::vector<std::string> run(const models::Pretrained<M>& m, const Prompts& prom
     out = generation::generate(m.model, m.params, prompts, config, ctx, on_token, text);
   if (bench) {
     if (print) print_bench(t, prompts);
+    if (profile_decode) print_decode_profile(t.tokens / int64_t(prompts.size()) - 1);
     return {};
   }
   if (stream) std::cout << '\n';
@@ -262,6 +285,7 @@ struct Options {
   bool bench = false;
   int64_t batch = 1, prompt_length = 512;
   std::string dtype = "f32";
+  bool profile = false;
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -304,6 +328,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--batch", o.batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
   app.add_option("--prompt-length", o.prompt_length, "--bench: tokens per prompt")
       ->check(redco::cli::at_least(1));
+  app.add_flag("--profile", o.profile, "--bench: per-op time of the decode steps (stderr)");
 }
 
 }  // namespace
@@ -350,7 +375,7 @@ int main(int argc, char** argv) try {
                     "redco-generate: no prompts (give --prompt, --prompts-file or lines on stdin)");
         if (o.bench) {
           run(m, prompts, o.c, ctx, true, false);  // warm-up: buffers and caches
-          run(m, prompts, o.c, ctx, true, deployer.is_main());
+          run(m, prompts, o.c, ctx, true, deployer.is_main(), nullptr, o.profile);
           return;
         }
         const auto [begin, end] =

@@ -47,6 +47,12 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define REDCO_DECODE_AVX2 1
+#endif
+
+#include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
@@ -364,6 +370,131 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
       const float* part = dq_extra.data() + (set - 1) * q_elems;
       for (int64_t i = rg.begin(); i < rg.end(); ++i) dq[i] += part[i];
     }
+  });
+}
+
+// --------------------------------------------------------------- decoding --
+//
+// A decode step has one query row (or a few) per head against hundreds or
+// thousands of cached keys. The tiled kernel would make two 1 x 64 x D GEMM
+// calls per key tile (call overhead dominates) and a bf16 cache would first
+// be widened into an f32 copy. Here each (batch row, kv head) task reads its
+// keys and values once, as stored, for every query row of the heads sharing
+// them: the scores into a row buffer, an exact softmax over each row's
+// visible span (max first, no rescaling), then the values weighted into the
+// output.
+
+namespace {
+
+#if REDCO_DECODE_AVX2
+// 8 bf16 (a 16-byte load) widened to f32: bf16 is f32's high half.
+inline __m256 widen8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return widen8(p); }
+inline float hsum(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#endif
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) { return bf16_to_float(x); }
+
+// q . k over D, k f32 or bf16 (widened in registers). A fixed summation order
+// (not Eigen's alignment-dependent peel): a token's scores do not depend on
+// where its buffers start.
+template <typename KV>
+inline float dot(const float* q, const KV* k, int64_t D) {
+  int64_t d = 0;
+  float s = 0.f;
+#if REDCO_DECODE_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), acc);
+  s = hsum(acc);
+#endif
+  for (; d < D; ++d) s += q[d] * to_f32(k[d]);
+  return s;
+}
+
+// y += a v over D floats, v f32 or bf16.
+template <typename KV>
+inline void axpy(float a, const KV* v, float* y, int64_t D) {
+  int64_t d = 0;
+#if REDCO_DECODE_AVX2
+  const __m256 va = _mm256_set1_ps(a);
+  for (; d + 8 <= D; d += 8)
+    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(va, load8(v + d), _mm256_loadu_ps(y + d)));
+#endif
+  for (; d < D; ++d) y[d] += a * to_f32(v[d]);
+}
+
+// The G = group x Tq query rows of one (batch row b, kv head g) task; row r
+// is query r % Tq of head g * group + r / Tq. scratch: [G, Tk] scores;
+// rows: each row's index into q, o, lse. KV: float or uint16_t (bf16).
+template <typename KV>
+void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, const KV* k,
+                 const KV* v, float* o, float* lse, AlignedFloats& scratch,
+                 std::vector<int64_t>& rows) {
+  const int64_t D = s.D, Tk = s.Tk, group = s.Hq / s.Hkv, G = group * s.Tq;
+  const KV* kb = k + (b * s.Hkv + g) * Tk * D;  // this kv head's [Tk, D] keys and values
+  const KV* vb = v + (b * s.Hkv + g) * Tk * D;
+  if (scratch.size() < size_t(G * Tk)) scratch.resize(size_t(G * Tk));
+  float* S = scratch.data();
+  rows.resize(size_t(G));
+  for (int64_t r = 0; r < G; ++r)
+    rows[size_t(r)] = (b * s.Hq + g * group + r / s.Tq) * s.Tq + r % s.Tq;
+  const KeyRange kr = keys_of(s, b);
+  const int64_t j0 = std::clamp<int64_t>(kr.begin, 0, Tk), j1 = std::max(j0, key_end(s, kr, s.Tq));
+  for (int64_t j = j0; j < j1; ++j) {  // scores: each key read once for all G rows
+    const KV* kj = kb + j * D;
+    for (int64_t r = 0; r < G; ++r) S[r * Tk + j] = s.scale * dot(q + rows[size_t(r)] * D, kj, D);
+  }
+  for (int64_t r = 0; r < G; ++r) {  // probabilities, zero outside the row's visible span
+    const int64_t i = r % s.Tq, h = g * group + r / s.Tq, bh = b * s.Hq + h, row = rows[size_t(r)];
+    float* srow = S + r * Tk;
+    const Span sp = visible_in_tile(s, kr, i, 0, Tk);
+    std::fill(srow + j0, srow + std::max(j0, sp.lo), 0.f);
+    std::fill(srow + std::min(j1, sp.hi), srow + j1, 0.f);
+    std::fill(o + row * D, o + row * D + D, 0.f);
+    if (sp.hi == sp.lo) {  // no visible key: o = 0, lse = -inf, as the tiled kernel
+      lse[row] = kNegInf;
+      continue;
+    }
+    add_bias(s, s.bias ? s.bias + (s.bias_per_row ? bh : h) * s.Tq * Tk : nullptr, i, 0, sp, srow);
+    Row p(srow + sp.lo, sp.hi - sp.lo);
+    const float m = p.maxCoeff();
+    p = (p - m).exp();
+    const float l = p.sum();
+    p *= 1.f / l;
+    lse[row] = m + std::log(l);
+  }
+  for (int64_t j = j0; j < j1; ++j) {  // outputs: each value read once for all G rows
+    const KV* vj = vb + j * D;
+    for (int64_t r = 0; r < G; ++r)
+      if (const float pj = S[r * Tk + j]; pj != 0.f) axpy(pj, vj, o + rows[size_t(r)] * D, D);
+  }
+}
+
+}  // namespace
+
+bool use_decode_attention(const AttentionShape& s) { return s.Tq <= kDecodeQueryRows; }
+
+void decode_attention_forward(const AttentionShape& s, const float* q, const void* k, const void* v,
+                              bool kv_bf16, float* o, float* lse) {
+  check_shape("decode_attention_forward", s);
+  parallel_units(s.B * s.Hkv, [&](int64_t u0, int64_t u1) {
+    thread_local AlignedFloats scratch;  // both grow once: a decoded token allocates nothing
+    thread_local std::vector<int64_t> rows;
+    for (int64_t u = u0; u < u1; ++u)
+      if (kv_bf16)
+        decode_task(s, u / s.Hkv, u % s.Hkv, q, static_cast<const uint16_t*>(k),
+                    static_cast<const uint16_t*>(v), o, lse, scratch, rows);
+      else
+        decode_task(s, u / s.Hkv, u % s.Hkv, q, static_cast<const float*>(k),
+                    static_cast<const float*>(v), o, lse, scratch, rows);
   });
 }
 

@@ -40,4 +40,13 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
 // dbias, with a bias: [B, Hq, Tq, Tk], each batch row's gradient of the bias
 // (the caller sums over B); entries no query sees are zero.
 
+// Decoding: a few query rows against a KV cache. The same results as
+// flash_attention_forward up to rounding, with k and v read once as stored:
+// f32, or bf16 (kv_bf16: a bf16 cache, widened in registers).
+// use_decode_attention says when it is the faster kernel (Tq small).
+constexpr int64_t kDecodeQueryRows = 4;
+bool use_decode_attention(const AttentionShape& s);
+void decode_attention_forward(const AttentionShape& s, const float* q, const void* k, const void* v,
+                              bool kv_bf16, float* o, float* lse);
+
 }  // namespace redco::cpu

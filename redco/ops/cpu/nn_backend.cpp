@@ -303,12 +303,21 @@ void attach_extras(cpu::AttentionShape& s, const AttentionExtras& x, Tensor& bia
 
 Tensor CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                              bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
-  Tensor q = f32(q_in, "attention"), k = f32(k_in, "attention"), v = f32(v_in, "attention");
-  auto s = attention_shape(q, k, v, causal, scale);
+  Tensor q = f32(q_in, "attention");
+  auto s = attention_shape(q, k_in, v_in, causal, scale);
   Tensor bias;
   attach_extras(s, x, bias);
   Tensor o = like(q);
   lse = Tensor::empty({s.B, s.Hq, s.Tq});
+  const bool bf16_kv = k_in.dtype() == DType::bf16 && v_in.dtype() == DType::bf16;
+  if (cpu::use_decode_attention(s) &&
+      (bf16_kv || (k_in.dtype() == DType::f32 && v_in.dtype() == DType::f32))) {
+    // A decode step: the cached keys and values read once, as stored.
+    cpu::decode_attention_forward(s, q.data<float>(), k_in.raw(), v_in.raw(), bf16_kv,
+                                  o.data<float>(), lse.data<float>());
+    return o;
+  }
+  Tensor k = f32(k_in, "attention"), v = f32(v_in, "attention");
   cpu::flash_attention_forward(s, q.data<float>(), k.data<float>(), v.data<float>(),
                                o.data<float>(), lse.data<float>());
   return o;

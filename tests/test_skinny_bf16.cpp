@@ -110,4 +110,31 @@ TEST_CASE("cpu matmul sends few rows against f32 weights to the skinny kernel", 
   CHECK(max_rel_error(inference.data<float>(), x, w16, 2, N, K, N) < 1e-6);
 }
 
+// Batch invariance: each output is summed in one order whatever the row and
+// weight blocks around it (skinny_blocks.hpp), so a row's products equal the
+// ones it gets decoded alone, bit for bit (sampling then draws the same
+// tokens whatever the batch a prompt sits in).
+TEST_CASE("skinny matmuls give a row the same bits in every batch", "[cpu][matmul]") {
+  const int64_t N = 37, K = 100;  // N not a multiple of any weight block, K with a tail
+  const Tensor x = values(Shape{cpu::kSkinnyRows, K}, 11);
+  const Tensor w = values(Shape{N, K}, 12), w16 = w.to(DType::bf16);
+  const auto* w16p = static_cast<const uint16_t*>(w16.raw());
+  std::vector<float> alone32(size_t(cpu::kSkinnyRows * N)), alone16(alone32.size());
+  for (int64_t m = 0; m < cpu::kSkinnyRows; ++m) {
+    const float* xm = x.data<float>() + m * K;
+    cpu::skinny_matmul_f32(xm, K, w.data<float>(), K, alone32.data() + m * N, N, 1, N, K);
+    cpu::skinny_matmul_bf16(xm, K, w16p, K, alone16.data() + m * N, N, 1, N, K);
+  }
+  for (int64_t M = 2; M <= cpu::kSkinnyRows; ++M) {
+    std::vector<float> y32(size_t(M * N)), y16(size_t(M * N));
+    cpu::skinny_matmul_f32(x.data<float>(), K, w.data<float>(), K, y32.data(), N, M, N, K);
+    cpu::skinny_matmul_bf16(x.data<float>(), K, w16p, K, y16.data(), N, M, N, K);
+    INFO("M " << M);
+    for (size_t i = 0; i < y32.size(); ++i) {
+      REQUIRE(y32[i] == alone32[i]);
+      REQUIRE(y16[i] == alone16[i]);
+    }
+  }
+}
+
 }  // namespace redco

@@ -5,23 +5,15 @@
 
 #include "redco/core/dtype.hpp"
 #include "redco/ops/cpu/parallel.hpp"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define REDCO_SKINNY_AVX2 1
-#endif
+#include "redco/ops/cpu/skinny_blocks.hpp"
 
 namespace redco::cpu {
 namespace {
+using skinny::for_row_blocks;
 
 #if REDCO_SKINNY_AVX2
-constexpr int64_t kPrefetchBytes = 4096;
-
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
+using skinny::hsum;
+using skinny::kPrefetchBytes;
 
 // 16 bf16 loaded as 8 32-bit lanes: the odd elements already sit in the high
 // halves (an AND makes them f32), the even ones need a shift. No shuffle, so
@@ -93,24 +85,9 @@ void skinny_matmul_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t 
   // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
   const int64_t grain = grain_for(int64_t(1) << 15, K);
   parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t m = 0; m < M; m += 4) {  // rows beyond the first 4 re-read w from cache
-      const float *xm = x + m * ldx, *xsm = xs_data + m * ldxs;
-      float* ym = y + m * ldy;
-      switch (std::min<int64_t>(4, M - m)) {
-        case 4:
-          block<4>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-        case 3:
-          block<3>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-        case 2:
-          block<2>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-        default:
-          block<1>(xsm, ldxs, xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-      }
-    }
+    for_row_blocks(M, [&]<int MB>(int64_t m) {
+      block<MB>(xs_data + m * ldxs, ldxs, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, n0, n1, K);
+    });
   });
 }
 

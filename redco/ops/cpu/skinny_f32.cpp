@@ -3,23 +3,15 @@
 #include <algorithm>
 
 #include "redco/ops/cpu/parallel.hpp"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define REDCO_SKINNY_F32_AVX2 1
-#endif
+#include "redco/ops/cpu/skinny_blocks.hpp"
 
 namespace redco::cpu {
 namespace {
+using skinny::for_row_blocks;
 
-#if REDCO_SKINNY_F32_AVX2
-constexpr int64_t kPrefetchBytes = 4096;
-
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
+#if REDCO_SKINNY_AVX2
+using skinny::hsum;
+using skinny::kPrefetchBytes;
 
 // Weight rows [n0, n1) against MB activation rows: two accumulators per row
 // (16 floats a step) keep two FMA chains in flight per loaded weight vector.
@@ -67,24 +59,9 @@ void skinny_matmul_f32(const float* x, int64_t ldx, const float* w, int64_t ldw,
   // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
   const int64_t grain = grain_for(int64_t(1) << 14, K);
   parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t m = 0; m < M; m += 4) {  // rows beyond the first 4 re-read w from cache
-      const float* xm = x + m * ldx;
-      float* ym = y + m * ldy;
-      switch (std::min<int64_t>(4, M - m)) {
-        case 4:
-          block<4>(xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-        case 3:
-          block<3>(xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-        case 2:
-          block<2>(xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-        default:
-          block<1>(xm, ldx, w, ldw, ym, ldy, n0, n1, K);
-          break;
-      }
-    }
+    for_row_blocks(M, [&]<int MB>(int64_t m) {
+      block<MB>(x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, n0, n1, K);
+    });
   });
 }
 

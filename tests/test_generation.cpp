@@ -157,20 +157,50 @@ TEST_CASE("generation refuses bad options with one message", "[generation]") {
 
 TEST_CASE("bf16 weights decode as their f32 widening does", "[generation][bf16]") {
   // Loaded as bf16, the projections of a decoded token and the embedding
-  // lookups read the weights as stored (ops/cpu/skinny_bf16.hpp); the same
-  // values widened to f32 take the general path. Same tokens, near logits.
+  // lookups read the weights as stored (ops/cpu/skinny_bf16.hpp) and the KV
+  // cache is bf16; the same values widened to f32 take the general path (with
+  // a bf16 cache asked for). Same tokens, near logits.
   auto same_tokens = [&]<typename M>(const std::string& name) {
     const auto p16 = models::from_pretrained<M>(fixture(name), {.dtype = DType::bf16});
     nn::ParamTree p32;
     for (const auto& [k, t] : p16.params) p32.emplace(k, t.to(DType::f32));
     const Prompts prompts{{5, 17, 33, 2}, {60}, {9, 9, 41, 70, 12, 3, 88}};
     const GenerationConfig c{.max_new_tokens = 16};
+    GenerationConfig c32 = c;
+    c32.cache_dtype = DType::bf16;
     const auto a = generation::generate(p16.model, p16.params, prompts, c);
-    const auto b = generation::generate(p16.model, p32, prompts, c);
+    const auto b = generation::generate(p16.model, p32, prompts, c32);
     INFO(name);
     CHECK(a.sequences == b.sequences);
   };
   same_tokens.operator()<models::Gpt2>("gpt2");
   same_tokens.operator()<models::Llama>("llama");
   same_tokens.operator()<models::Llama>("qwen2");
+}
+
+TEST_CASE("int8 weights decode as their dequantized values do", "[generation][int8]") {
+  // Loaded as i8, every matrix is quantized by rows: decode projections read a
+  // byte a weight (ops/cpu/skinny_i8.hpp), embedding lookups scale the rows
+  // they gather; the dequantized f32 values take the general path.
+  auto same_tokens = [&]<typename M>(const std::string& name) {
+    const auto p8 = models::from_pretrained<M>(fixture(name), {.dtype = DType::i8});
+    nn::ParamTree p32;
+    int64_t quantized = 0;
+    for (const auto& [k, t] : p8.params) {
+      quantized += t.row_scales() != nullptr;
+      CHECK((t.rank() == 2) == (t.dtype() == DType::i8));  // matrices only; norms stay f32
+      p32.emplace(k, t.to(DType::f32));
+    }
+    CHECK(quantized > 0);
+    const Prompts prompts{{5, 17, 33, 2}, {60}, {9, 9, 41, 70, 12, 3, 88}};
+    const GenerationConfig c{.max_new_tokens = 16};
+    GenerationConfig c32 = c;
+    c32.cache_dtype = DType::bf16;  // as int8 weights have by default
+    const auto a = generation::generate(p8.model, p8.params, prompts, c);
+    const auto b = generation::generate(p8.model, p32, prompts, c32);
+    INFO(name);
+    CHECK(a.sequences == b.sequences);
+  };
+  same_tokens.operator()<models::Gpt2>("gpt2");
+  same_tokens.operator()<models::Llama>("llama");
 }

@@ -137,4 +137,36 @@ TEST_CASE("skinny matmuls give a row the same bits in every batch", "[cpu][matmu
   }
 }
 
+// Weight-only int8 (Tensor::quantize_rows, skinny_i8.hpp): the quantized
+// values are within half a step of the weights; the kernel equals the
+// product with the dequantized weights for every row count and ragged K; the
+// general path (more rows), views and row slices keep the scales; views that
+// would cut rows apart are refused. (Embedding lookups: test_generation.)
+TEST_CASE("int8 rows: quantization, the skinny kernel and the general path", "[cpu][matmul][i8]") {
+  for (int64_t K : {1, 15, 16, 17, 48, 771}) {
+    const int64_t N = 67;
+    const Tensor w = values(Shape{N, K}, uint64_t(K + 5));
+    const Tensor q = Tensor::quantize_rows(w);
+    REQUIRE(q.dtype() == DType::i8);
+    REQUIRE(q.row_scales() != nullptr);
+    const Tensor back = q.to(DType::f32);
+    for (int64_t n = 0; n < N; ++n) {
+      const float step = q.row_scales()->data<float>()[n];
+      for (int64_t k = 0; k < K; ++k)
+        REQUIRE(std::abs(back.data<float>()[n * K + k] - w.data<float>()[n * K + k]) <=
+                0.5f * step * (1 + 1e-6f));
+    }
+    for (int64_t M = 1; M <= cpu::kSkinnyRows + 3; ++M) {
+      const Tensor x = values(Shape{M, K}, uint64_t(K * 100 + M));
+      const Tensor y = cpu::matmul(x, q, false, true);  // skinny up to kSkinnyRows, then GEMM
+      INFO("M " << M << " K " << K);
+      CHECK(max_rel_error(y.data<float>(), x, back, M, N, K, N) < 1e-5);
+    }
+  }
+  const Tensor q = Tensor::quantize_rows(values(Shape{6, 4}, 3));
+  CHECK(q.view({6, 2, 2}).to(DType::f32).view({6, 4}).to_vector() == q.to(DType::f32).to_vector());
+  CHECK(q.slice0(2, 5).to(DType::f32).to_vector() == q.to(DType::f32).slice0(2, 5).to_vector());
+  CHECK_THROWS_WITH(q.view({4, 6}), Catch::Contains("per row"));
+}
+
 }  // namespace redco

@@ -86,7 +86,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 
 namespace {
 // The tensors stacked along dim 0 into a new buffer (no autograd).
-Tensor stack_rows(const TensorList& ts) {
+// The tensors' rows, one after another (their elements as stored).
+Tensor stack_plain(const TensorList& ts) {
   int64_t rows = 0;
   for (const Tensor& t : ts) rows += t.dim(0);
   Tensor out = Tensor::empty(ts[0].shape().with(0, rows), ts[0].dtype(), ts[0].device());
@@ -96,6 +97,16 @@ Tensor stack_rows(const TensorList& ts) {
     at += t.dim(0);
   }
   return out;
+}
+
+Tensor stack_rows(const TensorList& ts) {
+  if (!ts[0].row_scales()) return stack_plain(ts);
+  TensorList scales;  // int8 weights: their rows, and their scales likewise
+  for (const Tensor& t : ts) {
+    REDCO_CHECK(t.row_scales(), "linear_stacked: int8 and other weights cannot be stacked");
+    scales.push_back(*t.row_scales());
+  }
+  return Tensor::quantized_rows(stack_plain(ts), stack_plain(scales));
 }
 }  // namespace
 

@@ -16,6 +16,8 @@ std::string_view dtype_name(DType t) {
       return "i64";
     case DType::u8:
       return "u8";
+    case DType::i8:
+      return "i8";
   }
   return "?";
 }

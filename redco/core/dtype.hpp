@@ -7,7 +7,8 @@
 
 namespace redco {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
+// i8: int8 weights quantized by rows (Tensor::quantize_rows), for inference.
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8, i8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -22,6 +23,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::i64:
       return 8;
     case DType::u8:
+    case DType::i8:
       return 1;
   }
   return 0;
@@ -48,6 +50,10 @@ constexpr DType dtype_of<int64_t>() {
 template <>
 constexpr DType dtype_of<uint8_t>() {
   return DType::u8;
+}
+template <>
+constexpr DType dtype_of<int8_t>() {
+  return DType::i8;
 }
 
 // bf16 = the top 16 bits of an f32; round to nearest even, NaN stays NaN

@@ -12,6 +12,9 @@
 #include "redco/core/philox.hpp"
 
 namespace redco {
+namespace detail {
+void dequantize_rows(const Tensor& q, float* out);  // quantize_rows.cpp
+}  // namespace detail
 
 Storage::~Storage() {
   if (!owned || !data) return;
@@ -185,6 +188,8 @@ float load(const void* p, DType t, int64_t i) {
       return float(static_cast<const int64_t*>(p)[i]);
     case DType::u8:
       return float(static_cast<const uint8_t*>(p)[i]);
+    case DType::i8:
+      return float(static_cast<const int8_t*>(p)[i]);
   }
   return 0;
 }
@@ -207,6 +212,9 @@ void store(void* p, DType t, int64_t i, float v) {
       break;
     case DType::u8:
       static_cast<uint8_t*>(p)[i] = uint8_t(v);
+      break;
+    case DType::i8:
+      static_cast<int8_t*>(p)[i] = int8_t(v);
       break;
   }
 }
@@ -247,6 +255,13 @@ Tensor Tensor::view(const Shape& s) const {
   impl->shape = target;
   impl->dtype = impl_->dtype;
   impl->placement = impl_->placement;  // a view of a split tensor is still split
+  if (impl_->row_scales) {             // the scales belong to rows: a view must keep them whole
+    REDCO_CHECK(target.rank() >= 1 && target[0] == dim(0),
+                "cannot view the int8 weight {} as {}: its scales are per row of dim 0; "
+                "convert it first (.to(DType::f32))",
+                shape(), target);
+    impl->row_scales = impl_->row_scales;
+  }
   return Tensor(std::move(impl));
 }
 
@@ -260,6 +275,8 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   impl->shape = shape().with(0, end - begin);
   impl->dtype = dtype();
   impl->placement = impl_->placement;
+  if (impl_->row_scales)
+    impl->row_scales = std::make_shared<const Tensor>(impl_->row_scales->slice0(begin, end));
   return Tensor(std::move(impl));
 }
 
@@ -277,6 +294,16 @@ Tensor Tensor::clone() const {
 void Tensor::copy_from(const Tensor& src) {
   REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
               src.shape(), shape());
+  if (src.row_scales() && dtype() != DType::i8) {  // an int8 weight: its values, scaled
+    REDCO_CHECK(is_floating(dtype()) && on_host() && src.on_host(),
+                "copy_from: an int8 weight (quantize_rows) converts to a floating CPU tensor, not "
+                "to {} on {}",
+                dtype_name(dtype()), device().str());
+    if (dtype() == DType::f32) return detail::dequantize_rows(src, data<float>());
+    Tensor wide = empty(shape());
+    detail::dequantize_rows(src, wide.data<float>());
+    return copy_from(wide);
+  }
   if (src.dtype() == dtype()) {
     copy_bytes(device_ptr(), device(), src.device_ptr(), src.device(), nbytes());
     return;
@@ -324,6 +351,7 @@ Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   Tensor out = empty(shape(), dtype(), d);
   copy_bytes(out.device_ptr(), d, device_ptr(), device(), nbytes());
+  if (row_scales()) out.impl().row_scales = std::make_shared<const Tensor>(row_scales()->to(d));
   return out;
 }
 
@@ -376,6 +404,7 @@ Tensor Tensor::detach() const {
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
   impl->placement = impl_->placement;  // still one rank's part
+  impl->row_scales = impl_->row_scales;
   return Tensor(std::move(impl));
 }
 

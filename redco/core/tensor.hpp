@@ -79,6 +79,9 @@ struct TensorImpl {
   // (a norm's output from its input): ops that save this tensor for backward
   // keep the recipe instead and free the activation (autodiff's SavedInput).
   std::function<Tensor()> recompute;
+  // An i8 weight quantized by rows: row n stands for its values x row_scales[n]
+  // (f32 [rows]). Views that keep the rows keep it; conversions apply it.
+  std::shared_ptr<const Tensor> row_scales;
 };
 
 class Tensor {
@@ -105,6 +108,14 @@ class Tensor {
                                  float bound = 2.f);
   // Wraps memory owned by someone else (kept alive by `owner`).
   static Tensor borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
+  // Weight-only int8 for inference: a floating [rows, ...] CPU tensor as i8
+  // with one symmetric scale per row (max |row| / 127), so a decode step
+  // streams a byte a weight. to(f32) / to(bf16) give back the scaled values.
+  static Tensor quantize_rows(const Tensor& w);
+  // i8 rows q [rows, ...] and their scales f32 [rows] as one such tensor.
+  static Tensor quantized_rows(const Tensor& q, const Tensor& scales);
+  // The scales of a quantize_rows tensor (f32 [rows]); null for any other.
+  const Tensor* row_scales() const { return impl().row_scales.get(); }
 
   // ---- metadata -----------------------------------------------------------
   bool defined() const { return bool(impl_); }

@@ -229,7 +229,7 @@ Generated beam_search(const StepFn& step, const Prompts& prompts, const Generati
                           .skip_special_tokens = text.skip_special_tokens};
   if (!c.stop_strings.empty()) st.texts.emplace(quiet, rows, c.stop_strings);
   std::vector<bool> sent(size_t(P), false);
-  nn::KVCache cache(R, longest + c.max_new_tokens);
+  nn::KVCache cache(R, longest + c.max_new_tokens, c.cache_dtype);
   ctx.cache = &cache;  // its K rows per prompt share the prompt's encoder row
   auto [ids, logit_rows] = detail::prefill_input(rows, longest, c.pad_token_id);
   std::vector<int64_t> appended(static_cast<size_t>(R)), src(static_cast<size_t>(R)),

@@ -68,7 +68,7 @@ Generated sample_or_greedy(const StepFn& step, const Prompts& prompts, const Gen
   const int64_t copies = c.do_sample ? c.num_return_sequences : 1;
   const Batch b = expand(prompts, copies);
   const auto R = int64_t(b.rows.size());
-  nn::KVCache cache(R, b.longest + std::max<int64_t>(c.max_new_tokens, 1));
+  nn::KVCache cache(R, b.longest + std::max<int64_t>(c.max_new_tokens, 1), c.cache_dtype);
   ctx.cache = &cache;
   std::vector<RowHistory> hist(static_cast<size_t>(R));
   std::vector<int64_t> appended(static_cast<size_t>(R));

@@ -1,8 +1,11 @@
 #pragma once
 // What generation does, named as transformers' GenerationConfig names it.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "redco/core/dtype.hpp"
 
 namespace redco::generation {
 
@@ -48,6 +51,9 @@ struct GenerationConfig {
   // ---- randomness: a prompt's draws depend on (seed, the prompt, the step) only,
   // so it gets the same tokens in any batch and on any mesh.
   uint64_t seed = 0;
+  // ---- the KV cache's elements: f32, or bf16 (half the bytes each decode step
+  // reads back); unset: bf16 when the model's weights are bf16 or int8, else f32
+  std::optional<DType> cache_dtype{};
 };
 
 // Throws a redco::Error naming the first option out of range.

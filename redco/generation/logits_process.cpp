@@ -24,6 +24,8 @@ void check(const GenerationConfig& c, int64_t vocab) {
   need(c.repetition_penalty > 0.f, "repetition_penalty must be > 0 (1: off)");
   need(c.no_repeat_ngram_size >= 0, "no_repeat_ngram_size must be >= 0");
   need(c.num_beams >= 1, "num_beams must be >= 1");
+  need(!c.cache_dtype || *c.cache_dtype == DType::f32 || *c.cache_dtype == DType::bf16,
+       "cache_dtype must be f32 or bf16");
   need(std::none_of(c.stop_strings.begin(), c.stop_strings.end(),
                     [](const std::string& s) { return s.empty(); }),
        "stop_strings must not hold an empty string");

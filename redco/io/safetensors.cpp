@@ -64,7 +64,8 @@ struct DTypeName {
 };
 constexpr DTypeName kDTypes[] = {{DType::i64, "I64", 6}, {DType::f32, "F32", 5},
                                  {DType::i32, "I32", 4}, {DType::bf16, "BF16", 3},
-                                 {DType::f16, "F16", 2}, {DType::u8, "U8", 1}};
+                                 {DType::f16, "F16", 2}, {DType::u8, "U8", 1},
+                                 {DType::i8, "I8", 1}};
 
 const DTypeName& dtype_entry(DType t) {
   for (const auto& d : kDTypes)

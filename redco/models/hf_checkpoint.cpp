@@ -168,13 +168,24 @@ Tensor read_slice(const io::SafetensorsReader& file, const std::string& name, co
   return gather_rows(block, src, c1 - c0);
 }
 
+// A parameter in the dtype asked for. i8: matrices quantized by rows
+// (weight-only int8), vectors (norms, biases) and other ranks kept in f32.
+Tensor converted(const Tensor& t, DType dtype) {
+  if (dtype == DType::f32) return t;
+  if (dtype != DType::i8) return t.to(dtype);
+  return t.rank() == 2 ? Tensor::quantize_rows(t) : t;
+}
+
 }  // namespace
 
 nn::ParamTree load_weights(const fs::path& dir, const Layout& layout,
                            const std::vector<shard::ParamSplit>& plan, const LoadOptions& opts) {
   REDCO_CHECK(opts.n_shards >= 1 && opts.rank >= 0 && opts.rank < opts.n_shards,
               "load_weights: rank {} is not a shard of {}", opts.rank, opts.n_shards);
-  REDCO_CHECK(is_floating(opts.dtype), "load_weights: parameters must be f32, bf16 or f16");
+  REDCO_CHECK(is_floating(opts.dtype) || opts.dtype == DType::i8,
+              "load_weights: parameters must be f32, bf16, f16 or i8 (int8 matrices for "
+              "inference), not {}",
+              dtype_name(opts.dtype));
   const WeightFiles w = open_weights(dir);
   const std::string prefix = pick_prefix(w, layout, dir);
   check_checkpoint(w, layout, prefix, dir);
@@ -213,7 +224,7 @@ nn::ParamTree load_weights(const fs::path& dir, const Layout& layout,
       }
       t = read_slice(*w.where.at(name), name, s, prow, c0, c1);
     }
-    out.emplace(split.name, opts.dtype == DType::f32 ? t : t.to(opts.dtype));
+    out.emplace(split.name, converted(t, opts.dtype));
   }
   return out;
 }

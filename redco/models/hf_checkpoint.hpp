@@ -94,9 +94,11 @@ std::map<std::string, std::vector<std::string>> parse_index(std::string_view tex
 
 // Designated initialisers name these fields in the order declared below (C++20 rule).
 struct LoadOptions {
-  DType dtype = DType::f32;  // parameters are converted to it (f32, bf16 or f16)
-  int n_shards = 1;          // model shards: this rank reads only its slice of each tensor
-  int rank = 0;              // which shard
+  // Parameters are converted to it: f32, bf16 or f16; or i8, weight-only int8
+  // for inference (matrices quantized by rows, Tensor::quantize_rows; the rest f32).
+  DType dtype = DType::f32;
+  int n_shards = 1;  // model shards: this rank reads only its slice of each tensor
+  int rank = 0;      // which shard
 };
 
 // Reads the parameters of `layout` from dir's safetensors file(s). `plan`

@@ -39,8 +39,12 @@ void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vect
 }
 }  // namespace
 
-KVCache::KVCache(int64_t batch, int64_t capacity)
-    : batch_(batch), capacity_(capacity), length_(size_t(batch), 0), pending_(size_t(batch), 0) {
+KVCache::KVCache(int64_t batch, int64_t capacity, std::optional<DType> dtype)
+    : batch_(batch),
+      capacity_(capacity),
+      dtype_(dtype),
+      length_(size_t(batch), 0),
+      pending_(size_t(batch), 0) {
   REDCO_CHECK(batch >= 1 && capacity >= 1, "KVCache: batch {} and capacity {} must be >= 1", batch,
               capacity);
   key_end_ = Tensor::zeros({batch}, DType::i64);

@@ -21,6 +21,7 @@
 // and values from the memory then, once per source, and keeps them repeated
 // for those rows (a copy, not a projection per beam: set_cross).
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,13 @@ namespace redco::nn {
 
 class KVCache {
  public:
-  KVCache(int64_t batch, int64_t capacity);
+  // dtype: the slots' elements (f32 or bf16); unset: bf16 when the layer's
+  // weights are bf16 or int8, else the keys' dtype.
+  KVCache(int64_t batch, int64_t capacity, std::optional<DType> dtype = std::nullopt);
 
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return capacity_; }
+  const std::optional<DType>& dtype() const { return dtype_; }
   int64_t length(int64_t row) const { return length_[size_t(row)]; }
   const std::vector<int64_t>& lengths() const { return length_; }
 
@@ -76,6 +80,7 @@ class KVCache {
 
  private:
   int64_t batch_, capacity_;
+  std::optional<DType> dtype_;
   std::vector<int64_t> length_, pending_;
   bool in_step_ = false;
   std::map<std::string, Slots> self_, cross_;

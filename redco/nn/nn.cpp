@@ -365,9 +365,10 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
       fill_rope_table(table, cache.lengths(), q.dim(2), head_dim(), rope);
       q = apply_rope_table(q, table), k = apply_rope_table(k, table);
     }
-    // Weights in bf16 (inference): the cache too, so a decode step streams
-    // half the bytes of it as well (the CPU's decode attention reads bf16).
-    const DType stored = p["k_proj.weight"].dtype() == DType::bf16 ? DType::bf16 : k.dtype();
+    // Weights in bf16 or int8 (inference): a bf16 cache by default, so a decode
+    // step streams half the bytes of it as well (the CPU's decode attention reads bf16).
+    const DType stored =
+        cache.dtype().value_or(p["k_proj.weight"].dtype() != DType::f32 ? DType::bf16 : k.dtype());
     KVCache::Slots& s = cache.self(path, k.dim(1), head_dim(), stored);
     if (s.k.device() != k.device()) {  // first use: the cache lives where the keys are
       CachingAllocator::LongLivedScope long_lived;

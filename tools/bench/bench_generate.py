@@ -6,9 +6,9 @@ converter (llamacpp_gguf.py), measures the machine's read bandwidth
 (bench_bandwidth), then lets the contenders take turns, in rotating order:
 
   transformers  model.generate (PyTorch CPU, its KV cache), fp32
-  redco         redco-generate --bench, --dtype f32 and bf16
+  redco         redco-generate --bench, --dtype f32, bf16 and int8
   llama.cpp     llama-cpp-python's bindings (llamacpp_decode.py, llama-batched-bench's
-                method; or llama-batched-bench itself), GGUF f32 and bf16
+                method; or llama-batched-bench itself), GGUF f32, bf16 and q8_0
 
 Greedy, batch B rows of P random prompt tokens, N new tokens, 2 threads each.
 Prefill tokens/s = B*P / time to the first new token; decode tokens/s =
@@ -129,7 +129,14 @@ def redco_run(a, d, batch, dtype):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# redco's weight dtypes and the GGUF type of the same precision (int8: llama.cpp's
+# q8_0, one scale per 32 weights, against redco's one per row).
+GGUF_TYPE = {"f32": "f32", "bf16": "bf16", "int8": "q8_0"}
+WEIGHT_BYTES = {"f32": 4, "bf16": 2, "int8": 1}
+
+
 def gguf_path(a, kind, d, dtype):
+    dtype = GGUF_TYPE[dtype]
     path = os.path.join(a.root, f"{kind}-{dtype}.gguf")
     if os.path.exists(path):
         return path
@@ -243,7 +250,7 @@ def report(a, kind, n, bw, results):
             print(f"| {batch} | {name} | {dtype} | — | — | — | — | {runs} |")
             continue
         dec = median(runs, "decode_tok_s")
-        gbs = dec / batch * n * (4 if dtype == "f32" else 2) / 1e9
+        gbs = dec / batch * n * WEIGHT_BYTES[dtype] / 1e9
         share = f"{100 * gbs / bw:.0f}%" if bw else "not measured"
         loads = "–".join(f"{x['load']:.1f}" for x in runs)
         print(f"| {batch} | {name} | {dtype} | {median(runs, 'prefill_tok_s'):.1f} | {dec:.2f} | {gbs:.1f} "
@@ -259,6 +266,7 @@ def report(a, kind, n, bw, results):
             checks += [(f"redco / llama.cpp {dt}, decode", ("redco", dt), ("llama.cpp", dt), "decode", 0.9),
                        (f"redco / llama.cpp {dt}, prefill", ("redco", dt), ("llama.cpp", dt), "prefill", 1.0)]
         checks.append(("redco bf16 / f32, decode", ("redco", "bf16"), ("redco", "f32"), "decode", 1.7))
+        checks.append(("redco int8 / bf16, decode", ("redco", "int8"), ("redco", "bf16"), "decode", 1.3))
         for label, x, y, what, target in checks:
             u, v = get(*x, f"{what}_tok_s"), get(*y, f"{what}_tok_s")
             if u is None or v is None:
@@ -276,7 +284,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--batch", type=lambda s: [int(x) for x in csv(s)], default=[1])
-    ap.add_argument("--dtypes", type=csv, default=["f32"], help="weights for redco and llama.cpp: f32,bf16")
+    ap.add_argument("--dtypes", type=csv, default=["f32"], help="weights for redco and llama.cpp: f32,bf16,int8")
     ap.add_argument("--contenders", type=csv, default=["transformers", "redco", "llama.cpp"])
     ap.add_argument("--hf-new", type=int, default=0,
                     help="new tokens for transformers only (default --new): its decode rate over fewer "
@@ -296,8 +304,8 @@ def main():
         if m not in ("gpt2", "llama1b") + SEQ2SEQ:
             ap.error(f"--models: unknown model '{m}' (gpt2, llama1b, t5-small, bart-base)")
     for dt in a.dtypes:
-        if dt not in ("f32", "bf16"):
-            ap.error(f"--dtypes: unknown dtype '{dt}' (f32, bf16)")
+        if dt not in GGUF_TYPE:
+            ap.error(f"--dtypes: unknown dtype '{dt}' (f32, bf16, int8)")
     if "redco" in a.contenders and not os.access(a.redco, os.X_OK):
         ap.error(f"--redco: {a.redco} is not an executable; build it: ninja -C build tools/redco-generate")
     torch.set_num_threads(a.threads)

@@ -13,7 +13,7 @@ unchanged, with two adaptations made from the outside:
   vocabulary size (<unk>, <s>, </s>, then t3, t4, ...). Weights and
   hyper-parameters go through the converter's own code.
 
-  python tools/bench/llamacpp_gguf.py --llamacpp SRC_DIR HF_DIR OUT.gguf --outtype f32|bf16
+  python tools/bench/llamacpp_gguf.py --llamacpp SRC_DIR HF_DIR OUT.gguf --outtype f32|bf16|q8_0
 """
 import argparse
 import os
@@ -64,7 +64,7 @@ def main():
     ap.add_argument("--llamacpp", required=True, help="llama.cpp source folder (has convert_hf_to_gguf.py)")
     ap.add_argument("hf_dir")
     ap.add_argument("out")
-    ap.add_argument("--outtype", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--outtype", choices=["f32", "bf16", "q8_0"], default="f32")
     a = ap.parse_args()
     script = os.path.join(a.llamacpp, "convert_hf_to_gguf.py")
     if not os.path.isfile(script):

@@ -285,6 +285,7 @@ struct Options {
   bool bench = false;
   int64_t batch = 1, prompt_length = 512;
   std::string dtype = "f32";
+  std::string cache_dtype = "auto";
   bool profile = false;
 };
 
@@ -322,8 +323,13 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--seed", c.seed);
   app.add_option("--n-model-shards", o.shards, "tensor-parallel shards")
       ->check(redco::cli::at_least(1));
-  app.add_option("--dtype", o.dtype, "weights in memory (bf16: decoding reads half the bytes)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", o.dtype,
+                 "weights in memory (bf16: decoding reads half the bytes; int8: matrices "
+                 "quantized by rows, a quarter)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  app.add_option("--cache-dtype", o.cache_dtype,
+                 "KV cache elements (auto: bf16 with bf16 or int8 weights, else f32)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_flag("--bench", o.bench, "time prefill and decode on random prompts (JSON line)");
   app.add_option("--batch", o.batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
   app.add_option("--prompt-length", o.prompt_length, "--bench: tokens per prompt")
@@ -340,15 +346,16 @@ int main(int argc, char** argv) try {
   REDCO_CLI_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
-  const models::hf::LoadOptions load{.dtype = o.dtype == "bf16" ? DType::bf16 : DType::f32,
-                                     .n_shards = o.shards,
-                                     .rank = deployer.mp_rank()};
+  const DType dtype = o.dtype == "bf16" ? DType::bf16 : o.dtype == "int8" ? DType::i8 : DType::f32;
+  const models::hf::LoadOptions load{
+      .dtype = dtype, .n_shards = o.shards, .rank = deployer.mp_rank()};
   const std::string type = models::hf::Config(o.dir).model_type();
   REDCO_CHECK(type != "bert" && type != "roberta",
               "redco-generate: '{}' holds a '{}' model, an encoder without a decoder; this tool "
               "runs language models and encoder-decoders (T5, BART)",
               o.dir, type);
   const bool seq2seq = type == "t5" || type == "bart";
+  if (o.cache_dtype != "auto") o.c.cache_dtype = o.cache_dtype == "bf16" ? DType::bf16 : DType::f32;
   if (seq2seq) seq2seq_defaults(o.c, app, o.dir, o.bench);
   auto any = models::from_pretrained_any(o.dir, load);
   std::optional<data::Tokenizer> tok;

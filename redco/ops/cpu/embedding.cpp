@@ -61,6 +61,22 @@ void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* ou
   });
 }
 
+void embedding_forward_i8(const int8_t* table, const float* scale, const int64_t* ids, float* out,
+                          int64_t n, int64_t V, int64_t D) {
+  check_ids("embedding_forward", ids, n, V);
+  REDCO_CHECK(D >= 0, "embedding_forward: negative width D={}", D);
+  if (n == 0 || D == 0) return;
+  const int64_t grain = std::max<int64_t>(1, kGrainFloats / D);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const auto& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) {
+      const int8_t* src = table + ids[i] * D;
+      const float s = scale[ids[i]];
+      float* dst = out + i * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = float(src[d]) * s;
+    }
+  });
+}
+
 // Determinism: every dtable element receives its contributions in increasing
 // position order i, exactly as the serial loop `for i: dtable[ids[i]] += dout[i]`
 // would, so the result is bitwise identical to it for any thread count.

@@ -36,6 +36,7 @@
 #include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
+#include "redco/ops/cpu/skinny_i8.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 #include "redco/ops/matmul_batch.hpp"
 
@@ -154,7 +155,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const Shape& bs = b_in.shape();
   REDCO_CHECK(as.rank() >= 2 && bs.rank() >= 2,
               "matmul: both operands need at least 2 dims, got shapes {} and {}", as, bs);
-  REDCO_CHECK(is_floating(a_in.dtype()) && is_floating(b_in.dtype()),
+  // An int8 weight (Tensor::quantize_rows) counts as floating: it converts to its scaled values.
+  const auto numeric = [](const Tensor& t) { return is_floating(t.dtype()) || t.row_scales(); };
+  REDCO_CHECK(numeric(a_in) && numeric(b_in),
               "matmul: needs floating-point operands, got {} {} and {} {}",
               dtype_name(a_in.dtype()), as, dtype_name(b_in.dtype()), bs);
   const int64_t ar = as[-2], ac = as[-1], br = bs[-2], bc = bs[-1];
@@ -189,6 +192,14 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const std::string shape_key = gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N,
                                          g.K, folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
+  if (folds && trans_b && b_in.row_scales() && a_in.numel() / g.K <= kSkinnyRows) {
+    // Decoding against int8 weights: a byte a weight, scaled per row (skinny_i8.hpp).
+    const Tensor a = gemm_operand(a_in);
+    skinny_matmul_i8(a.data<float>(), g.K, static_cast<const int8_t*>(b_in.raw()), g.ldb,
+                     b_in.row_scales()->data<float>(), c.data<float>(), g.N, a.numel() / g.K, g.N,
+                     g.K);
+    return c;
+  }
   if (folds && trans_b && b_in.dtype() == DType::bf16 && a_in.numel() / g.K <= kSkinnyRows) {
     // Decoding against bf16 weights: read them once as stored (skinny_bf16.hpp).
     const Tensor a = gemm_operand(a_in);

@@ -219,6 +219,13 @@ Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
                                 table_in.dim(0), table_in.dim(1));
     return out;
   }
+  if (table_in.row_scales()) {  // int8: scale only the rows looked up
+    Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
+    cpu::embedding_forward_i8(static_cast<const int8_t*>(table_in.raw()),
+                              table_in.row_scales()->data<float>(), ids_of(ids, "embedding"),
+                              out.data<float>(), ids.numel(), table_in.dim(0), table_in.dim(1));
+    return out;
+  }
   Tensor table = f32(table_in, "embedding");
   Tensor out = Tensor::empty(ids.shape().append(table.dim(1)));
   cpu::embedding_forward(table.data<float>(), ids_of(ids, "embedding"), out.data<float>(),

@@ -154,7 +154,7 @@ def llamacpp_run(a, kind, d, batch, dtype):
     lib = a.llamacpp_lib and os.path.join(a.llamacpp_lib, "libllama.so")
     if not a.llamacpp_py or not lib or not os.path.exists(lib):
         raise RuntimeError("llama.cpp not found: pass --llamacpp-py (the llama-cpp-python==0.3.36 sdist folder) "
-                           "and --llamacpp-lib (the folder with its libllama.so), see docs/performance.md")
+                           "and --llamacpp-lib (the folder with its libllama.so), see docs/generation.md")
     model = gguf_path(a, kind, d, dtype)
     env = dict(os.environ, PYTHONPATH=a.llamacpp_py, LLAMA_CPP_LIB_PATH=a.llamacpp_lib)
     out = subprocess.run([sys.executable, os.path.join(HERE, "llamacpp_decode.py"), model, "--batch", str(batch),

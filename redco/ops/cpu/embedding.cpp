@@ -46,34 +46,32 @@ void embedding_forward(const float* table, const int64_t* ids, float* out, int64
   });
 }
 
-void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* out, int64_t n,
-                            int64_t V, int64_t D) {
+namespace {
+// out[i] = row(ids[i], out + i * D) for each of the n lookups: the narrow
+// tables widen only the rows they gather.
+template <typename Row>
+void gather_rows(const int64_t* ids, float* out, int64_t n, int64_t V, int64_t D, const Row& row) {
   check_ids("embedding_forward", ids, n, V);
   REDCO_CHECK(D >= 0, "embedding_forward: negative width D={}", D);
   if (n == 0 || D == 0) return;
   const int64_t grain = std::max<int64_t>(1, kGrainFloats / D);
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const auto& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) {
-      const uint16_t* src = table + ids[i] * D;
-      float* dst = out + i * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = bf16_to_float(src[d]);
-    }
+    for (int64_t i = r.begin(); i < r.end(); ++i) row(ids[i], out + i * D);
+  });
+}
+}  // namespace
+
+void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* out, int64_t n,
+                            int64_t V, int64_t D) {
+  gather_rows(ids, out, n, V, D, [&](int64_t v, float* dst) {
+    for (int64_t d = 0; d < D; ++d) dst[d] = bf16_to_float(table[v * D + d]);
   });
 }
 
 void embedding_forward_i8(const int8_t* table, const float* scale, const int64_t* ids, float* out,
                           int64_t n, int64_t V, int64_t D) {
-  check_ids("embedding_forward", ids, n, V);
-  REDCO_CHECK(D >= 0, "embedding_forward: negative width D={}", D);
-  if (n == 0 || D == 0) return;
-  const int64_t grain = std::max<int64_t>(1, kGrainFloats / D);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain), [&](const auto& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) {
-      const int8_t* src = table + ids[i] * D;
-      const float s = scale[ids[i]];
-      float* dst = out + i * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = float(src[d]) * s;
-    }
+  gather_rows(ids, out, n, V, D, [&](int64_t v, float* dst) {
+    for (int64_t d = 0; d < D; ++d) dst[d] = float(table[v * D + d]) * scale[v];
   });
 }
 

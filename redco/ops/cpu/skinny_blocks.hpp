@@ -51,4 +51,45 @@ inline float hsum(__m256 v) {
 }
 #endif
 
+// Weight rows [n0, n1) against MB activation rows, for weights whose 8
+// consecutive elements widen straight to 8 f32 lanes (f32 itself, int8):
+//   y[r, n] = scale(n) * sum_k x[r, k] * w[n, k]
+// two accumulators per row (the first and second 8 of each 16 weights) keep two
+// FMA chains in flight per loaded weight vector. load8(p) widens w[p .. p + 8).
+template <int MB, typename W, typename Load8, typename Scale>
+void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, float* y, int64_t ldy,
+                int64_t n0, int64_t n1, int64_t K, const Load8& load8, const Scale& scale) {
+#if REDCO_SKINNY_AVX2
+  constexpr int64_t kLine = 64 / int64_t(sizeof(W));  // elements a cache line: a prefetch each
+  const int64_t K16 = K / 16 * 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const W* wr = w + n * ldw;
+    __m256 acc[MB][2];
+    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K16; k += 16) {
+      if (k % kLine == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes, _MM_HINT_T0);
+      const __m256 w0 = load8(wr + k), w1 = load8(wr + k + 8);
+      for (int r = 0; r < MB; ++r) {
+        acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + k + 8), acc[r][1]);
+      }
+    }
+    for (int r = 0; r < MB; ++r) {
+      float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+      for (int64_t t = K16; t < K; ++t) s += x[r * ldx + t] * float(wr[t]);
+      y[r * ldy + n] = s * scale(n);
+    }
+  }
+#else
+  (void)load8;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int r = 0; r < MB; ++r) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += x[r * ldx + k] * float(w[n * ldw + k]);
+      y[r * ldy + n] = s * scale(n);
+    }
+#endif
+}
+
 }  // namespace redco::cpu::skinny

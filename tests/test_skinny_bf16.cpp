@@ -167,6 +167,12 @@ TEST_CASE("int8 rows: quantization, the skinny kernel and the general path", "[c
   CHECK(q.view({6, 2, 2}).to(DType::f32).view({6, 4}).to_vector() == q.to(DType::f32).to_vector());
   CHECK(q.slice0(2, 5).to(DType::f32).to_vector() == q.to(DType::f32).slice0(2, 5).to_vector());
   CHECK_THROWS_WITH(q.view({4, 6}), Catch::Contains("per row"));
+  // Copies keep the scales: a clone, and a copy into another int8 tensor.
+  CHECK(q.clone().to(DType::f32).to_vector() == q.to(DType::f32).to_vector());
+  Tensor into = Tensor::empty(q.shape(), DType::i8);
+  into.copy_from(q);
+  CHECK(into.to(DType::f32).to_vector() == q.to(DType::f32).to_vector());
+  CHECK_THROWS_WITH(into.copy_from(Tensor::zeros(q.shape())), Catch::Contains("quantize_rows"));
 }
 
 }  // namespace redco

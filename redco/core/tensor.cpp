@@ -288,13 +288,23 @@ Tensor Tensor::operator[](int64_t i) const {
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
   copy_bytes(t.device_ptr(), device(), device_ptr(), device(), nbytes());
+  if (row_scales()) t.impl().row_scales = std::make_shared<const Tensor>(row_scales()->clone());
   return t;
 }
 
 void Tensor::copy_from(const Tensor& src) {
   REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
               src.shape(), shape());
-  if (src.row_scales() && dtype() != DType::i8) {  // an int8 weight: its values, scaled
+  REDCO_CHECK(!row_scales() || src.row_scales(),
+              "copy_from: {} is an int8 weight (quantize_rows); quantize the values with "
+              "Tensor::quantize_rows instead of copying {} into it",
+              shape(), dtype_name(src.dtype()));
+  if (src.row_scales() && dtype() == DType::i8) {  // the int8 values and their scales
+    copy_bytes(device_ptr(), device(), src.device_ptr(), src.device(), nbytes());
+    impl().row_scales = std::make_shared<const Tensor>(src.row_scales()->to(device()).clone());
+    return;
+  }
+  if (src.row_scales()) {  // an int8 weight: its values, scaled
     REDCO_CHECK(is_floating(dtype()) && on_host() && src.on_host(),
                 "copy_from: an int8 weight (quantize_rows) converts to a floating CPU tensor, not "
                 "to {} on {}",

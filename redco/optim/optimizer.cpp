@@ -14,6 +14,7 @@
 #include "redco/core/allocator.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/backend.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 
 namespace redco::optim {
 namespace {
@@ -22,14 +23,10 @@ namespace {
 // scheduling cost; smaller tensors run inline.
 constexpr int64_t kGrain = 1 << 14;
 
+// Element loops over tensors: TBB chunks of kGrain (cpu::parallel_chunks).
 template <typename F>
 void for_range(int64_t n, F&& f) {
-  if (n <= 2 * kGrain) {
-    f(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
+  cpu::parallel_chunks(n, kGrain, f);
 }
 
 // g *= s in place. A CPU gradient is scaled where it is, allocating nothing

@@ -10,6 +10,7 @@
 
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/backend_cpu.hpp"
+#include "redco/ops/cpu/parallel.hpp"
 
 namespace redco {
 namespace {
@@ -18,14 +19,10 @@ namespace {
 // Adam's four streams) dwarfs the scheduling cost; smaller tensors run inline.
 constexpr int64_t kGrain = 1 << 14;
 
+// Element loops over tensors: TBB chunks of kGrain (cpu::parallel_chunks).
 template <typename F>
 void for_range(int64_t n, F&& f) {
-  if (n <= 2 * kGrain) {
-    f(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain),
-                    [&](const tbb::blocked_range<int64_t>& r) { f(r.begin(), r.end()); });
+  cpu::parallel_chunks(n, kGrain, f);
 }
 
 // Sum of squares in double. Eight independent accumulators break the add

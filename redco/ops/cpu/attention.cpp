@@ -403,41 +403,88 @@ inline float hsum(__m256 v) {
 inline float to_f32(float x) { return x; }
 inline float to_f32(uint16_t x) { return bf16_to_float(x); }
 
-// q . k over D, k f32 or bf16 (widened in registers). A fixed summation order
-// (not Eigen's alignment-dependent peel): a token's scores do not depend on
-// where its buffers start.
+// Keys are taken kDotKeys at a time and the task walks them in blocks of
+// kKeyBlock (a block's keys and values stay in L1 while every query row of
+// the kv head uses them).
+constexpr int64_t kDotKeys = 8, kKeyBlock = 64;
+
+// out[i] = q . k[i] over D for kDotKeys keys (f32, or bf16 widened in
+// registers): one accumulator a key, the eight reduced together by one
+// horizontal-add tree. Every key's sum has the same order whichever keys
+// share its call, so a score does not depend on the batch or the key range.
 template <typename KV>
-inline float dot(const float* q, const KV* k, int64_t D) {
+inline void dot_keys(const float* q, const KV* const* k, int64_t D, float* out) {
   int64_t d = 0;
-  float s = 0.f;
 #if REDCO_DECODE_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), acc);
-  s = hsum(acc);
+  __m256 a[kDotKeys];
+  for (auto& x : a) x = _mm256_setzero_ps();
+  for (; d + 8 <= D; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int i = 0; i < kDotKeys; ++i) a[i] = _mm256_fmadd_ps(qd, load8(k[i] + d), a[i]);
+  }
+  const __m256 h03 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 h47 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20),
+                                      _mm256_permute2f128_ps(h03, h47, 0x31)));
+#else
+  std::fill(out, out + kDotKeys, 0.f);
 #endif
-  for (; d < D; ++d) s += q[d] * to_f32(k[d]);
-  return s;
+  for (; d < D; ++d)
+    for (int i = 0; i < kDotKeys; ++i) out[i] += q[d] * to_f32(k[i][d]);
 }
 
-// y += a v over D floats, v f32 or bf16.
+// S[j] = scale * q . k_j for keys [j0, j1) of kb [Tk, D]; the last call's
+// missing keys repeat the last key and are dropped.
 template <typename KV>
-inline void axpy(float a, const KV* v, float* y, int64_t D) {
-  int64_t d = 0;
+void scores(const float* q, const KV* kb, int64_t D, int64_t j0, int64_t j1, float scale,
+            float* S) {
+  for (int64_t j = j0; j < j1; j += kDotKeys) {
+    const KV* k[kDotKeys];
+    for (int64_t i = 0; i < kDotKeys; ++i) k[i] = kb + std::min(j + i, j1 - 1) * D;
+    float out[kDotKeys];
+    dot_keys(q, k, D, out);
+    for (int64_t i = 0; i < std::min(kDotKeys, j1 - j); ++i) S[j + i] = scale * out[i];
+  }
+}
+
+// o[d0, d0 + 8 NV) += sum_j p[j] v_j[d0, ...) over keys [j0, j1), in key
+// order, the NV vectors of o held in registers over the keys.
+template <int NV, typename KV>
+inline void weigh_values(const float* p, const KV* vb, int64_t D, int64_t d0, int64_t j0,
+                         int64_t j1, float* o) {
 #if REDCO_DECODE_AVX2
-  const __m256 va = _mm256_set1_ps(a);
-  for (; d + 8 <= D; d += 8)
-    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(va, load8(v + d), _mm256_loadu_ps(y + d)));
+  __m256 acc[NV];
+  for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(o + d0 + 8 * i);
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const KV* vj = vb + j * D + d0;
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(vj + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+#else
+  for (int64_t j = j0; j < j1; ++j)
+    for (int64_t d = d0; d < d0 + 8 * NV; ++d) o[d] += p[j] * to_f32(vb[j * D + d]);
 #endif
-  for (; d < D; ++d) y[d] += a * to_f32(v[d]);
+}
+
+// o[0, D) += sum_j p[j] v_j over keys [j0, j1) of vb [Tk, D].
+template <typename KV>
+void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j1, float* o) {
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) weigh_values<8>(p, vb, D, d, j0, j1, o);
+  for (; d + 8 <= D; d += 8) weigh_values<1>(p, vb, D, d, j0, j1, o);
+  for (; d < D; ++d)
+    for (int64_t j = j0; j < j1; ++j) o[d] += p[j] * to_f32(vb[j * D + d]);
 }
 
 // The G = group x Tq query rows of one (batch row b, kv head g) task; row r
 // is query r % Tq of head g * group + r / Tq. scratch: [G, Tk] scores;
-// rows: each row's index into q, o, lse. KV: float or uint16_t (bf16).
+// rows: each row's index into q, o, lse; spans: each row's visible keys.
+// KV: float or uint16_t (bf16).
 template <typename KV>
 void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, const KV* k,
                  const KV* v, float* o, float* lse, AlignedFloats& scratch,
-                 std::vector<int64_t>& rows) {
+                 std::vector<int64_t>& rows, std::vector<Span>& spans) {
   const int64_t D = s.D, Tk = s.Tk, group = s.Hq / s.Hkv, G = group * s.Tq;
   const KV* kb = k + (b * s.Hkv + g) * Tk * D;  // this kv head's [Tk, D] keys and values
   const KV* vb = v + (b * s.Hkv + g) * Tk * D;
@@ -448,21 +495,20 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
     rows[size_t(r)] = (b * s.Hq + g * group + r / s.Tq) * s.Tq + r % s.Tq;
   const KeyRange kr = keys_of(s, b);
   const int64_t j0 = std::clamp<int64_t>(kr.begin, 0, Tk), j1 = std::max(j0, key_end(s, kr, s.Tq));
-  for (int64_t j = j0; j < j1; ++j) {  // scores: each key read once for all G rows
-    const KV* kj = kb + j * D;
-    for (int64_t r = 0; r < G; ++r) S[r * Tk + j] = s.scale * dot(q + rows[size_t(r)] * D, kj, D);
-  }
-  for (int64_t r = 0; r < G; ++r) {  // probabilities, zero outside the row's visible span
+  for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // scores: a block of keys for all G rows
+    for (int64_t r = 0; r < G; ++r)
+      scores(q + rows[size_t(r)] * D, kb, D, jb, std::min(j1, jb + kKeyBlock), s.scale, S + r * Tk);
+  spans.assign(size_t(G), Span{0, 0});
+  for (int64_t r = 0; r < G; ++r) {  // probabilities over the row's visible span
     const int64_t i = r % s.Tq, h = g * group + r / s.Tq, bh = b * s.Hq + h, row = rows[size_t(r)];
     float* srow = S + r * Tk;
     const Span sp = visible_in_tile(s, kr, i, 0, Tk);
-    std::fill(srow + j0, srow + std::max(j0, sp.lo), 0.f);
-    std::fill(srow + std::min(j1, sp.hi), srow + j1, 0.f);
     std::fill(o + row * D, o + row * D + D, 0.f);
     if (sp.hi == sp.lo) {  // no visible key: o = 0, lse = -inf, as the tiled kernel
       lse[row] = kNegInf;
       continue;
     }
+    spans[size_t(r)] = sp;
     add_bias(s, s.bias ? s.bias + (s.bias_per_row ? bh : h) * s.Tq * Tk : nullptr, i, 0, sp, srow);
     Row p(srow + sp.lo, sp.hi - sp.lo);
     const float m = p.maxCoeff();
@@ -471,11 +517,12 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
     p *= 1.f / l;
     lse[row] = m + std::log(l);
   }
-  for (int64_t j = j0; j < j1; ++j) {  // outputs: each value read once for all G rows
-    const KV* vj = vb + j * D;
-    for (int64_t r = 0; r < G; ++r)
-      if (const float pj = S[r * Tk + j]; pj != 0.f) axpy(pj, vj, o + rows[size_t(r)] * D, D);
-  }
+  for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // outputs: a block of values for all G rows
+    for (int64_t r = 0; r < G; ++r) {
+      const Span sp = spans[size_t(r)];
+      const int64_t lo = std::max(jb, sp.lo), hi = std::min({jb + kKeyBlock, j1, sp.hi});
+      if (lo < hi) weigh_values(S + r * Tk, vb, D, lo, hi, o + rows[size_t(r)] * D);
+    }
 }
 
 }  // namespace
@@ -488,13 +535,14 @@ void decode_attention_forward(const AttentionShape& s, const float* q, const voi
   parallel_units(s.B * s.Hkv, [&](int64_t u0, int64_t u1) {
     thread_local AlignedFloats scratch;  // both grow once: a decoded token allocates nothing
     thread_local std::vector<int64_t> rows;
+    thread_local std::vector<Span> spans;
     for (int64_t u = u0; u < u1; ++u)
       if (kv_bf16)
         decode_task(s, u / s.Hkv, u % s.Hkv, q, static_cast<const uint16_t*>(k),
-                    static_cast<const uint16_t*>(v), o, lse, scratch, rows);
+                    static_cast<const uint16_t*>(v), o, lse, scratch, rows, spans);
       else
         decode_task(s, u / s.Hkv, u % s.Hkv, q, static_cast<const float*>(k),
-                    static_cast<const float*>(v), o, lse, scratch, rows);
+                    static_cast<const float*>(v), o, lse, scratch, rows, spans);
   });
 }
 

@@ -49,7 +49,7 @@ void block(const float* xs, int64_t ldxs, const float* x, int64_t ldx, const uin
 
 // Each row of x with every 16 elements reordered as 8 even then 8 odd:
 // xs [M, K16] (the tail past the last whole 16 is read from x itself).
-void split_rows(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<float>& xs) {
+void split_rows(const float* x, int64_t ldx, int64_t M, int64_t K, AlignedFloats& xs) {
   const int64_t K16 = K / 16 * 16;
   xs.resize(size_t(std::max<int64_t>(M * K16, 1)));
   for (int64_t m = 0; m < M; ++m)
@@ -70,14 +70,16 @@ void block(const float*, int64_t, const float* x, int64_t ldx, const uint16_t* w
       y[r * ldy + n] = s;
     }
 }
-void split_rows(const float*, int64_t, int64_t, int64_t, std::vector<float>&) {}
+void split_rows(const float*, int64_t, int64_t, int64_t, AlignedFloats&) {}
 #endif
 
 }  // namespace
 
 void skinny_matmul_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
                         int64_t ldy, int64_t M, int64_t N, int64_t K) {
-  thread_local std::vector<float> xs;  // reused: a decoded token allocates nothing
+  // Reused (a decoded token allocates nothing) and aligned: a load that
+  // straddles two cache lines costs two, and the kernel loads x for every FMA.
+  thread_local AlignedFloats xs;
   split_rows(x, ldx, M, K, xs);
   // A pointer, not the name: inside the tasks `xs` would be each worker's own.
   const float* xs_data = xs.data();

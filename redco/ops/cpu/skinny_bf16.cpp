@@ -9,28 +9,28 @@
 
 namespace redco::cpu {
 namespace {
-using skinny::for_row_blocks;
 
 #if REDCO_SKINNY_AVX2
 using skinny::hsum;
-using skinny::kPrefetchBytes;
 
 // 16 bf16 loaded as 8 32-bit lanes: the odd elements already sit in the high
 // halves (an AND makes them f32), the even ones need a shift. No shuffle, so
 // the widening stays off the one shuffle port; x is split into even and odd
 // elements once per call to match (split_rows).
+// One K chunk of weight rows [n0, n1) against MB rows (skinny_blocks.hpp).
 template <int MB>
 void block(const float* xs, int64_t ldxs, const float* x, int64_t ldx, const uint16_t* w,
-           int64_t ldw, float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K) {
+           int64_t ldw, float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K,
+           const skinny::KChunk& c, float* carry) {
   const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
-  const int64_t K16 = K / 16 * 16;
+  const int64_t K16 = K / 16 * 16, ahead = skinny::prefetch_ahead(c, ldw, 2);
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* wr = w + n * ldw;
+    float* cn = carry + (n - n0) * MB * 16;
     __m256 acc[MB][2];
-    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K16; k += 16) {
-      // The hardware prefetcher alone leaves the stream short of bandwidth.
-      _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes, _MM_HINT_T0);
+    skinny::load_carry<MB>(acc, c, cn);
+    for (int64_t k = c.k0; k < c.k1; k += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + ahead + k), _MM_HINT_T0);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + k));
       const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
@@ -38,6 +38,10 @@ void block(const float* xs, int64_t ldxs, const float* x, int64_t ldx, const uin
         acc[r][0] = _mm256_fmadd_ps(even, _mm256_loadu_ps(xs + r * ldxs + k), acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs + r * ldxs + k + 8), acc[r][1]);
       }
+    }
+    if (!c.last) {
+      skinny::store_carry<MB>(acc, cn);
+      continue;
     }
     for (int r = 0; r < MB; ++r) {
       float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
@@ -62,7 +66,9 @@ void split_rows(const float* x, int64_t ldx, int64_t M, int64_t K, AlignedFloats
 #else
 template <int MB>
 void block(const float*, int64_t, const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
-           float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K) {
+           float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K, const skinny::KChunk& c,
+           float*) {
+  if (!c.last) return;  // one pass over all of K at the last chunk
   for (int64_t n = n0; n < n1; ++n)
     for (int r = 0; r < MB; ++r) {
       float s = 0;
@@ -87,8 +93,9 @@ void skinny_matmul_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t 
   // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
   const int64_t grain = grain_for(int64_t(1) << 15, K);
   parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
-    for_row_blocks(M, [&]<int MB>(int64_t m) {
-      block<MB>(xs_data + m * ldxs, ldxs, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, n0, n1, K);
+    skinny::for_chunks(M, n0, n1, K, [&]<int MB>(int64_t m, const skinny::KChunk& c, float* carry) {
+      block<MB>(xs_data + m * ldxs, ldxs, x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, n0, n1, K, c,
+                carry);
     });
   });
 }

@@ -11,6 +11,7 @@
 // on the batch it is decoded in, bit for bit.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -40,8 +41,40 @@ void for_row_blocks(int64_t M, const F& f) {
     }
 }
 
+// Every FMA loads an activation, so the row block's activations must stay in
+// L1 while the weights stream past: K is walked in chunks of kChunk (4 rows x
+// 512 f32 = 8 KB; whole rows of LLaMA's 2048..5632 did not fit, and measured
+// 25-35% slower at 8 rows). Between chunks each output's two accumulators
+// wait in `carry` exactly as they were in registers, so the summation order,
+// and every result bit, is the chunk size's business no more than the batch's.
+constexpr int64_t kChunk = 512;
+
+// A K chunk [k0, k1) of a pass; the last one (k1 == K16) also adds the tail.
+struct KChunk {
+  int64_t k0, k1;
+  bool first, last;
+};
+
+// Calls f.template operator()<MB>(m, chunk, carry) over the K chunks and,
+// within each, the row blocks of M rows, against weight rows [n0, n1).
+// carry: per row block, [n1 - n0, MB, 2, 8] partial sums (grows once per thread).
+template <typename F>
+void for_chunks(int64_t M, int64_t n0, int64_t n1, int64_t K, const F& f) {
+  thread_local std::vector<float> carry;  // 32-byte loads and stores at any alignment
+  carry.resize(size_t(M * (n1 - n0) * 16));
+  // Up to 4 rows make one pass: its activations are loaded once per weight
+  // vector anyway, and whole rows keep the weight stream straight.
+  const int64_t K16 = K / 16 * 16, chunk = M > 4 ? kChunk : std::max<int64_t>(K16, 1);
+  for (int64_t k0 = 0;; k0 += chunk) {
+    const KChunk c{k0, std::min(K16, k0 + chunk), k0 == 0, k0 + chunk >= K16};
+    for_row_blocks(M, [&]<int MB>(int64_t m) {
+      f.template operator()<MB>(m, c, carry.data() + m * (n1 - n0) * 16);
+    });
+    if (c.last) return;
+  }
+}
+
 #if REDCO_SKINNY_AVX2
-// The hardware prefetcher alone leaves the weight stream short of bandwidth.
 constexpr int64_t kPrefetchBytes = 4096;
 
 inline float hsum(__m256 v) {
@@ -51,29 +84,58 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-// Weight rows [n0, n1) against MB activation rows, for weights whose 8
-// consecutive elements widen straight to 8 f32 lanes (f32 itself, int8):
+#if REDCO_SKINNY_AVX2
+// The hardware prefetcher alone leaves the weight stream short of bandwidth:
+// the weights kPrefetchBytes on in the order the chunks read them (straight on
+// when one chunk spans the rows, else the same chunk of a row further down).
+inline int64_t prefetch_ahead(const KChunk& c, int64_t ldw, int64_t elem_bytes) {
+  if (c.first && c.last) return kPrefetchBytes / elem_bytes;
+  return std::max<int64_t>(1, kPrefetchBytes / ((c.k1 - c.k0) * elem_bytes)) * ldw;
+}
+
+// A pass's accumulators: zero at its first chunk, else as the last chunk left them.
+template <int MB>
+inline void load_carry(__m256 (&acc)[MB][2], const KChunk& c, const float* carry) {
+  for (int r = 0; r < MB; ++r)
+    for (int h = 0; h < 2; ++h)
+      acc[r][h] = c.first ? _mm256_setzero_ps() : _mm256_loadu_ps(carry + (2 * r + h) * 8);
+}
+template <int MB>
+inline void store_carry(const __m256 (&acc)[MB][2], float* carry) {
+  for (int r = 0; r < MB; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(carry + (2 * r + h) * 8, acc[r][h]);
+}
+#endif
+
+// Weight rows [n0, n1) against MB activation rows over one K chunk, for
+// weights whose 8 consecutive elements widen straight to 8 f32 lanes (f32
+// itself, int8); at the last chunk
 //   y[r, n] = scale(n) * sum_k x[r, k] * w[n, k]
 // two accumulators per row (the first and second 8 of each 16 weights) keep two
 // FMA chains in flight per loaded weight vector. load8(p) widens w[p .. p + 8).
 template <int MB, typename W, typename Load8, typename Scale>
 void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, float* y, int64_t ldy,
-                int64_t n0, int64_t n1, int64_t K, const Load8& load8, const Scale& scale) {
+                int64_t n0, int64_t n1, int64_t K, const KChunk& c, float* carry,
+                const Load8& load8, const Scale& scale) {
 #if REDCO_SKINNY_AVX2
   constexpr int64_t kLine = 64 / int64_t(sizeof(W));  // elements a cache line: a prefetch each
-  const int64_t K16 = K / 16 * 16;
+  const int64_t K16 = K / 16 * 16, ahead = prefetch_ahead(c, ldw, sizeof(W));
   for (int64_t n = n0; n < n1; ++n) {
     const W* wr = w + n * ldw;
+    float* cn = carry + (n - n0) * MB * 16;
     __m256 acc[MB][2];
-    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K16; k += 16) {
-      if (k % kLine == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kPrefetchBytes, _MM_HINT_T0);
+    load_carry<MB>(acc, c, cn);
+    for (int64_t k = c.k0; k < c.k1; k += 16) {
+      if (k % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + ahead + k), _MM_HINT_T0);
       const __m256 w0 = load8(wr + k), w1 = load8(wr + k + 8);
       for (int r = 0; r < MB; ++r) {
         acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + k), acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + k + 8), acc[r][1]);
       }
+    }
+    if (!c.last) {
+      store_carry<MB>(acc, cn);
+      continue;
     }
     for (int r = 0; r < MB; ++r) {
       float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
@@ -82,7 +144,8 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, float* y, 
     }
   }
 #else
-  (void)load8;
+  (void)load8, (void)carry;
+  if (!c.last) return;  // one pass over all of K at the last chunk
   for (int64_t n = n0; n < n1; ++n)
     for (int r = 0; r < MB; ++r) {
       float s = 0;

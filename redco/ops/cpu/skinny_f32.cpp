@@ -16,8 +16,8 @@ void skinny_matmul_f32(const float* x, int64_t ldx, const float* w, int64_t ldw,
   // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
   const int64_t grain = grain_for(int64_t(1) << 14, K);
   parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
-    skinny::for_row_blocks(M, [&]<int MB>(int64_t m) {
-      skinny::rows_block<MB>(x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, n0, n1, K, load8,
+    skinny::for_chunks(M, n0, n1, K, [&]<int MB>(int64_t m, const skinny::KChunk& c, float* carry) {
+      skinny::rows_block<MB>(x + m * ldx, ldx, w, ldw, y + m * ldy, ldy, n0, n1, K, c, carry, load8,
                              unscaled);
     });
   });

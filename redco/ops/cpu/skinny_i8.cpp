@@ -19,8 +19,8 @@ void skinny_matmul_i8(const float* x, int64_t ldx, const int8_t* q, int64_t ldw,
   // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
   const int64_t grain = grain_for(int64_t(1) << 16, K);
   parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {
-    skinny::for_row_blocks(M, [&]<int MB>(int64_t m) {
-      skinny::rows_block<MB>(x + m * ldx, ldx, q, ldw, y + m * ldy, ldy, n0, n1, K, load8,
+    skinny::for_chunks(M, n0, n1, K, [&]<int MB>(int64_t m, const skinny::KChunk& c, float* carry) {
+      skinny::rows_block<MB>(x + m * ldx, ldx, q, ldw, y + m * ldy, ldy, n0, n1, K, c, carry, load8,
                              row_scale);
     });
   });

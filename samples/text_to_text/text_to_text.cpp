@@ -23,8 +23,9 @@ using namespace redco;
 struct Options {
   std::string target = "WEB", init_from, export_dir;
   data::BookSplit books{.valid_books = {"Jonah", "Phlm"}, .test_books = {"Ruth", "Titus"}};
-  int64_t steps = 600, batch = 32, max_length = 96, vocab = 4000, beams = 4, eval_every = 200;
-  float lr = 3e-3f;
+  int64_t copy_steps = -1, steps = 4000, batch = 16, max_length = 96, vocab = 600, beams = 4,
+          eval_every = 1000, no_repeat = 0;
+  float lr = 5e-3f;
   uint64_t seed = 42;
 };
 
@@ -40,22 +41,35 @@ int run(train::Deployer& deployer, const data::PairSplit& data, models::Pretrain
     return cross_entropy(train::seq2seq_logits(model, b), b.labels);
   };
   generation::GenerationConfig how = enc.generation_ids();
-  how.max_new_tokens = o.max_length, how.num_beams = o.beams;
+  how.max_new_tokens = o.max_length, how.num_beams = o.beams,
+  how.no_repeat_ngram_size = o.no_repeat;
   auto predict = [&](auto& model, const data::Seq2SeqBatch& b, train::Rng) {
     std::vector<std::string> texts;  // one translation per source
     for (const auto& ids : train::seq2seq_generate(model, b, how)) texts.push_back(enc.decode(ids));
     return texts;
   };
-  const auto schedule = deployer.cosine_schedule({.learning_rate = o.lr,
-                                                  .n_examples = o.steps * o.batch,
+  const auto adamw = [&](int64_t steps) {
+    return optim::adamw(deployer.cosine_schedule({.learning_rate = o.lr,
+                                                  .n_examples = steps * o.batch,
                                                   .global_batch_size = o.batch,
-                                                  .warmup_fraction = 0.05});
-  auto given = init.params.empty() ? std::nullopt : std::optional(std::move(init.params));
-  train::Trainer trainer(deployer, init.model, collate, loss,
-                         optim::adamw(schedule, {.weight_decay = 0.01f, .max_grad_norm = 1.f}),
-                         std::move(given));
-  train::Predictor translator(deployer, init.model, collate, predict);
+                                                  .warmup_fraction = 0.05}),
+                        {.weight_decay = 0.01f, .max_grad_norm = 1.f});
+  };
   const int64_t per_epoch = std::max<int64_t>(1, int64_t(data.train.size()) / o.batch);
+  auto given = init.params.empty() ? std::nullopt : std::optional(std::move(init.params));
+  if (o.copy_steps > 0) {  // stage 1: copy the KJV verse, which finds the alignment sooner
+    std::vector<data::TextPair> copies;
+    for (const data::TextPair& p : data.train) copies.push_back({p.source, p.source});
+    train::Trainer copier(deployer, init.model, collate, loss, adamw(o.copy_steps),
+                          std::move(given));
+    copier.fit(copies, {.global_batch_size = o.batch,
+                        .n_epochs = (o.copy_steps + per_epoch - 1) / per_epoch,
+                        .log_every = 50,
+                        .max_steps = o.copy_steps});
+    given = copier.whole_params();
+  }
+  train::Trainer trainer(deployer, init.model, collate, loss, adamw(o.steps), std::move(given));
+  train::Predictor translator(deployer, init.model, collate, predict);
   trainer.fit(data.train, {.global_batch_size = o.batch,
                            .n_epochs = (o.steps + per_epoch - 1) / per_epoch,
                            .eval_examples = data.valid,
@@ -88,11 +102,11 @@ int run(train::Deployer& deployer, const data::PairSplit& data, models::Pretrain
 
 int main(int argc, char** argv) try {
   CLI::App app{"Translate KJV verses into modern English or Spanish with an encoder-decoder"};
-  models::T5Config cfg{.dim = 128,
+  models::T5Config cfg{.dim = 64,
                        .heads = 4,
-                       .hidden = 512,
-                       .encoder_layers = 2,
-                       .decoder_layers = 2,
+                       .hidden = 128,
+                       .encoder_layers = 1,
+                       .decoder_layers = 1,
                        .tie_embeddings = false};
   Options o;
   int n_model_shards = 1;
@@ -112,16 +126,23 @@ int main(int argc, char** argv) try {
   app.add_option("--layers", cfg.encoder_layers, "encoder and decoder layers each")
       ->check(cli::at_least(1));
   app.add_option("--heads", cfg.heads)->check(cli::at_least(1));
-  app.add_option("--steps", o.steps)->check(cli::at_least(1));
+  app.add_option("--copy-steps", o.copy_steps,
+                 "steps learning to copy the source first (default 1500 from scratch, 0 with "
+                 "--init-from)")
+      ->check(cli::at_least(0));
+  app.add_option("--steps", o.steps, "translation steps")->check(cli::at_least(1));
   app.add_option("--batch-size", o.batch, "global batch size")->check(cli::at_least(1));
   app.add_option("--lr", o.lr, "peak AdamW learning rate (cosine decay)")->check(cli::positive());
   app.add_option("--beams", o.beams, "beam search width")->check(cli::at_least(1));
+  app.add_option("--no-repeat-ngram", o.no_repeat, "beam search: no n-gram twice in an output")
+      ->check(cli::at_least(0));
   app.add_option("--eval-every", o.eval_every, "steps between validations")
       ->check(cli::at_least(1));
   app.add_option("--seed", o.seed);
   app.add_option("--n-model-shards", n_model_shards)->check(cli::at_least(1));
   app.add_option("--workdir", workdir, "tokenizer, checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
+  if (o.copy_steps < 0) o.copy_steps = o.init_from.empty() ? 1500 : 0;
 
   train::Deployer deployer({.n_model_shards = n_model_shards, .seed = o.seed, .workdir = workdir});
   const data::PairSplit data = data::verse_pairs("KJV", o.target, o.books);

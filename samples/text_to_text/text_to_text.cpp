@@ -1,10 +1,11 @@
 // Translation with an encoder-decoder: KJV verses into modern English (WEB)
 // or, with --target RV1909, into Spanish, books held out for validation and
 // test. From scratch (T5, with a byte-level BPE learned from both sides of
-// the training pairs) or fine-tuned from a Hugging Face T5 / BART folder with
-// its tokenizer (--init-from DIR). Beam search (4) translates; the best
-// checkpoint by validation chrF is scored on the test books by BLEU and chrF
-// next to copying the KJV verse unchanged.
+// the training pairs; it first learns to copy the KJV verse, --copy-steps,
+// which finds the alignment translation alone does not) or fine-tuned from a
+// Hugging Face T5 / BART folder with its tokenizer (--init-from DIR). Beam search (4) translates;
+// the best checkpoint by validation chrF is scored on the test books by BLEU and chrF next to
+// copying the KJV verse unchanged.
 //   build/samples/text_to_text/text_to_text --workdir t2t_web
 //   build/samples/text_to_text/text_to_text --target RV1909 --workdir t2t_es
 #include <fmt/core.h>

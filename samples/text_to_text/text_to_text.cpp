@@ -24,8 +24,8 @@ using namespace redco;
 struct Options {
   std::string target = "WEB", init_from, export_dir;
   data::BookSplit books{.valid_books = {"Jonah", "Phlm"}, .test_books = {"Ruth", "Titus"}};
-  int64_t copy_steps = -1, steps = 4000, batch = 16, max_length = 96, vocab = 600, beams = 4,
-          eval_every = 1000, no_repeat = 0;
+  int64_t copy_steps = -1, steps = 12000, batch = 16, max_length = 96, vocab = 600, beams = 4,
+          eval_every = 3000, no_repeat = 4;
   float lr = 5e-3f;
   uint64_t seed = 42;
 };

@@ -201,6 +201,9 @@ TEST_CASE("Slurm nodelist expansion", "[launch]") {
   CHECK(expand_slurm_nodelist("[1-2]") == Strings{"1", "2"});
   CHECK(expand_slurm_nodelist("host-1.cluster,h[5]") == Strings{"host-1.cluster", "h5"});
   CHECK(expand_slurm_nodelist("c[9-10]") == Strings{"c9", "c10"});
+  // The largest 64-bit number ends its range (the fuzzer's find: a loop that never ended).
+  CHECK(expand_slurm_nodelist("a[18446744073709551614-18446744073709551615]") ==
+        Strings{"a18446744073709551614", "a18446744073709551615"});
   REQUIRE_THROWS_WITH(expand_slurm_nodelist("node[1-3"), Contains("never closed"));
   REQUIRE_THROWS_WITH(expand_slurm_nodelist("node1-3]"), Contains("']' without '['"));
   REQUIRE_THROWS_WITH(expand_slurm_nodelist("node[3-1]"), Contains("range '3-1'"));

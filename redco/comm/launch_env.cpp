@@ -256,7 +256,9 @@ void expand_ranges(std::string_view ranges, std::string_view list, std::vector<s
     std::uint64_t a = number(lo), b = number(hi);
     REDCO_CHECK(a <= b && b - a < kMaxHosts - out.size(),
                 "Slurm nodelist '{}': range '{}' is empty or too large", list, part);
-    for (std::uint64_t v = a; v <= b; ++v) out.push_back(fmt::format("{:0{}}", v, lo.size()));
+    // Counted, not `v <= b`: with b = 2^64 - 1 that loop would never end.
+    for (std::uint64_t i = 0; i <= b - a; ++i)
+      out.push_back(fmt::format("{:0{}}", a + i, lo.size()));
   }
 }
 

@@ -16,8 +16,8 @@ using skinny::hsum;
 // 16 bf16 loaded as 8 32-bit lanes: the odd elements already sit in the high
 // halves (an AND makes them f32), the even ones need a shift. No shuffle, so
 // the widening stays off the one shuffle port; x is split into even and odd
-// elements once per call to match (split_rows).
-// One K chunk of weight rows [n0, n1) against MB rows (skinny_blocks.hpp).
+// elements once per call to match (split_rows). One K chunk of weight rows
+// [n0, n1) against MB rows (skinny_blocks.hpp).
 template <int MB>
 void block(const float* xs, int64_t ldxs, const float* x, int64_t ldx, const uint16_t* w,
            int64_t ldw, float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K,

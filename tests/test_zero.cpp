@@ -1,9 +1,10 @@
 // ZeRO stages 1 and 2 (Deployer zero_stage): on dp x mp meshes of threads
 // the trained parameters and losses equal those of the same mesh without
 // ZeRO (bit for bit: the owners' updates are the plain optimizer's, except
-// ZeRO-2 with model shards, within 1e-6: its gradient norm is summed in
-// another order), each rank's optimizer state falls to about 1/dp, and
-// checkpoints move between runs with and without ZeRO.
+// ZeRO-2 with model shards or split parameters, within 1e-6: its gradient
+// norm is summed in another order), each rank's optimizer state falls to
+// about 1/dp, also when one parameter is 40% of the model (split among the
+// owners), and checkpoints move between runs with and without ZeRO.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +28,18 @@ namespace {
 
 const models::Gpt2Config kGpt{
     .vocab = 64, .context = 16, .dim = 32, .layers = 2, .heads = 4, .dropout = 0.1f};
+// The tied embedding [512, 32] is ~40% of the parameters: more than half a
+// replica's share at dp 2 and 4, so ZeRO splits it among the owners.
+const models::Gpt2Config kTied{
+    .vocab = 512, .context = 16, .dim = 32, .layers = 2, .heads = 4, .dropout = 0.1f};
+
+// Whether ZeRO splits some parameter of `model` on a dp x mp mesh.
+bool splits_some(const models::Gpt2Config& model, int dp, int mp) {
+  const train::ZeroPartition zero(shard::resolve(models::gpt2(model), mp), dp, 0);
+  for (const auto& s : shard::resolve(models::gpt2(model), mp))
+    if (zero.split(s.name)) return true;
+  return false;
+}
 
 using test::LmBatch;
 using test::Window;
@@ -36,7 +49,7 @@ std::vector<Window> windows() {
   std::vector<Window> data(32);
   std::mt19937_64 rng(5);
   for (Window& w : data)
-    for (int t = 0; t < 17; ++t) w.ids.push_back(int64_t(rng() % 64));
+    for (int t = 0; t < 17; ++t) w.ids.push_back(int64_t(rng() % 64));  // within both vocabularies
   return data;
 }
 
@@ -104,6 +117,34 @@ Result fit(const Run& run) {
 using test::check_bitwise;
 using test::check_close;
 
+// A key projection's bias has a gradient that is rounding noise (softmax
+// does not change when every score of a row moves alike), which Adam scales
+// up to steps of ~lr: runs that differ by rounding differ there by ~1e-6 of
+// the weights' scale, not of the bias's own.
+ParamTree without_key_bias(const ParamTree& t) {
+  ParamTree out;
+  for (const auto& [name, v] : t)
+    if (!name.ends_with("k_proj.bias")) out.emplace(name, v);
+  return out;
+}
+
+// Rank k of model shard m owns at most `slack`/dp of shard m's optimizer
+// state; together the replicas hold it exactly once.
+void check_state_shares(const Result& zero, const Result& plain, int dp, int mp, double slack) {
+  for (int m = 0; m < mp; ++m) {
+    uint64_t sum = 0;
+    for (int k = 0; k < dp; ++k) {
+      const uint64_t b = zero.state_bytes[size_t(k * mp + m)];
+      const uint64_t whole = plain.state_bytes[size_t(k * mp + m)];
+      INFO("replica " << k << ": " << b << " of " << whole << " bytes");
+      CHECK(double(b) < slack * double(whole) / dp);
+      sum += b;
+    }
+    // "step" (8 bytes) is kept by every replica.
+    CHECK(sum == plain.state_bytes[size_t(m)] + uint64_t(dp - 1) * 8);
+  }
+}
+
 struct TempDir {
   fs::path path =
       fs::temp_directory_path() / ("redco-zero-" + std::to_string(std::random_device{}()));
@@ -117,33 +158,25 @@ struct TempDir {
 }  // namespace
 
 TEST_CASE("ZeRO-1 and 2 train as the plain run and keep 1/dp of the optimizer state", "[zero]") {
-  for (const auto& [world, mp] : {std::pair{2, 1}, std::pair{4, 2}, std::pair{4, 1}})
-    for (const int stage : {1, 2}) {
-      const int dp = world / mp;
-      INFO("dp " << dp << ", mp " << mp << ", stage " << stage);
-      const Result plain = fit({.world = world, .mp = mp});
-      const Result zero = fit({.world = world, .mp = mp, .zero = stage});
-      REQUIRE(plain.losses.size() == 10);
-      check_close(zero.losses, plain.losses, 1e-6);
-      // The same updates; with model shards ZeRO-2 sums the norm's split and
-      // whole parts over the replicas in another order.
-      if (stage == 1 || mp == 1) check_bitwise(zero.params, plain.params);
-      check_close(zero.params, plain.params, 1e-6);
-      // Rank k of model shard m owns about 1/dp of shard m's state; together
-      // the replicas hold it exactly once.
-      for (int m = 0; m < mp; ++m) {
-        uint64_t sum = 0;
-        for (int k = 0; k < dp; ++k) {
-          const uint64_t b = zero.state_bytes[size_t(k * mp + m)];
-          const uint64_t whole = plain.state_bytes[size_t(k * mp + m)];
-          INFO("replica " << k << ": " << b << " of " << whole << " bytes");
-          CHECK(double(b) < 1.25 * double(whole) / dp);
-          sum += b;
-        }
-        // "step" (8 bytes) is kept by every replica.
-        CHECK(sum == plain.state_bytes[size_t(m)] + uint64_t(dp - 1) * 8);
+  for (const auto& [model, tied] : {std::pair{kGpt, false}, std::pair{kTied, true}})
+    for (const auto& [world, mp] : {std::pair{2, 1}, std::pair{4, 2}, std::pair{4, 1}})
+      for (const int stage : {1, 2}) {
+        const int dp = world / mp;
+        INFO((tied ? "tied embedding 40%" : "small vocabulary")
+             << ": dp " << dp << ", mp " << mp << ", stage " << stage);
+        if (tied) CHECK(splits_some(model, dp, mp));
+        const Result plain = fit({.world = world, .mp = mp, .model = model});
+        const Result zero = fit({.world = world, .mp = mp, .zero = stage, .model = model});
+        REQUIRE(plain.losses.size() == 10);
+        check_close(zero.losses, plain.losses, 1e-6);
+        // The same updates; ZeRO-2 sums the norm's parts over the replicas in
+        // another order when there are model shards or split parameters.
+        if (stage == 1 || (mp == 1 && !splits_some(model, dp, mp)))
+          check_bitwise(zero.params, plain.params);
+        check_close(without_key_bias(zero.params), without_key_bias(plain.params), 1e-6);
+        // Split parameters balance the state: within 10% of 1/dp each.
+        check_state_shares(zero, plain, dp, mp, tied ? 1.1 : 1.25);
       }
-    }
 }
 
 TEST_CASE("a checkpoint saved under ZeRO resumes without it, and the other way", "[zero]") {
@@ -157,6 +190,29 @@ TEST_CASE("a checkpoint saved under ZeRO resumes without it, and the other way",
     REQUIRE(resumed.losses.size() == 5);
     check_close(resumed.losses, {straight.losses.begin() + 5, straight.losses.end()}, 1e-6);
     check_bitwise(resumed.params, straight.params);
+  }
+  SECTION("with the embedding split among the owners") {
+    const Result tied = fit({.world = 2, .max_steps = 10, .model = kTied});
+    for (const auto& [first, then] : {std::pair{1, 0}, std::pair{0, 1}, std::pair{2, 1}}) {
+      INFO("first half with zero_stage " << first << ", second half with " << then);
+      TempDir dir;
+      fit({.world = 2,
+           .zero = first,
+           .max_steps = 5,
+           .workdir = dir.path,
+           .save_every = 5,
+           .model = kTied});
+      const Result resumed = fit({.world = 2,
+                                  .zero = then,
+                                  .max_steps = 10,
+                                  .workdir = dir.path,
+                                  .resume = true,
+                                  .model = kTied});
+      REQUIRE(resumed.losses.size() == 5);
+      check_close(resumed.losses, {tied.losses.begin() + 5, tied.losses.end()}, 1e-6);
+      if (first != 2) check_bitwise(resumed.params, tied.params);
+      check_close(without_key_bias(resumed.params), without_key_bias(tied.params), 1e-6);
+    }
   }
   SECTION("and on another mesh: 2 model shards x 2 replicas under ZeRO") {
     TempDir dir;
@@ -172,30 +228,32 @@ TEST_CASE("zero_stage out of range is one clear error", "[zero]") {
 }
 
 TEST_CASE("ZeRO-2 averages each gradient into its owner as the all-reduce does", "[zero]") {
-  const auto gpt = models::gpt2(kGpt);
-  const std::vector<shard::ParamSplit> plan = shard::resolve(gpt, 1);
-  std::vector<std::string> order;
-  for (const auto& e : nn::param_entries(gpt)) order.emplace_back(e.name.view());
-  for (const int world : {2, 4}) {
-    INFO("dp " << world);
-    std::vector<ParamTree> plain(static_cast<size_t>(world)), owned(plain.size());
-    comm::ThreadsWorld w(world);
-    w.run([&](comm::Comm& c) {
-      ParamTree g = nn::init_params(gpt, uint64_t(10 + c.rank()));  // this rank's "gradients"
-      ParamTree h;
-      for (const auto& [k, t] : g) h.emplace(k, t.clone());
-      train::DataParallel all(c, 4096), some(c, 4096);
-      const train::ZeroPartition zero(plan, world, c.rank());
-      some.reduce_to_owners(&zero);
-      all.average(g, order);
-      some.average(h, order);
-      plain[size_t(c.rank())] = g;
-      owned[size_t(c.rank())] = h;
-    });
-    for (int r = 0; r < world; ++r) {
-      const train::ZeroPartition zero(plan, world, r);
-      CHECK(owned[size_t(r)].size() == zero.owned(plain[size_t(r)]).size());
-      check_bitwise(owned[size_t(r)], zero.owned(plain[size_t(r)]));
+  for (const auto& model : {kGpt, kTied}) {
+    const auto gpt = models::gpt2(model);
+    const std::vector<shard::ParamSplit> plan = shard::resolve(gpt, 1);
+    std::vector<std::string> order;
+    for (const auto& e : nn::param_entries(gpt)) order.emplace_back(e.name.view());
+    for (const int world : {2, 4}) {
+      INFO("dp " << world);
+      std::vector<ParamTree> plain(static_cast<size_t>(world)), owned(plain.size());
+      comm::ThreadsWorld w(world);
+      w.run([&](comm::Comm& c) {
+        ParamTree g = nn::init_params(gpt, uint64_t(10 + c.rank()));  // this rank's "gradients"
+        ParamTree h;
+        for (const auto& [k, t] : g) h.emplace(k, t.clone());
+        train::DataParallel all(c, 4096), some(c, 4096);
+        const train::ZeroPartition zero(plan, world, c.rank());
+        some.reduce_to_owners(&zero);
+        all.average(g, order);
+        some.average(h, order);
+        plain[size_t(c.rank())] = g;
+        owned[size_t(c.rank())] = h;
+      });
+      for (int r = 0; r < world; ++r) {
+        const train::ZeroPartition zero(plan, world, r);
+        CHECK(owned[size_t(r)].size() == zero.owned(plain[size_t(r)]).size());
+        check_bitwise(owned[size_t(r)], zero.owned(plain[size_t(r)]));
+      }
     }
   }
 }
@@ -211,52 +269,59 @@ io::Json memory_line(const fs::path& workdir) {
 }
 
 TEST_CASE("ZeRO-2 keeps 1/dp of the gradients and of the optimizer state per rank", "[zero]") {
-  const double params_mib =
-      double(nn::count_parameters(nn::init_params(models::gpt2(kGpt), 0))) * 4 / 1048576.0;
-  TempDir dir;
-  fit({.world = 4, .zero = 2, .max_steps = 1, .workdir = dir.path});
-  const io::Json m = memory_line(dir.path);
-  REQUIRE(m.contains("rank3.grads_mib"));
-  double grads = 0, state = 0;
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    const double g = m.at("rank" + std::to_string(r) + ".grads_mib").as_double();
-    CHECK(m.at("rank" + std::to_string(r) + ".params_mib").as_double() ==
-          Approx(params_mib).epsilon(1e-6));
-    CHECK(g < 1.25 * params_mib / 4);
-    grads += g;
-    state += m.at("rank" + std::to_string(r) + ".opt_state_mib").as_double();
+  // kTied: whole, the embedding alone would be 40% of the model at one replica.
+  for (const auto& model : {kGpt, kTied}) {
+    const double params_mib =
+        double(nn::count_parameters(nn::init_params(models::gpt2(model), 0))) * 4 / 1048576.0;
+    TempDir dir;
+    fit({.world = 4, .zero = 2, .max_steps = 1, .workdir = dir.path, .model = model});
+    const io::Json m = memory_line(dir.path);
+    REQUIRE(m.contains("rank3.grads_mib"));
+    double grads = 0, state = 0;
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      const double g = m.at("rank" + std::to_string(r) + ".grads_mib").as_double();
+      CHECK(m.at("rank" + std::to_string(r) + ".params_mib").as_double() ==
+            Approx(params_mib).epsilon(1e-6));
+      CHECK(g < 1.25 * params_mib / 4);
+      grads += g;
+      state += m.at("rank" + std::to_string(r) + ".opt_state_mib").as_double();
+    }
+    CHECK(grads == Approx(params_mib).epsilon(1e-4));  // each gradient once, at its owner
+    CHECK(state == Approx(2 * params_mib + 4 * 8 / 1048576.0).epsilon(1e-4));  // + 4 "step"s
   }
-  CHECK(grads == Approx(params_mib).epsilon(1e-4));  // each gradient once, at its owner
-  CHECK(state == Approx(2 * params_mib + 4 * 8 / 1048576.0).epsilon(1e-4));  // + 4 "step"s
 }
 
 TEST_CASE("ZeRO-2 lowers the gradient peak of backward, not only the gradients kept", "[zero]") {
   // Buckets of 16 KiB, so that a replica's buckets leave as backward
   // finalises them: the peak is its own half plus the buckets in flight.
   const models::Gpt2Config wide{.vocab = 256, .context = 16, .dim = 64, .layers = 2, .heads = 4};
-  const double params_mib =
-      double(nn::count_parameters(nn::init_params(models::gpt2(wide), 0))) * 4 / 1048576.0;
-  auto peak = [&](int stage, int rank) {
-    TempDir dir;
-    fit({.world = 2,
-         .zero = stage,
-         .max_steps = 1,
-         .workdir = dir.path,
-         .model = wide,
-         .batch = 2,
-         .bucket = size_t(16) << 10});
-    return memory_line(dir.path).at("rank" + std::to_string(rank) + ".grad_peak_mib").as_double();
-  };
-  for (const int rank : {0, 1}) {
-    const double plain = peak(0, rank), one = peak(1, rank), two = peak(2, rank);
-    INFO("rank " << rank << ": gradient peak plain " << plain << " MiB, ZeRO-1 " << one
-                 << " MiB, ZeRO-2 " << two << " MiB; parameters " << params_mib << " MiB");
-    // Without ZeRO-2 the buckets hold every gradient once, until the step.
-    CHECK(plain == Approx(params_mib).epsilon(1e-6));
-    CHECK(one == Approx(params_mib).epsilon(1e-6));
-    // With it, this replica's half and at most two 16 KiB buckets (a little
-    // over, each closing at the parameter that fills it) of each owner in flight.
-    CHECK(two < 0.75 * params_mib);
+  // Not so for kTied: its tied embedding (40%) is final last, when its own
+  // half, the half it sends and the one it receives are all held at once.
+  for (const auto& model : {wide}) {
+    const double params_mib =
+        double(nn::count_parameters(nn::init_params(models::gpt2(model), 0))) * 4 / 1048576.0;
+    auto peak = [&](int stage, int rank) {
+      TempDir dir;
+      fit({.world = 2,
+           .zero = stage,
+           .max_steps = 1,
+           .workdir = dir.path,
+           .model = model,
+           .batch = 2,
+           .bucket = size_t(16) << 10});
+      return memory_line(dir.path).at("rank" + std::to_string(rank) + ".grad_peak_mib").as_double();
+    };
+    for (const int rank : {0, 1}) {
+      const double plain = peak(0, rank), one = peak(1, rank), two = peak(2, rank);
+      INFO("rank " << rank << ": gradient peak plain " << plain << " MiB, ZeRO-1 " << one
+                   << " MiB, ZeRO-2 " << two << " MiB; parameters " << params_mib << " MiB");
+      // Without ZeRO-2 the buckets hold every gradient once, until the step.
+      CHECK(plain == Approx(params_mib).epsilon(1e-6));
+      CHECK(one == Approx(params_mib).epsilon(1e-6));
+      // With it, this replica's half and at most two 16 KiB buckets (a little
+      // over, each closing at the parameter that fills it) of each owner in flight.
+      CHECK(two < 0.75 * params_mib);
+    }
   }
 }

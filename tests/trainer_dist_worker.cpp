@@ -1,6 +1,9 @@
 // Trains a tiny GPT for 10 steps on however many processes started it (one,
-// or redco-run -n N) with n_model_shards = argv[1] and zero_stage = argv[2]
-// (default 0), and prints the step losses once ("loss <step> <value>"), for test_trainer_ucx.sh to compare.
+// or redco-run -n N) with n_model_shards = argv[1], zero_stage = argv[2]
+// (default 0) and a model vocabulary of argv[3] (default 32, the data's; 512
+// makes the embedding over half the model, which ZeRO splits among owners),
+// and prints the step losses once ("loss <step> <value>"), for
+// test_trainer_ucx.sh to compare.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -47,12 +50,13 @@ Batch collate(std::span<const std::vector<int64_t>> ex) {
 int main(int argc, char** argv) try {
   const int shards = argc > 1 ? std::atoi(argv[1]) : 1;
   const int zero = argc > 2 ? std::atoi(argv[2]) : 0;
+  const int64_t vocab = argc > 3 ? std::atoll(argv[3]) : kVocab;
   Deployer deployer({.n_model_shards = shards, .seed = 3, .quiet = true, .zero_stage = zero});
   auto loss = [](auto& model, const Batch& b, Rng) {
     return cross_entropy(model(b.inputs), b.targets);
   };
   const auto gpt =
-      models::gpt2({.vocab = kVocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
+      models::gpt2({.vocab = vocab, .context = kT, .dim = 16, .layers = 2, .heads = 4});
   Trainer trainer(deployer, gpt, collate, loss,
                   optim::adamw(optim::linear(1e-2f, 1e-3f, 10), {.max_grad_norm = 0.5f}));
   trainer.fit(make_data(96),

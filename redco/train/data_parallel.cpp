@@ -41,8 +41,11 @@ struct Held {
 
 // One bucket: its gradients packed into a flat buffer that is all-reduced at once.
 struct Bucket {
+  // One entry per gradient, or per part of a gradient split among ZeRO owners
+  // (rows [rows.first, rows.second) of dim 0; whole: {0, dim 0}).
   std::vector<std::string> names;
-  std::vector<Shape> shapes;
+  std::vector<Shape> shapes;  // of the entry
+  std::vector<std::pair<int64_t, int64_t>> rows;
   int64_t numel = 0;
   Tensor flat;  // [numel], made on the gradients' device when the first one arrives
   Device device = Device::cpu();
@@ -56,7 +59,8 @@ struct Bucket {
 
 struct Slot {
   size_t bucket;
-  int64_t offset;  // into the bucket's flat buffer
+  int64_t offset;                    // into the bucket's flat buffer
+  std::pair<int64_t, int64_t> rows;  // of the gradient, dim 0
 };
 
 // A started coroutine that nobody awaits: it runs until its first suspension
@@ -79,7 +83,7 @@ constexpr size_t kInFlight = 2;
 
 struct DataParallel::Step {
   std::vector<Bucket> buckets;
-  std::map<std::string, Slot> slots;
+  std::map<std::string, std::vector<Slot>> slots;  // a gradient's parts (one when whole)
   std::deque<size_t> in_flight;  // ZeRO-2 buckets launched by backward, not yet waited for
   size_t launched = 0;
   Held held;
@@ -173,12 +177,19 @@ Tensor& buffer(DataParallel::Step& step, Bucket& b) {
   return b.flat;
 }
 
-// Copies a final gradient into its bucket; the bucket's last one starts it.
+// The rows of `g` an entry holds ({0, -1}: all of it).
+Tensor rows_of(const Tensor& g, std::pair<int64_t, int64_t> rows) {
+  return rows.second < 0 ? g : g.slice0(rows.first, rows.second);
+}
+
+// Copies a final gradient (each part) into its bucket; a bucket's last entry starts it.
 void arrive(DataParallel::Step& step, const std::string& name, const Tensor& g, comm::Comm& dp) {
-  const Slot& s = step.slots.at(name);
-  Bucket& b = step.buckets[s.bucket];
-  buffer(step, b).slice0(s.offset, s.offset + g.numel()).copy_from(g.detach());  // as f32
-  if (++b.arrived == b.names.size()) launch(step, s.bucket, dp, true);
+  for (const Slot& s : step.slots.at(name)) {
+    Bucket& b = step.buckets[s.bucket];
+    const Tensor part = rows_of(g.detach(), s.rows);
+    buffer(step, b).slice0(s.offset, s.offset + part.numel()).copy_from(part);  // as f32
+    if (++b.arrived == b.names.size()) launch(step, s.bucket, dp, true);
+  }
 }
 
 }  // namespace
@@ -197,7 +208,7 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
     Bucket& b = pending[owner];
     int64_t offset = 0;
     for (size_t i = 0; i < b.names.size(); ++i) {
-      step_->slots[b.names[i]] = {step_->buckets.size(), offset};
+      step_->slots[b.names[i]].push_back({step_->buckets.size(), offset, b.rows[i]});
       offset += b.shapes[i].numel();
     }
     b.numel = offset;
@@ -220,10 +231,23 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     auto found = shapes.find(*it);
     REDCO_CHECK(found != shapes.end(), "DataParallel: no parameter '{}'", *it);
-    const int owner = owners_ ? owners_->owner(*it) : -1;
-    pending[owner].names.push_back(*it);
-    pending[owner].shapes.push_back(found->second.shape());
-    if (size_t(numel[owner] += found->second.numel()) * sizeof(float) >= limit) close(owner);
+    // ZeRO-2: each part of a split gradient goes to its own owner's bucket.
+    static const std::vector<int> kAllReduce{-1};
+    const std::vector<int>& owners = owners_ ? owners_->part_owners(*it) : kAllReduce;
+    const Shape& shape = found->second.shape();
+    for (int k = 0; k < int(owners.size()); ++k) {
+      const int owner = owners[size_t(k)];
+      std::pair<int64_t, int64_t> rows{0, -1};
+      Shape part = shape;
+      if (owners.size() > 1) {
+        rows = ZeroPartition::part_rows(shape[0], k, int(owners.size()));
+        part[0] = rows.second - rows.first;
+      }
+      pending[owner].names.push_back(*it);
+      pending[owner].shapes.push_back(part);
+      pending[owner].rows.push_back(rows);
+      if (size_t(numel[owner] += part.numel()) * sizeof(float) >= limit) close(owner);
+    }
   }
   while (!pending.empty()) close(pending.begin()->first);
 }
@@ -258,11 +282,13 @@ void DataParallel::finish(ParamTree& grads) {
     Bucket& bucket = step->buckets[b];
     if (bucket.arrived == bucket.names.size()) continue;
     Tensor& flat = buffer(*step, bucket);
+    int64_t at = 0;
     for (size_t i = 0; i < bucket.names.size(); ++i) {
+      const int64_t n = bucket.shapes[i].numel();
       const auto it = grads.find(bucket.names[i]);
-      if (it == grads.end() || !it->second.defined()) continue;
-      const int64_t at = step->slots.at(bucket.names[i]).offset;
-      flat.slice0(at, at + it->second.numel()).copy_from(it->second);  // converted to f32
+      if (it != grads.end() && it->second.defined())  // converted to f32
+        flat.slice0(at, at + n).copy_from(rows_of(it->second, bucket.rows[i]));
+      at += n;
     }
     bucket.arrived = bucket.names.size();
     launch(*step, b, *dp_, false);
@@ -270,11 +296,11 @@ void DataParallel::finish(ParamTree& grads) {
   for (size_t b = 0; b < step->buckets.size(); ++b) wait_for(*step, b);
   last_peak_ = uint64_t(step->held.peak);
   if (step->error) std::rethrow_exception(step->error);
-  for (const Bucket& b : step->buckets) {
-    if (b.owner >= 0 && b.owner != dp_->rank()) {  // ZeRO-2: another replica's gradients
+  for (const Bucket& b : step->buckets)
+    if (b.owner >= 0 && b.owner != dp_->rank())  // ZeRO-2: another replica's gradients (or parts)
       for (const std::string& name : b.names) grads.erase(name);
-      continue;
-    }
+  for (const Bucket& b : step->buckets) {
+    if (b.owner >= 0 && b.owner != dp_->rank()) continue;
     // Views of the reduced buffer: no second copy of the gradients.
     int64_t offset = 0;
     for (size_t i = 0; i < b.names.size(); ++i) {

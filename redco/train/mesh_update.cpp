@@ -69,9 +69,12 @@ bool MeshUpdate::apply_groups(ParamTree& params, const ParamTree& grads, double 
   const bool sharded = deployer_->n_model_shards() > 1;
   ParamGroups::StepScope scope;
   if (zero_) {
-    scope.updates = [z = zero_.get()](const std::string& name) { return z->owns(name); };
-    if (deployer_->zero_stage() >= 2)
+    const ZeroPartition* z = zero_.get();
+    scope.own_params = [z](const ParamTree& t) { return z->owned(t); };
+    if (deployer_->zero_stage() >= 2)  // the gradients are this replica's parts already
       scope.squares = zero_->squares(grads, deployer_->mesh().dp_comm());
+    else
+      scope.own_grads = scope.own_params;
   }
   if (!groups_->step_all(params, grads, loss, sharded ? &deployer_->mesh().mp_comm() : nullptr,
                          scope)) {
@@ -91,8 +94,9 @@ void MeshUpdate::optimizer_step(ParamTree& params, const ParamTree& grads, doubl
   if (!zero_) {
     opt.step(params, grads, norm);
   } else {
+    // Under ZeRO-2 the gradients are this replica's parts already.
     ParamTree mine = zero_->owned(params);
-    opt.step(mine, zero_->owned(grads), norm);
+    opt.step(mine, deployer_->zero_stage() >= 2 ? grads : zero_->owned(grads), norm);
   }
   if (deployer_->n_model_shards() > 1) sync_replicated(params);
   if (zero_) zero_->share_params(params, deployer_->mesh().dp_comm());

@@ -221,10 +221,11 @@ bool ParamGroups::step_all(ParamTree& params, const ParamTree& grads, double los
     Group& g = groups_[trained_[i]];
     ParamTree p, d;
     for (const std::string& name : g.params) {
-      if (scope.updates && !scope.updates(name)) continue;
       p.emplace(name, params.at(name));
-      d.emplace(name, grads.at(name));
+      if (const auto it = grads.find(name); it != grads.end()) d.emplace(name, it->second);
     }
+    if (scope.own_params) p = scope.own_params(p);
+    if (scope.own_grads) d = scope.own_grads(d);
     // Every replica steps every group (maybe on no parameters), so its step
     // count and schedule advance alike.
     g.optimizer->step(p, d, std::sqrt(split_sq[i] + whole_sq[i]));

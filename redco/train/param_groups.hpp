@@ -109,7 +109,9 @@ class ParamGroups {
   // under ZeRO-2 holds only their gradients: the groups' norms then come from
   // every trained parameter's sum of squares over the replicas.
   struct StepScope {
-    ParamFilter updates = nullptr;          // the parameters to update; null: all
+    // The parts of a group's parameters (and gradients) this replica
+    // updates, as views; null: all of them, as they are.
+    std::function<ParamTree(const ParamTree&)> own_params = nullptr, own_grads = nullptr;
     std::map<std::string, double> squares;  // per trained parameter; empty: from `grads`
   };
   // Every trained group's optimizer step on its parameters, each with the

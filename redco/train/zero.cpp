@@ -78,16 +78,36 @@ ZeroPartition::ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_
               "ZeRO: {} parameters cannot be shared out among {} data-parallel replicas (each "
               "must own one); run without zero_stage or with fewer replicas",
               plan.size(), dp_size);
-  std::vector<size_t> order(plan.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  int64_t total = 0;
+  for (const auto& p : plan) total += p.shape.numel();
+  std::vector<int> every(static_cast<size_t>(dp_size));
+  std::iota(every.begin(), every.end(), 0);
+  std::vector<int64_t> load(size_t(dp_size), 0);
+  std::vector<size_t> whole;  // plan entries owned whole
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Shape& s = plan[i].shape;
+    // Larger than half a share, and rows enough that no part is empty on any
+    // model shard (split rows are cut again per shard, at most 8 ways here).
+    const bool big = dp_size > 1 && 2 * dp_size * s.numel() > total && s.rank() >= 1 &&
+                     s[0] >= 8 * int64_t(dp_size);
+    if (!big) {
+      whole.push_back(i);
+      continue;
+    }
+    owners_.emplace(plan[i].name, every);
+    for (int r = 0; r < dp_size; ++r) {
+      const auto [a, b] = part_rows(s[0], r, dp_size);
+      load[size_t(r)] += (b - a) * (s.numel() / s[0]);
+      names_[size_t(r)].push_back(plan[i].name);
+    }
+  }
+  std::stable_sort(whole.begin(), whole.end(), [&](size_t a, size_t b) {
     return plan[a].shape.numel() > plan[b].shape.numel();
   });
-  std::vector<int64_t> load(size_t(dp_size), 0);
-  for (const size_t i : order) {
+  for (const size_t i : whole) {
     const auto r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
     load[r] += plan[i].shape.numel();
-    owner_.emplace(plan[i].name, int(r));
+    owners_.emplace(plan[i].name, std::vector<int>{int(r)});
     names_[r].push_back(plan[i].name);
   }
   for (auto& n : names_) std::sort(n.begin(), n.end());
@@ -95,22 +115,39 @@ ZeroPartition::ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_
   std::sort(all_.begin(), all_.end());
 }
 
-int ZeroPartition::owner(const std::string& name) const {
-  const auto it = owner_.find(name);
-  REDCO_CHECK(it != owner_.end(), "ZeRO: '{}' is not a parameter of the model", name);
+const std::vector<int>& ZeroPartition::part_owners(const std::string& name) const {
+  const auto it = owners_.find(name);
+  REDCO_CHECK(it != owners_.end(), "ZeRO: '{}' is not a parameter of the model", name);
   return it->second;
+}
+
+bool ZeroPartition::owns(const std::string& name) const {
+  const std::vector<int>& o = part_owners(name);
+  return o.size() > 1 || o[0] == rank_;
+}
+
+std::pair<int64_t, int64_t> ZeroPartition::part_rows(int64_t n, int k, int count) {
+  return {n * k / count, n * (k + 1) / count};
+}
+
+Tensor ZeroPartition::part(const std::string& name, const Tensor& t, int r) const {
+  const std::vector<int>& o = part_owners(name);
+  if (o.size() == 1) return t;
+  const auto [a, b] = part_rows(t.dim(0), r, int(o.size()));
+  return t.slice0(a, b);
 }
 
 ParamTree ZeroPartition::owned(const ParamTree& tree) const {
   ParamTree out;
-  for (const std::string& n : names_[size_t(rank_)]) out.emplace(n, tree.at(n));
+  for (const std::string& n : names_[size_t(rank_)])
+    if (const auto it = tree.find(n); it != tree.end()) out.emplace(n, part(n, it->second, rank_));
   return out;
 }
 
 void ZeroPartition::share_params(ParamTree& params, comm::Comm& dp) const {
   for (int r = 0; r < int(names_.size()); ++r) {
     std::vector<Tensor> parts;
-    for (const std::string& n : names_[size_t(r)]) parts.push_back(params.at(n));
+    for (const std::string& n : names_[size_t(r)]) parts.push_back(part(n, params.at(n), r));
     broadcast_parts(parts, r, dp);
   }
 }
@@ -118,17 +155,28 @@ void ZeroPartition::share_params(ParamTree& params, comm::Comm& dp) const {
 ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp,
                                     const StateKeys& keys) const {
   ParamTree out;
+  ParamTree assembled;  // the whole buffers of split parameters, filled part by part
   for (int r = 0; r < int(names_.size()); ++r) {
     std::vector<std::string> names;
     std::vector<Tensor> parts(1);  // [0]: which buffers the owner has (1) or not yet (0)
     for (const std::string& n : names_[size_t(r)])
       for (const std::string& key : keys(n)) {
         const auto it = state.find(key);
+        const bool have = r == rank_ && it != state.end();
         names.push_back(key);
         const Tensor& like = params.at(n);
-        parts.push_back(r == rank_ && it != state.end()
-                            ? it->second
-                            : Tensor::zeros(like.shape(), DType::f32, like.device()));
+        if (!split(n)) {
+          parts.push_back(have ? it->second
+                               : Tensor::zeros(like.shape(), DType::f32, like.device()));
+          continue;
+        }
+        auto whole = assembled.find(key);
+        if (whole == assembled.end())
+          whole =
+              assembled.emplace(key, Tensor::zeros(like.shape(), DType::f32, like.device())).first;
+        Tensor into = part(n, whole->second, r);  // received in place
+        if (have) into.copy_from(it->second);
+        parts.push_back(into);
       }
     parts[0] = Tensor::zeros(Shape{int64_t(names.size()) + 1});  // [keys + 1], never empty
     if (r == rank_)
@@ -137,8 +185,11 @@ ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& par
     broadcast_packed(parts, r, dp);
     // A buffer the owner has not made yet (before its parameter's first
     // step) stays out, as it is out of an unpartitioned state.
-    for (size_t i = 0; i < names.size(); ++i)
-      if (parts[0].data<float>()[i] != 0.f) out.emplace(names[i], parts[i + 1]);
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (parts[0].data<float>()[i] == 0.f) continue;
+      const auto whole = assembled.find(names[i]);
+      out.emplace(names[i], whole != assembled.end() ? whole->second : parts[i + 1]);
+    }
   }
   for (const auto& [key, t] : state)
     if (param_of(key).empty()) out.emplace(key, t);
@@ -147,25 +198,35 @@ ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& par
 
 std::map<std::string, double> ZeroPartition::squares(const ParamTree& owned_grads,
                                                      comm::Comm& dp) const {
-  // [n * 3]: each parameter's sum of squares as three floats that add up to
-  // the double exactly, filled by its owner only, so the sum over the
-  // replicas (adding zeros) is exact.
-  const auto n = int64_t(all_.size());
-  Tensor parts = Tensor::zeros(Shape{3 * n});
+  // [n * dp * 3]: each parameter's (or part's) sum of squares as three
+  // floats that add up to the double exactly, filled by its owner only, so
+  // the sum over the replicas (adding zeros) is exact; a split parameter's
+  // parts are then added in rank order.
+  const auto n = int64_t(all_.size()), replicas = int64_t(names_.size());
+  Tensor parts = Tensor::zeros(Shape{3 * n * replicas});
   float* v = parts.data<float>();
   for (int64_t i = 0; i < n; ++i) {
     const auto it = owned_grads.find(all_[size_t(i)]);
     if (it == owned_grads.end()) continue;
     const double ss = optim::sum_of_squares(it->second, it->first);
-    v[3 * i] = float(ss);
+    float* x = v + 3 * (i * replicas + rank_);
+    x[0] = float(ss);
     if (!std::isfinite(ss)) continue;
-    v[3 * i + 1] = float(ss - double(v[3 * i]));
-    v[3 * i + 2] = float(ss - double(v[3 * i]) - double(v[3 * i + 1]));
+    x[1] = float(ss - double(x[0]));
+    x[2] = float(ss - double(x[0]) - double(x[1]));
   }
   sched::sync_wait(dp.all_reduce(parts));
   std::map<std::string, double> out;
-  for (int64_t i = 0; i < n; ++i)
-    out.emplace(all_[size_t(i)], double(v[3 * i]) + double(v[3 * i + 1]) + double(v[3 * i + 2]));
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string& name = all_[size_t(i)];
+    const std::vector<int>& o = part_owners(name);
+    double ss = 0;
+    for (const int r : o) {
+      const float* x = v + 3 * (i * replicas + r);
+      ss += double(x[0]) + double(x[1]) + double(x[2]);
+    }
+    out.emplace(name, ss);
+  }
   return out;
 }
 
@@ -179,7 +240,11 @@ ParamTree ZeroPartition::owned_state(const ParamTree& state) const {
   ParamTree out;
   for (const auto& [key, t] : state) {
     const std::string p = param_of(key);
-    if (p.empty() || (owner_.count(p) && owns(p))) out.emplace(key, t);
+    if (p.empty()) {
+      out.emplace(key, t);
+    } else if (owners_.count(p) && owns(p)) {
+      out.emplace(key, part(p, t, rank_));  // load_state copies it in
+    }
   }
   return out;
 }

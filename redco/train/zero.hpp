@@ -13,11 +13,18 @@
 // model shards: to rounding, its norm's parts are summed in another order);
 // the optimizer state per rank falls to about 1/dp of it.
 //
-// Ownership is by whole parameter, decided from the plan's whole sizes
-// (largest first, to the least loaded replica), so every rank of a
+// Ownership is decided from the plan's whole sizes, so every rank of a
 // model-parallel group owns the same names and the replicas of a group agree
-// without communicating. Checkpoints stay whole: full_state() collects every
-// buffer from its owner before a save, and owned_state() keeps a loaded
+// without communicating. A parameter larger than half a replica's share (a
+// tied embedding can be 40% of a small model) is split in dp equal row
+// ranges of dim 0 of the tensor a rank holds, part r owned by replica r;
+// the others are owned whole, largest first, by the least loaded replica.
+// An owned part is a view of the parameter (rows are contiguous), so the
+// optimizer steps it in place with buffers of its shape: the elementwise
+// updates (SGD, Adam, AdamW) are those of the whole tensor. Under ZeRO-2 a
+// split parameter's squared gradient norm is the sum of its parts', so the
+// global norm equals the plain run's to rounding, not bit for bit. Checkpoints stay whole:
+// full_state() collects every buffer from its owner before a save, and owned_state() keeps a loaded
 // state's own part, so a checkpoint moves freely between runs with and
 // without ZeRO and between meshes.
 //
@@ -30,6 +37,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "redco/autodiff/value_and_grad.hpp"
@@ -47,9 +55,19 @@ class ZeroPartition {
   // would own nothing (fewer parameters than replicas).
   ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_size, int dp_rank);
 
-  int owner(const std::string& name) const;
-  bool owns(const std::string& name) const { return owner(name) == rank_; }
-  // The entries of `tree` this replica owns (handles sharing the tensors).
+  // The owners of a parameter's parts in row order: one replica (owned
+  // whole) or every replica (split). Throws for a name not in the plan.
+  const std::vector<int>& part_owners(const std::string& name) const;
+  bool split(const std::string& name) const { return part_owners(name).size() > 1; }
+  // Whether this replica owns the parameter or a part of it.
+  bool owns(const std::string& name) const;
+  // Rows [first, second) of dim 0 (of n) that part k of `count` covers.
+  static std::pair<int64_t, int64_t> part_rows(int64_t n, int k, int count);
+  // The part of `t` (a parameter's tensor, or a buffer of its shape) that
+  // replica r owns: a view, the whole of `t` for a parameter owned whole.
+  Tensor part(const std::string& name, const Tensor& t, int r) const;
+  // The entries of `tree` this replica owns, as views of its parts (handles
+  // sharing the tensors). Names of the plan not in `tree` are left out.
   ParamTree owned(const ParamTree& tree) const;
   // Every parameter of `params` (this rank's shards, updated in place) set to
   // its owner's values. Collective over the data-parallel group `dp`.
@@ -67,18 +85,19 @@ class ZeroPartition {
   // forms it over all of them; NaN when any is not finite. Collective over `dp`.
   double squared_norm(const ParamTree& owned_grads, comm::Comm& dp) const;
   // ZeRO-2: every partitioned parameter's gradient sum of squares (exact, as
-  // optim::sum_of_squares forms it at its owner; NaN when not finite), from
-  // each replica's own gradients. Collective over `dp`.
+  // optim::sum_of_squares forms it at its owner, or its parts' in rank
+  // order; NaN when not finite), from each replica's own gradients.
+  // Collective over `dp`.
   std::map<std::string, double> squares(const ParamTree& owned_grads, comm::Comm& dp) const;
   // The part of a whole optimizer state this replica keeps ("step" and the
-  // buffers of the parameters it owns).
+  // buffers, or the parts of buffers, of the parameters it owns).
   ParamTree owned_state(const ParamTree& state) const;
 
  private:
-  // names[r]: the parameters replica r owns, in key order.
+  // names[r]: the parameters replica r owns whole or a part of, in key order.
   std::vector<std::vector<std::string>> names_;
-  std::unordered_map<std::string, int> owner_;
-  std::vector<std::string> all_;  // every parameter, in key order
+  std::unordered_map<std::string, std::vector<int>> owners_;  // part_owners()
+  std::vector<std::string> all_;                              // every parameter, in key order
   int rank_ = 0;
 };
 

@@ -233,6 +233,51 @@ TEST_CASE("a matmul's backward runs in the precision its forward ran under", "[a
   CHECK(diff_from_f32 < 0.2f);
 }
 
+TEST_CASE("attention under bf16 computes on rounded q, k, v and keeps them as bf16",
+          "[autodiff][bf16]") {
+  // [B, H, T, D]: GQA (4 query heads, 2 kv heads), causal; power-of-two
+  // sizes, so the allocator's rounding does not blur the bytes counted below.
+  const Tensor q = randn({2, 4, 512, 64}, 21, 1.f), k = randn({2, 2, 512, 64}, 22, 1.f),
+               v = randn({2, 2, 512, 64}, 23, 1.f);
+  const Tensor dir = randn({2, 512, 256}, 24, 1.f);  // the loss's direction
+  auto loss = [&](const ParamTree& p) {
+    return sum(attention_merged_heads(p.at("q"), p.at("k"), p.at("v"), true) * dir);
+  };
+  ParamTree mixed;
+  {
+    PrecisionGuard bf16(Precision::bf16);
+    mixed = grad_of(loss, {{"q", q}, {"k", k}, {"v", v}});
+  }
+  // The same as f32 attention on the rounded inputs, bit for bit: the kernel
+  // widens the kept bf16 exactly.
+  auto rounded = [](const Tensor& t) { return t.to(DType::bf16).to(DType::f32); };
+  const ParamTree want = grad_of(loss, {{"q", rounded(q)}, {"k", rounded(k)}, {"v", rounded(v)}});
+  const ParamTree full = grad_of(loss, {{"q", q}, {"k", k}, {"v", v}});
+  for (const char* n : {"q", "k", "v"}) {
+    INFO(n);
+    CHECK(mixed.at(n).to_vector() == want.at(n).to_vector());
+    CHECK(mixed.at(n).to_vector() != full.at(n).to_vector());  // the rounding did happen
+  }
+  // What the node keeps past forward: q, k, v in bf16 (half their f32 bytes)
+  // and the output; under f32 the f32 inputs themselves.
+  auto kept_bytes = [&](Precision p) {
+    PrecisionGuard guard(p);
+    Tensor y;
+    int64_t before = 0;
+    {
+      const Tensor qi = q.clone().set_requires_grad(true), ki = k.clone().set_requires_grad(true),
+                   vi = v.clone().set_requires_grad(true);
+      before = int64_t(CachingAllocator::cpu().stats().bytes_in_use);
+      y = attention_merged_heads(qi, ki, vi, true);
+    }  // the caller's q, k, v are gone; the graph keeps what backward needs
+    return int64_t(CachingAllocator::cpu().stats().bytes_in_use) - before;
+  };
+  const int64_t f32_kept = kept_bytes(Precision::f32), bf16_kept = kept_bytes(Precision::bf16);
+  INFO("kept past forward: f32 " << f32_kept << " bytes, bf16 " << bf16_kept);
+  // Half of q, k and v's f32 bytes: 2 x 512 x 64 x (4 + 2 + 2) x 2 = 1 MiB.
+  CHECK(f32_kept - bf16_kept == int64_t(q.nbytes() + k.nbytes() + v.nbytes()) / 2);
+}
+
 TEST_CASE("the op profiler attributes time to nested scopes only while enabled", "[autodiff]") {
   const Tensor x = randn({4, 8}, 13, 1.f);
   auto loss = [&](const ParamTree& p) { return sum(matmul(x, p.at("w"), false, true)); };

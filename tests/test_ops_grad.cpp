@@ -284,6 +284,42 @@ TEST_CASE("bias_gelu_linear equals linear(gelu(y + b), w), values and gradients"
                     Catch::Contains("does not match weight"));
 }
 
+TEST_CASE("bias_gelu_linear under bf16 reads y rounded to bf16 and keeps it so", "[grad][bf16]") {
+  // [rows, hidden] = [1024, 256]: y is 1 MiB in f32 (whole allocator blocks).
+  const Tensor y = randn({4, 256, 256}, 61), b = randn({256}, 62), w = randn({64, 256}, 63);
+  const Tensor r = randn({4, 256, 64}, 64);
+  auto grads = [&](const Tensor& y_in, Precision p) {
+    PrecisionGuard guard(p);
+    TensorList leaves{y_in.detach().set_requires_grad(true), b.detach().set_requires_grad(true),
+                      w.detach().set_requires_grad(true)};
+    return grad({sum(bias_gelu_linear(leaves[0], leaves[1], leaves[2]) * r)}, leaves);
+  };
+  // Bit for bit the bf16 run on y already rounded: forward and backward saw
+  // the same rounded y (the products round their operands either way).
+  const TensorList mixed = grads(y, Precision::bf16);
+  const TensorList want = grads(y.to(DType::bf16).to(DType::f32), Precision::bf16);
+  const TensorList full = grads(y, Precision::f32);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("gradient " << i);
+    CHECK(mixed[i].to_vector() == want[i].to_vector());
+    CHECK(test::max_abs_diff(mixed[i], full[i]) > 0.f);  // it did run in bf16
+  }
+  auto kept_bytes = [&](Precision p) {
+    PrecisionGuard guard(p);
+    Tensor z;
+    int64_t before = 0;
+    {
+      const Tensor yi = y.clone().set_requires_grad(true);
+      before = int64_t(CachingAllocator::cpu().stats().bytes_in_use);
+      z = bias_gelu_linear(yi, b, w);
+    }  // the caller's y is gone; the node keeps what backward needs
+    return int64_t(CachingAllocator::cpu().stats().bytes_in_use) - before;
+  };
+  const int64_t f32_kept = kept_bytes(Precision::f32), bf16_kept = kept_bytes(Precision::bf16);
+  INFO("kept past forward: f32 " << f32_kept << " bytes, bf16 " << bf16_kept);
+  CHECK(f32_kept - bf16_kept == int64_t(y.nbytes()) / 2);
+}
+
 TEST_CASE("a tied table's embedding gradient adds onto its head gradient in place", "[grad]") {
   const int64_t vocab = 8192, dim = 64;  // the table: 2 MiB
   const Tensor tok = ids({5, 1, 8191, 5, 0, 77, 5, 3}, {8});

@@ -179,7 +179,9 @@ Tensor silu(const Tensor& x) {
 // weight gradient and gelu keeps y + b, two [tokens, hidden] buffers per
 // layer (50 MB per GPT-2-small layer at 2048 tokens). Fused, only y is kept
 // and h is recomputed in backward (one add and one GELU pass, ~1% of the
-// layer's time); the bias add also stops being a separate node.
+// layer's time); the bias add also stops being a separate node. Under
+// Precision::bf16, y is rounded to bf16 (as a bf16 GEMM's output would be)
+// and kept so, half its bytes; forward and backward both read the rounded y.
 Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool tanh_approx) {
   REDCO_CHECK(w.rank() == 2 && y.rank() >= 1 && y.shape().last() == w.dim(1),
               "bias_gelu_linear: input {} does not match weight {} (stored [out, in])", y.shape(),
@@ -190,22 +192,31 @@ Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool 
   const Precision precision = matmul_precision();
   const int64_t hidden = w.dim(1), out = w.dim(0);
   // h = gelu(y + b) [rows, hidden], a temporary in both directions.
-  auto activations = [=](const Tensor& u) {
+  auto activations = [=](const Tensor& u_kept) {
+    const Tensor u = u_kept.dtype() == DType::f32 ? u_kept : u_kept.to(DType::f32);
     const Tensor pre = b.defined() ? kernels::binary(BinaryOp::add, u, b) : u;
     const Tensor pre2 = pre.view({-1, hidden});
     return std::pair{pre2, kernels::gelu(pre2, tanh_approx)};
   };
-  Tensor z = kernels::matmul(activations(y).second, w, false, true).view(y.shape().with(-1, out));
+  const Tensor kept = precision == Precision::bf16 ? y.detach().to(DType::bf16) : y;
+  Tensor z =
+      kernels::matmul(activations(kept).second, w, false, true).view(y.shape().with(-1, out));
   return record(
       "bias_gelu_linear", {y, b, w}, std::move(z),
-      [y, b, w, tanh_approx, precision, activations, out](const Node& self, const TensorList& g) {
+      [kept, b, w, tanh_approx, precision, activations, out](const Node& self,
+                                                             const TensorList& g) {
         PrecisionGuard same(precision);
-        if (building_higher_order())
-          return reference_vjp(self, {y, b, w}, g[0], [tanh_approx](const TensorList& in) {
+        if (building_higher_order()) {
+          REDCO_CHECK(kept.dtype() != DType::bf16,
+                      "bias_gelu_linear: gradients of gradients (create_graph) through an MLP "
+                      "recorded under Precision::bf16 are not supported; record it under "
+                      "Precision::f32");
+          return reference_vjp(self, {kept, b, w}, g[0], [tanh_approx](const TensorList& in) {
             const Tensor pre = in[1].defined() ? add(in[0], in[1]) : in[0];
             return linear(gelu(pre, tanh_approx), in[2]);
           });
-        auto [pre, h] = activations(y);          // recomputed: [rows, hidden]
+        }
+        auto [pre, h] = activations(kept);       // recomputed: [rows, hidden]
         const Tensor dz = g[0].view({-1, out});  // [rows, out]
         Tensor dw = self.needs_grad(2) ? kernels::matmul(dz, h, true, false) : Tensor();
         h = Tensor();  // done with: one [rows, hidden] buffer less at the step's peak (here)
@@ -215,7 +226,7 @@ Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool 
           const std::array<int, 1> rows{0};
           db = kernels::reduce(ReduceOp::sum, du, rows).view(b.shape());
         }
-        return TensorList{du.view(y.shape()), db, dw};
+        return TensorList{du.view(kept.shape()), db, dw};
       });
 }
 

@@ -111,6 +111,25 @@ TensorList attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                             const AttentionExtras& x) {
   return x.bias.defined() ? TensorList{q, k, v, x.bias} : TensorList{q, k, v};
 }
+// What attention computes with and keeps for backward: the inputs, or under
+// Precision::bf16 q, k and v rounded to bf16 (its products are matrix
+// products: bf16 operands, f32 accumulation, as a bf16 GEMM). Kept as bf16
+// they take half the bytes of the three activations a block saves for
+// attention; the f32 inputs are not held. Gradients flow to the inputs as
+// through any mixed-precision product (the rounding passes them unchanged).
+TensorList attention_operands(const TensorList& inputs) {
+  if (matmul_precision() != Precision::bf16) return inputs;
+  TensorList out = inputs;
+  for (size_t i = 0; i < 3; ++i) out[i] = inputs[i].detach().to(DType::bf16);
+  return out;
+}
+// Second-order gradients need the graph-connected f32 inputs, which
+// Precision::bf16 does not keep.
+void check_not_higher_order(const TensorList& kept) {
+  REDCO_CHECK(kept[0].dtype() != DType::bf16,
+              "attention: gradients of gradients (create_graph) through attention recorded under "
+              "Precision::bf16 are not supported; record it under Precision::f32");
+}
 // The extras with the bias taken from the (higher-order) inputs.
 AttentionExtras with_bias(const AttentionExtras& x, const TensorList& in) {
   AttentionExtras y = x;
@@ -123,19 +142,22 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                  const AttentionExtras& extras) {
   const float scale = attention_scale(q, scale_in);
   auto lse = std::make_shared<Tensor>();
-  Tensor o = kernels::attention(q, k, v, causal, scale, *lse, extras);
-  auto saved_o = std::make_shared<Tensor>(o.detach());
   const TensorList inputs = attention_inputs(q, k, v, extras);
-  return record(
-      "attention", inputs, o,
-      [inputs, extras, causal, scale, lse, saved_o](const Node& self, const TensorList& g) {
-        if (building_higher_order())
-          return reference_vjp(self, inputs, g[0], [&](const TensorList& in) {
-            return attention_reference(in[0], in[1], in[2], causal, scale, with_bias(extras, in));
-          });
-        return kernels::attention_backward(inputs[0], inputs[1], inputs[2], *saved_o, *lse, g[0],
-                                           causal, scale, extras);
-      });
+  const TensorList kept = attention_operands(inputs);
+  Tensor o = kernels::attention(kept[0], kept[1], kept[2], causal, scale, *lse, extras);
+  auto saved_o = std::make_shared<Tensor>(o.detach());
+  return record("attention", inputs, o,
+                [kept, extras, causal, scale, lse, saved_o](const Node& self, const TensorList& g) {
+                  if (building_higher_order()) {
+                    check_not_higher_order(kept);
+                    return reference_vjp(self, kept, g[0], [&](const TensorList& in) {
+                      return attention_reference(in[0], in[1], in[2], causal, scale,
+                                                 with_bias(extras, in));
+                    });
+                  }
+                  return kernels::attention_backward(kept[0], kept[1], kept[2], *saved_o, *lse,
+                                                     g[0], causal, scale, extras);
+                });
 }
 
 // The attention output in the layout the output projection reads: one buffer
@@ -147,25 +169,29 @@ Tensor attention_merged_heads(const Tensor& q, const Tensor& k, const Tensor& v,
                               float scale_in, const AttentionExtras& extras) {
   const float scale = attention_scale(q, scale_in);
   auto lse = std::make_shared<Tensor>();
-  const Tensor o = kernels::attention(q, k, v, causal, scale, *lse, extras);  // [B, Hq, Tq, D]
+  const TensorList inputs = attention_inputs(q, k, v, extras);
+  const TensorList kept = attention_operands(inputs);
+  // [B, Hq, Tq, D]
+  const Tensor o = kernels::attention(kept[0], kept[1], kept[2], causal, scale, *lse, extras);
   const int64_t B = q.dim(0), H = q.dim(1), T = q.dim(2), D = q.dim(3);
   static constexpr std::array<int, 4> kSwap{0, 2, 1, 3};  // [B, H, T, D] <-> [B, T, H, D]
   Tensor y = kernels::permute(o, kSwap).view({B, T, H * D});
-  const TensorList inputs = attention_inputs(q, k, v, extras);
   return detail::record_with_output(
       "attention", inputs, std::move(y),
-      [inputs, extras, causal, scale, lse, B, H, T, D](const Node& self, const Tensor& y,
-                                                       const TensorList& g) {
-        if (building_higher_order())
-          return reference_vjp(self, inputs, g[0], [&](const TensorList& in) {
+      [kept, extras, causal, scale, lse, B, H, T, D](const Node& self, const Tensor& y,
+                                                     const TensorList& g) {
+        if (building_higher_order()) {
+          check_not_higher_order(kept);
+          return reference_vjp(self, kept, g[0], [&](const TensorList& in) {
             const Tensor r =
                 attention_reference(in[0], in[1], in[2], causal, scale, with_bias(extras, in));
             return reshape(transpose(r, 1, 2), {B, T, H * D});
           });
+        }
         const Tensor o = kernels::permute(y.view({B, T, H, D}), kSwap);
         const Tensor dout = kernels::permute(g[0].view({B, T, H, D}), kSwap);
-        return kernels::attention_backward(inputs[0], inputs[1], inputs[2], o, *lse, dout, causal,
-                                           scale, extras);
+        return kernels::attention_backward(kept[0], kept[1], kept[2], o, *lse, dout, causal, scale,
+                                           extras);
       });
 }
 

@@ -76,9 +76,13 @@ inline float bf16_to_float(uint16_t h) {
 }
 // Mixed precision: the compute type of matrix products (linear, matmul,
 // attention projections). Under Precision::bf16 their operands are rounded to
-// bf16 and products accumulate and land in f32, so parameters, activations,
-// gradients and optimizer state stay f32 (master weights); everything else
-// (norms, softmax, losses, optimizer) computes in f32 as always.
+// bf16 and products accumulate and land in f32, so parameters, gradients and
+// optimizer state stay f32 (master weights); everything else (norms,
+// softmax, losses, optimizer) computes in f32 as always. Two activations
+// that only feed products are kept for backward in bf16, half their bytes:
+// attention's q, k and v (its score and output products read them rounded),
+// and the fused MLP's hidden pre-activation (bias_gelu_linear: fc1's output,
+// rounded as a bf16 GEMM's output would be, for forward and backward alike).
 //
 //   { PrecisionGuard mixed(Precision::bf16); loss = loss_fn(params); }
 //

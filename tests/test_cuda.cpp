@@ -94,8 +94,9 @@ TEST_CASE("cuda: tensors move between host and device", "[cuda]") {
   CHECK(z.to(Device::cpu()).to_vector() == std::vector<float>(3000, 0.f));
   z.fill(2.5f);
   CHECK(z.to(Device::cpu()).to_vector() == std::vector<float>(3000, 2.5f));
-  // The host reads device memory only through an explicit copy.
-  CHECK_THROWS_WITH(z.to_vector(), Catch::Contains("lives on cuda:0"));
+  // The host reads device memory only through an explicit copy (to_vector and
+  // item are such copies; data() is a direct read).
+  CHECK_THROWS_WITH(z.data<float>(), Catch::Contains("lives on cuda:0"));
   Tensor c = d.clone();  // device-to-device
   d.fill(0.f);
   same(c, h);
@@ -198,6 +199,13 @@ TEST_CASE("cuda: reductions and argmax match the cpu", "[cuda]") {
         cpu().reduce(ReduceOp::sum, big, std::vector<int>{1}), 1e-5f, 2e-3f);
   close(gpu().reduce(ReduceOp::sum, dev(big), std::vector<int>{0}),
         cpu().reduce(ReduceOp::sum, big, std::vector<int>{0}), 1e-6f, 1e-6f);
+  // Long columns (a bias gradient's [B*T, d]): the warps of a block split R.
+  for (const Tensor& col : {rnd({2, 5000, 70}, 33), rnd({4096, 768}, 34)}) {
+    const std::vector<int> ax{col.rank() - 2};
+    close(gpu().reduce(ReduceOp::sum, dev(col), ax), cpu().reduce(ReduceOp::sum, col, ax), 1e-6f,
+          1e-6f);
+    same(gpu().reduce(ReduceOp::max, dev(col), ax), cpu().reduce(ReduceOp::max, col, ax));
+  }
   // Coarse values force ties: the first maximum wins on both devices.
   const Tensor t = ids({6, 11, 4}, 32, 3).to(DType::f32);
   for (int axis : {0, 1, 2, -1}) same(gpu().argmax(dev(t), axis), cpu().argmax(t, axis));
@@ -229,6 +237,39 @@ TEST_CASE("cuda: layout ops match the cpu for every element size", "[cuda]") {
 
 TEST_CASE("cuda: matmul matches the cpu (batched, transposed, broadcast)", "[cuda]") {
   REQUIRE_GPU();
+  {
+    // Large GEMMs with a row pitch off 16 bytes (an odd vocabulary, as in an LM
+    // head's three GEMMs), C accumulated where asked. Sums of 4099 products
+    // differ from the CPU's by rounding (cuBLAS may split K).
+    const Tensor x = rnd({512, 128}, 63), w = rnd({4099, 128}, 64);
+    close(gpu().matmul(dev(x), dev(w), false, true), cpu().matmul(x, w, false, true), 1e-5f, 1e-5f);
+    const Tensor dl = rnd({512, 4099}, 65), c0 = rnd({4099, 128}, 66);
+    Tensor gc = dev(c0), cc = c0.clone();
+    gpu().matmul_into(dev(dl), dev(x), true, false, gc, true);  // dw += dl^T x
+    cpu().matmul_into(dl, x, true, false, cc, true);
+    close(gc, cc, 1e-5f, 1e-4f);  // K = 512
+    Tensor gx = Tensor::zeros({512, 128}, DType::f32, kGpu), cx = Tensor::zeros({512, 128});
+    gpu().matmul_into(dev(dl), dev(w), false, false, gx, false);  // dx = dl w
+    cpu().matmul_into(dl, w, false, false, cx, false);
+    close(gx, cx, 1e-5f, 1e-3f);  // K = 4099
+  }
+  {
+    // Mixed precision: f32 operands rounded to bf16 on both devices, products
+    // exact, f32 sums (the GPU's bf16 tensor cores; only the order differs).
+    PrecisionGuard mixed(Precision::bf16);
+    const Tensor a = rnd({3, 37, 64}, 60), b = rnd({64, 45}, 61);
+    close(gpu().matmul(dev(a), dev(b), false, false), cpu().matmul(a, b, false, false), 1e-5f,
+          1e-5f);
+    const Tensor w = rnd({45, 64}, 62);
+    Tensor gc = Tensor::zeros({111, 45}, DType::f32, kGpu), cc = Tensor::zeros({111, 45});
+    gpu().matmul_into(dev(a.view({111, 64})), dev(w), false, true, gc, false);
+    cpu().matmul_into(a.view({111, 64}), w, false, true, cc, false);
+    close(gc, cc, 1e-5f, 1e-5f);
+    // ... and the rounding happened: the f32 product differs.
+    const std::vector<float> mixed_c = gpu().matmul(dev(a), dev(b), false, false).to_vector();
+    PrecisionGuard full(Precision::f32);
+    CHECK(gpu().matmul(dev(a), dev(b), false, false).to_vector() != mixed_c);
+  }
   struct Case {
     Shape a, b;
     bool ta, tb;
@@ -393,22 +434,26 @@ TEST_CASE("cuda: dropout masks and rotary match the cpu", "[cuda]") {
 // Attention against the CPU's flash kernel: causal and not, grouped-query
 // heads, Tq < Tk (a KV cache), per-row key ranges and causal offsets, and a
 // shared or per-row bias (T5), forward and backward.
-void attention_matches_cpu(const Shape& qs, const Shape& ks, bool causal,
-                           const AttentionExtras& cx) {
-  const Tensor q = rnd(qs, 140), k = rnd(ks, 141), v = rnd(ks, 142), dout = rnd(qs, 143);
+// bf16 operands (mixed precision) take the GPU's TF32 GEMMs: P and dS lose
+// bits there, hence the wider tolerance.
+void attention_matches_cpu(const Shape& qs, const Shape& ks, bool causal, const AttentionExtras& cx,
+                           DType dt = DType::f32) {
+  const float rtol = dt == DType::f32 ? 1e-3f : 1e-2f, atol = dt == DType::f32 ? 1e-4f : 2e-3f;
+  const Tensor q = rnd(qs, 140).to(dt), k = rnd(ks, 141).to(dt), v = rnd(ks, 142).to(dt);
+  const Tensor dout = rnd(qs, 143);
   const float scale = 1.f / std::sqrt(float(qs[3]));
   AttentionExtras gx = cx;
   if (cx.bias.defined()) gx.bias = dev(cx.bias);
   Tensor clse, glse;
   const Tensor co = cpu().attention(q, k, v, causal, scale, clse, cx);
   const Tensor go = gpu().attention(dev(q), dev(k), dev(v), causal, scale, glse, gx);
-  close(go, co, 1e-4f, 1e-5f);
-  close(glse, clse, 1e-5f, 1e-5f);
+  close(go, co, rtol / 10, atol / 10);
+  close(glse, clse, rtol / 100, atol / 10);
   const TensorList cg = cpu().attention_backward(q, k, v, co, clse, dout, causal, scale, cx);
   const TensorList gg =
       gpu().attention_backward(dev(q), dev(k), dev(v), go, glse, dev(dout), causal, scale, gx);
   REQUIRE(gg.size() == cg.size());
-  for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], 1e-3f, 1e-4f);
+  for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], rtol, atol);
 }
 
 TEST_CASE("cuda: attention matches the cpu", "[cuda]") {
@@ -427,6 +472,39 @@ TEST_CASE("cuda: attention matches the cpu", "[cuda]") {
   per_row.bias = rnd({2, 3, 9, 11}, 145);
   attention_matches_cpu({2, 3, 9, 8}, {2, 3, 11, 8}, false, shared);
   attention_matches_cpu({2, 3, 9, 8}, {2, 3, 11, 8}, true, per_row);
+  attention_matches_cpu({1, 2, 1024, 64}, {1, 2, 1024, 64}, true, {});  // GPT-2's rows
+  attention_matches_cpu({2, 4, 37, 16}, {2, 4, 37, 16}, true, {}, DType::bf16);
+  attention_matches_cpu({2, 6, 5, 8}, {2, 2, 70, 8}, false, {}, DType::bf16);
+}
+
+TEST_CASE("cuda: attention throughput", "[cuda][.bench]") {
+  REQUIRE_GPU();
+  const int64_t B = 16, H = 12, T = 1024, D = 64;  // GPT-2 124M at batch 16 x 1024
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor q = dev(rnd({B, H, T, D}, 160)).to(dt), k = dev(rnd({B, H, T, D}, 161)).to(dt),
+                 v = dev(rnd({B, H, T, D}, 162)).to(dt), dout = dev(rnd({B, H, T, D}, 163));
+    Tensor lse;
+    const Tensor o = gpu().attention(q, k, v, true, 0.125f, lse, {});
+    double ms[2] = {0, 0};
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i = 0; i < 2; ++i) {  // warm-up, then timed
+        cuda::synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < 5; ++r) {
+          if (pass == 0)
+            gpu().attention(q, k, v, true, 0.125f, lse, {});
+          else
+            gpu().attention_backward(q, k, v, o, lse, dout, true, 0.125f, {});
+        }
+        cuda::synchronize();
+        ms[pass] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                       .count() /
+                   5;
+      }
+    }
+    WARN("attention " << B << "x" << H << "x" << T << "x" << D << " causal " << dtype_name(dt)
+                      << ": forward " << ms[0] << " ms, backward " << ms[1] << " ms");
+  }
 }
 
 TEST_CASE("cuda: convolution and pooling match the cpu", "[cuda]") {
@@ -481,6 +559,67 @@ TEST_CASE("cuda: autodiff through a small model matches the cpu", "[cuda]") {
   CHECK(lg == Approx(lc).epsilon(1e-5));
   REQUIRE(gg.size() == gc.size());
   for (size_t i = 0; i < gc.size(); ++i) close(gg[i], gc[i], 1e-3f, 1e-5f);
+}
+
+// The fused LM head and its loss: on the GPU an odd vocabulary is padded for
+// the GEMMs (ops_lm_head.cpp); loss and gradients must be the CPU's, in f32
+// and under bf16, over several chunks, with ignored labels.
+TEST_CASE("cuda: linear_cross_entropy with an odd vocabulary matches the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  for (Precision p : {Precision::f32, Precision::bf16}) {
+    PrecisionGuard guard(p);
+    Tensor labels = ids({70}, 151, 1001);
+    labels.data<int64_t>()[5] = -100;
+    auto run = [&](Device d, float* loss_out) {
+      Tensor x = rnd({70, 48}, 152).to(d).set_requires_grad();
+      Tensor w = rnd({1001, 48}, 153).to(d).set_requires_grad();
+      const Tensor loss = linear_cross_entropy(x, w, labels.to(d), -100, 32);
+      *loss_out = loss.to(Device::cpu()).item();
+      return grad({loss}, {x, w}, {Tensor::ones({}).to(d)});
+    };
+    float lc = 0, lg = 0;
+    const TensorList gc = run(Device::cpu(), &lc), gg = run(kGpu, &lg);
+    CHECK(lg == Approx(lc).epsilon(1e-5));
+    for (size_t i = 0; i < gc.size(); ++i) close(gg[i], gc[i], 1e-4f, 1e-6f);
+  }
+}
+
+// The GEMMs of a GPT-2 124M step at batch 16 x 1024 under bf16 mixed
+// precision, each as the step calls it (f32 operands rounded per call) and on
+// operands already bf16: where a step's matmul time goes.
+TEST_CASE("cuda: GPT-2 step GEMMs under bf16", "[cuda][.bench]") {
+  REQUIRE_GPU();
+  struct Case {
+    const char* name;
+    int64_t M, N, K;
+    bool ta, tb;
+  };
+  const Case cases[] = {{"qkv x w^T", 16384, 2304, 768, false, true},
+                        {"fc2 x w^T", 16384, 768, 3072, false, true},
+                        {"dW = dy^T x (fc1)", 3072, 768, 16384, true, false},
+                        {"head chunk 336 rows", 336, 50257, 768, false, true},
+                        {"head chunk 2400 rows", 2400, 50257, 768, false, true},
+                        {"head chunk, vocab padded to 50304", 2400, 50304, 768, false, true},
+                        {"head chunk as (w x^T)", 50257, 2400, 768, false, true}};
+  PrecisionGuard mixed(Precision::bf16);
+  for (const Case& c : cases) {
+    const Tensor a = dev(rnd(c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, 170));
+    const Tensor b = dev(rnd(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, 171));
+    for (bool pre : {false, true}) {
+      const Tensor x = pre ? a.to(DType::bf16) : a, y = pre ? b.to(DType::bf16) : b;
+      gpu().matmul(x, y, c.ta, c.tb);
+      cuda::synchronize();
+      const int iters = 20;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) gpu().matmul(x, y, c.ta, c.tb);
+      cuda::synchronize();
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      WARN(c.name << " [" << c.M << ", " << c.N << ", " << c.K << "] "
+                  << (pre ? "bf16 operands" : "f32 operands") << ": " << s * 1e3 << " ms, "
+                  << 2.0 * double(c.M * c.N * c.K) / s / 1e12 << " TFLOP/s");
+    }
+  }
 }
 
 TEST_CASE("cuda: matmul throughput", "[cuda][.bench]") {

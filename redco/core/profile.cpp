@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "redco/core/allocator.hpp"
+#include "redco/core/profile_sync.hpp"
 
 namespace redco {
 
@@ -28,7 +29,13 @@ Totals& totals() {
   return t;
 }
 thread_local std::vector<Frame> t_stack;  // this thread's open scopes, innermost last
+std::atomic<void (*)()> g_device_sync{nullptr};
+void sync_device() {
+  if (auto* f = g_device_sync.load(std::memory_order_relaxed)) f();
+}
 }  // namespace
+
+void set_device_sync(void (*sync)()) { g_device_sync.store(sync); }
 
 void enable(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 
@@ -55,6 +62,7 @@ std::vector<Entry> report() {
 }
 
 void Scope::begin(const char* name, const char* suffix) {
+  sync_device();  // what was queued before belongs to the enclosing scope
   std::string path = t_stack.empty() ? std::string() : t_stack.back().path + " > ";
   path += name;
   if (suffix) path += suffix;
@@ -72,6 +80,7 @@ void Scope::begin(const char* name, const char* suffix) {
 }
 
 void Scope::end() {
+  sync_device();
   Frame f = std::move(t_stack.back());
   t_stack.pop_back();
   const double s = std::chrono::duration<double>(Clock::now() - f.start).count();

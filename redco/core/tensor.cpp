@@ -211,7 +211,7 @@ void store(void* p, DType t, int64_t i, float v) {
       static_cast<int64_t*>(p)[i] = int64_t(v);
       break;
     case DType::u8:
-      static_cast<uint8_t*>(p)[i] = uint8_t(v);
+      static_cast<uint8_t*>(p)[i] = uint8_t(int32_t(v));  // wraps, as on the GPU
       break;
     case DType::i8:
       static_cast<int8_t*>(p)[i] = int8_t(v);

@@ -7,7 +7,7 @@
 //                   [--dtype f32|bf16] [--init FILE.safetensors]
 //                   [--save-init FILE.safetensors] [--losses FILE] [--lr 3e-4] [--profile]
 //                   [--trainer] [--recompute] [--n-model-shards K] [--zero 0|1|2]
-//                   [--workdir DIR]
+//                   [--workdir DIR] [--device cpu|cuda|test]
 //
 // --trainer runs the same steps through Trainer::fit (one example per window,
 // batches of B per replica in order, no shuffling) instead of the hand-written
@@ -36,6 +36,7 @@
 // gradients), both the medians over the timed steps. --recompute runs every
 // block as nn::checkpoint (Ctx::recompute).
 #include <fmt/core.h>
+#include <fmt/format.h>
 #include <fmt/os.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -49,6 +50,7 @@
 #include <optional>
 #include <vector>
 
+#include "redco/core/device_memory.hpp"
 #include "redco/ops/backend.hpp"  // profile::
 #include "redco/redco.hpp"
 #include "redco_cli.hpp"
@@ -65,6 +67,8 @@ struct BenchConfig {
 BenchConfig config_named(const std::string& name) {
   if (name == "S")
     return {{.vocab = 8192, .context = 256, .dim = 256, .layers = 4, .heads = 4}, 8, 256};
+  if (name == "G")  // GPT-2 small at its full context, a GPU-sized batch
+    return {{.vocab = 50257, .context = 1024, .dim = 768, .layers = 12, .heads = 12}, 16, 1024};
   if (name == "L")  // GPT-2 large (its 1024 positions), one window of 512 per replica
     return {{.vocab = 50257, .context = 1024, .dim = 1280, .layers = 36, .heads = 20}, 1, 512};
   return {{.vocab = 50257, .context = 512, .dim = 768, .layers = 12, .heads = 12}, 4, 512};
@@ -147,6 +151,8 @@ struct TrainerRun {
   std::vector<double> ms, cpu_ms;
   float last_loss = 0;
   uint64_t param_bytes = 0, state_bytes = 0;  // this rank's, after the run
+  std::vector<size_t> device_allocs;          // off the CPU: system allocations after each step
+  size_t device_peak = 0;                     // and the peak bytes in use
 };
 template <typename Model>
 TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<ParamTree> params,
@@ -182,6 +188,12 @@ TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<Par
                      r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
                      r.cpu_ms.push_back(cpu1 - cpu0);
                      r.last_loss = float(info.loss);
+                     if (!deployer.device().is_cpu()) {
+                       const AllocatorStats st =
+                           device_memory(deployer.device()).stats(deployer.device().index);
+                       r.device_allocs.push_back(st.system_allocs);
+                       r.device_peak = st.peak_bytes_in_use;
+                     }
                      t0 = t1, cpu0 = cpu1;
                    },
                .recompute = recompute});
@@ -199,10 +211,11 @@ int main(int argc, char** argv) try {
   int n_model_shards = 1, zero_stage = 0;
   float lr = 3e-4f;
   bool profiling = false, formed_logits = false, through_trainer = false, recompute = false;
-  app.add_option("--config", config,
-                 "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4; L: GPT-2 large, "
-                 "seq 512, batch 1 (per replica)")
-      ->check(CLI::IsMember({"S", "M", "L"}));
+  app.add_option(
+         "--config", config,
+         "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4; G: GPT-2 small, seq "
+         "1024, batch 16; L: GPT-2 large, seq 512, batch 1 (per replica)")
+      ->check(CLI::IsMember({"S", "M", "G", "L"}));
   app.add_option("--steps", steps, "timed steps")->check(redco::cli::at_least(1));
   app.add_option("--warmup", warmup, "untimed steps before them")->check(redco::cli::at_least(0));
   app.add_option("--tokens", tokens_path, "little-endian int32 token ids")->required();
@@ -241,6 +254,8 @@ int main(int argc, char** argv) try {
               "several ranks ({} here), --n-model-shards (given {}) and --zero (given {}) run "
               "through Trainer::fit; add --trainer",
               deployer.n_devices(), n_model_shards, zero_stage);
+  REDCO_CHECK(through_trainer || deployer.device().is_cpu(),
+              "--device other than cpu runs through Trainer::fit; add --trainer");
   REDCO_CHECK(through_trainer || workdir.empty(),
               "--workdir holds the trainer path's metrics; add --trainer");
   const BenchConfig cfg = config_named(config);
@@ -272,12 +287,19 @@ int main(int argc, char** argv) try {
   float last_loss = 0;
   size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
   if (through_trainer) {
+    // Profiling the trainer path covers every step, warm-up included.
+    if (profiling) profile::enable(true);
     const TrainerRun r = run_trainer(
         deployer, model, whole ? std::optional<ParamTree>(std::move(params)) : std::nullopt,
         std::move(opt), tokens, B, T, cfg.model.vocab, warmup + steps, precision, recompute);
+    if (profiling) print_profile(warmup + steps);
     timed_ms.assign(r.ms.begin() + warmup, r.ms.end());
     timed_cpu_ms.assign(r.cpu_ms.begin() + warmup, r.cpu_ms.end());
     last_loss = r.last_loss;
+    if (!r.device_allocs.empty())
+      fmt::print("{} allocator: system allocations after each step {}, peak in use {:.1f} MB\n",
+                 deployer.device().str(), fmt::join(r.device_allocs, " "),
+                 double(r.device_peak) / 1e6);
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     // Every rank its own line (stdout, not the Deployer's console: that is rank 0's only).
@@ -340,7 +362,7 @@ int main(int argc, char** argv) try {
   const double med = median(timed_ms);
   // Every replica's tokens (one replica on the loop path).
   const double tokens_per_s = double(B * T * deployer.dp_size()) / (med / 1e3);
-  if (profiling) print_profile(steps);
+  if (profiling && !through_trainer) print_profile(steps);
   const double flops_per_token = 6 * n_params + 12.0 * double(cfg.model.layers * cfg.model.dim * T);
   fmt::print(
       "model {} parameters; {:.1f} GFLOP/s at 6N + 12*L*d*T flops per token; "

@@ -16,17 +16,13 @@ struct AttentionArgs {
   bool bias_per_row = false;
 };
 
-// The longest key sequence the kernels take: a query row's scores (and, in
-// the backward, its dP) live in 48 KiB of shared memory.
-constexpr int64_t kMaxAttentionKeys = 6144;
-
-// q, o [B, Hq, Tq, D]; k, v [B, Hkv, Tk, D]; lse [B, Hq, Tq].
-void attention_forward(const AttentionArgs& a, const float* q, const float* k, const float* v,
-                       float* o, float* lse);
-// Writes dq, dk, dv, and (if non-null) dbias [B, Hq, Tq, Tk] per batch row.
-// P and dS are scratch of B*Hq*Tq*Tk floats each.
-void attention_backward(const AttentionArgs& a, const float* q, const float* k, const float* v,
-                        const float* o, const float* lse, const float* dout, float* dq, float* dk,
-                        float* dv, float* P, float* dS, float* dbias);
+// S [B, Hq, Tq, Tk] holds scale * q . k; becomes P in place (0 off the
+// visible keys). Forward: lse_out [B, Hq, Tq] written, lse_in null;
+// backward: lse_out null, the saved lse_in read.
+void attention_softmax_rows(const AttentionArgs& a, float* S, float* lse_out, const float* lse_in);
+// dP [B, Hq, Tq, Tk] (= dO V^T) becomes dS = P (dP - Delta) in place;
+// dbias [B, Hq, Tq, Tk] (may be null) receives a copy of dS.
+void attention_grad_rows(const AttentionArgs& a, const float* P, float* dP, const float* o,
+                         const float* dout, float* dbias);
 
 }  // namespace redco::cuda::k

@@ -1,12 +1,16 @@
 // CudaBackend::attention and its backward: the checks and messages of the
-// CPU backend, the kernels of attention.cu. The per-row extras (key ranges,
-// causal offsets) arrive as i64 [B] tensors; the CPU backend reads them on the
-// host, so callers make them there. They are validated on the host and copied
-// to the device (B values: one small copy per call).
+// CPU backend; cuBLAS GEMMs around the row kernels of attention.cu (which
+// says why). The per-row extras (key ranges, causal offsets) arrive as i64
+// [B] tensors; the CPU backend reads them on the host, so callers make them
+// there. They are validated on the host and copied to the device (B values:
+// one small copy per call).
+#include <cstdint>
+
 #include "redco/core/error.hpp"
 #include "redco/ops/cuda/attention_cuda.hpp"
 #include "redco/ops/cuda/backend_cuda.hpp"
 #include "redco/ops/cuda/cuda_util.hpp"
+#include "redco/ops/cuda/gemm.hpp"
 #include "redco/ops/cuda/tensor_util.hpp"
 
 namespace redco {
@@ -23,10 +27,11 @@ cuda::k::AttentionArgs attention_args(const Tensor& q, const Tensor& k, const Te
               "attention: causal attention needs Tq <= Tk (queries are the last Tq positions); "
               "got q {}, k {}",
               q.shape(), k.shape());
-  REDCO_CHECK(k.dim(2) <= cuda::k::kMaxAttentionKeys,
-              "attention: the CUDA kernel takes up to {} keys, got {}; shorten the sequence or "
-              "run attention on the CPU",
-              cuda::k::kMaxAttentionKeys, k.dim(2));
+  // cuBLAS takes int dims and leading dimensions.
+  REDCO_CHECK(q.dim(1) / k.dim(1) * q.dim(2) <= INT32_MAX && k.dim(2) <= INT32_MAX,
+              "attention: {} query rows per kv head and {} keys exceed the CUDA GEMMs' int "
+              "dimensions; split the batch or the sequence",
+              q.dim(1) / k.dim(1) * q.dim(2), k.dim(2));
   return {q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal};
 }
 
@@ -77,6 +82,58 @@ DeviceExtras attach(cuda::k::AttentionArgs& a, const AttentionExtras& x, Device 
 
 Tensor like(const Tensor& x) { return Tensor::empty(x.shape(), DType::f32, x.device()); }
 
+// The GEMMs of one call, per kv head (batch index n over [B, Hkv]): the G
+// query heads of kv head n are the rows [G*Tq] of one matrix. Operands that
+// were bf16 (mixed precision) run on TF32 tensor cores: bf16 values are exact
+// in TF32, and P, dS lose what a bf16 kernel's would.
+struct AttentionGemms {
+  const cuda::k::AttentionArgs& a;
+  Device dev;
+  bool tf32;
+  int64_t rows() const { return a.Hq / a.Hkv * a.Tq; }
+  // out[rows, Tk] = alpha x[rows, D] y[Tk, D]^T  (S from q and k; dP from dO and v)
+  void rows_by_keys(const float* x, const float* y, float* out, float alpha) const {
+    gemm(false, true, rows(), a.Tk, a.D, a.D, a.D, a.Tk, rows() * a.D, a.Tk * a.D, rows() * a.Tk,
+         alpha, x, y, out);
+  }
+  // out[rows, D] = alpha m[rows, Tk] y[Tk, D]  (O = P V; dQ = scale dS K)
+  void rows_by_dim(const float* m, const float* y, float* out, float alpha) const {
+    gemm(false, false, rows(), a.D, a.Tk, a.Tk, a.D, a.D, rows() * a.Tk, a.Tk * a.D, rows() * a.D,
+         alpha, m, y, out);
+  }
+  // out[Tk, D] = alpha m[rows, Tk]^T x[rows, D]  (dK = scale dS^T Q; dV = P^T dO)
+  void keys_by_dim(const float* m, const float* x, float* out, float alpha) const {
+    gemm(true, false, a.Tk, a.D, rows(), a.Tk, a.D, a.D, rows() * a.Tk, rows() * a.D, a.Tk * a.D,
+         alpha, m, x, out);
+  }
+
+ private:
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+            int64_t ldc, int64_t sa, int64_t sb, int64_t sc, float alpha, const float* A,
+            const float* B, float* C) const {
+    cuda::gemm_f32(dev,
+                   {.ta = ta,
+                    .tb = tb,
+                    .M = M,
+                    .N = N,
+                    .K = K,
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldc = ldc,
+                    .sa = sa,
+                    .sb = sb,
+                    .sc = sc,
+                    .count = a.B * a.Hkv,
+                    .alpha = alpha,
+                    .tf32 = tf32},
+                   A, B, C);
+  }
+};
+
+bool mixed(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.dtype() == DType::bf16 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
+}
+
 }  // namespace
 
 Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -89,9 +146,12 @@ Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tens
   const DeviceExtras keep = attach(a, x, dev);
   Tensor o = like(q);
   lse = Tensor::empty({a.B, a.Hq, a.Tq}, DType::f32, dev);
-  cuda::k::attention_forward(a, q.device_data<float>(), k.device_data<float>(),
-                             v.device_data<float>(), o.device_data<float>(),
-                             lse.device_data<float>());
+  const AttentionGemms g{a, dev, mixed(q_in, k_in, v_in)};
+  // S [B, Hq, Tq, Tk], then P in place: transient, freed on return.
+  Tensor S = Tensor::empty({a.B, a.Hq, a.Tq, a.Tk}, DType::f32, dev);
+  g.rows_by_keys(q.device_data<float>(), k.device_data<float>(), S.device_data<float>(), scale);
+  cuda::k::attention_softmax_rows(a, S.device_data<float>(), lse.device_data<float>(), nullptr);
+  g.rows_by_dim(S.device_data<float>(), v.device_data<float>(), o.device_data<float>(), 1.f);
   return o;
 }
 
@@ -115,12 +175,16 @@ TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_i
   const Shape rows{a.B, a.Hq, a.Tq, a.Tk};
   Tensor P = Tensor::empty(rows, DType::f32, dev), dS = Tensor::empty(rows, DType::f32, dev);
   Tensor dbias_rows = a.bias ? Tensor::empty(rows, DType::f32, dev) : Tensor();
-  cuda::k::attention_backward(
-      a, q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
-      o.device_data<float>(), lse.device_data<float>(), dout.device_data<float>(),
-      dq.device_data<float>(), dk.device_data<float>(), dv.device_data<float>(),
-      P.device_data<float>(), dS.device_data<float>(),
-      a.bias ? dbias_rows.device_data<float>() : nullptr);
+  const AttentionGemms g{a, dev, mixed(q_in, k_in, v_in)};
+  float *p = P.device_data<float>(), *ds = dS.device_data<float>();
+  g.rows_by_keys(q.device_data<float>(), k.device_data<float>(), p, scale);
+  cuda::k::attention_softmax_rows(a, p, nullptr, lse.device_data<float>());
+  g.rows_by_keys(dout.device_data<float>(), v.device_data<float>(), ds, 1.f);  // dP
+  cuda::k::attention_grad_rows(a, p, ds, o.device_data<float>(), dout.device_data<float>(),
+                               a.bias ? dbias_rows.device_data<float>() : nullptr);
+  g.rows_by_dim(ds, k.device_data<float>(), dq.device_data<float>(), scale);
+  g.keys_by_dim(ds, q.device_data<float>(), dk.device_data<float>(), scale);
+  g.keys_by_dim(p, dout.device_data<float>(), dv.device_data<float>(), 1.f);
   if (!a.bias) return {dq, dk, dv};
   if (a.bias_per_row) return {dq, dk, dv, dbias_rows};
   // Summed over the batch rows in order: [B, Hq*Tq*Tk] -> [Hq, Tq, Tk].

@@ -144,7 +144,7 @@ __device__ __forceinline__ void store(void* p, DType t, int64_t i, float v) {
       static_cast<int64_t*>(p)[i] = int64_t(v);
       break;
     default:
-      static_cast<uint8_t*>(p)[i] = uint8_t(v);
+      static_cast<uint8_t*>(p)[i] = uint8_t(int32_t(v));  // wraps, as the CPU does
       break;
   }
 }

@@ -8,16 +8,19 @@
 // CPU's result up to summation order) unless cuda::set_allow_tf32(true).
 // Two bf16 (or two f16) operands go to the GEMM as they are: their products
 // are exact in fp32 and accumulate in fp32, which is what converting them to
-// f32 first would compute, without the conversion pass.
+// f32 first would compute, without the conversion pass. Under
+// Precision::bf16 f32 operands are rounded to bf16 first (gemm_operands).
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 #include "redco/core/error.hpp"
 #include "redco/ops/cuda/backend_cuda.hpp"
 #include "redco/ops/cuda/cublas_api.hpp"
 #include "redco/ops/cuda/cuda_backend.hpp"
 #include "redco/ops/cuda/cuda_util.hpp"
+#include "redco/ops/cuda/gemm.hpp"
 #include "redco/ops/cuda/tensor_util.hpp"
 #include "redco/ops/matmul_batch.hpp"
 
@@ -110,11 +113,48 @@ Shape output_shape(const Shape& as, const Shape& bs, int64_t M, int64_t N) {
   return Shape(std::span<const int64_t>(dims.data(), size_t(r + 2)));
 }
 
+// The operands a GEMM reads, and its input type in g. Two bf16 (or two f16)
+// operands go as they are: their products are exact in fp32 and accumulate in
+// fp32. Under Precision::bf16, f32 operands are rounded to bf16 first (nearest
+// even, as the CPU backend rounds them), so that the GEMM runs on the bf16
+// tensor cores with the CPU's numerics up to summation order. Anything else
+// is converted to f32.
+std::pair<Tensor, Tensor> gemm_operands(const Tensor& a, const Tensor& b, Gemm& g) {
+  auto bf16_or_f32 = [](const Tensor& x) {
+    return x.dtype() == DType::bf16 || x.dtype() == DType::f32;
+  };
+  if (matmul_precision() == Precision::bf16 && bf16_or_f32(a) && bf16_or_f32(b)) {
+    g.in_type = CUDA_R_16BF;
+    g.elem = 2;
+    return {a.to(DType::bf16), b.to(DType::bf16)};
+  }
+  if (a.dtype() == b.dtype() && a.dtype() != DType::f32) {
+    g.in_type = a.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    g.elem = 2;
+    return {a, b};
+  }
+  return {a.to(DType::f32), b.to(DType::f32)};
+}
+
 }  // namespace
 
 namespace cuda {
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 bool allow_tf32() { return g_allow_tf32; }
+
+void gemm_f32(Device dev, const StridedGemm& g, const float* A, const float* B, float* C) {
+  if (g.count == 0 || g.M == 0 || g.N == 0) return;
+  const float beta = 0.f;
+  const cublasComputeType_t compute =
+      g.tf32 || g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // Column-major C^T = op(B)^T op(A)^T: B first, the dims swapped (see the top).
+  cublas_check(
+      cuda::cublas().gemm_strided_batched_ex(
+          handle(dev), g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N),
+          int(g.M), int(g.K), &g.alpha, B, CUDA_R_32F, int(g.ldb), g.sb, A, CUDA_R_32F, int(g.lda),
+          g.sa, &beta, C, CUDA_R_32F, int(g.ldc), g.sc, int(g.count), compute, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmStridedBatchedEx (attention)");
+}
 }  // namespace cuda
 
 Tensor CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
@@ -143,14 +183,7 @@ Tensor CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a,
     c.fill(0.f);
     return c;
   }
-  Tensor a = a_in, b = b_in;
-  if (a.dtype() == b.dtype() && a.dtype() != DType::f32) {
-    g.in_type = a.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
-    g.elem = 2;
-  } else {
-    a = a.to(DType::f32);
-    b = b.to(DType::f32);
-  }
+  auto [a, b] = gemm_operands(a_in, b_in, g);
   const auto* pa = static_cast<const char*>(a.device_ptr());
   const auto* pb = static_cast<const char*>(b.device_ptr());
   if (bs.rank() == 2 && !trans_a) {
@@ -176,8 +209,8 @@ void CudaBackend::matmul_into(const Tensor& a_in, const Tensor& b_in, bool trans
     if (!accumulate) c.fill(0.f);
     return;
   }
-  const Tensor a = a_in.to(DType::f32), b = b_in.to(DType::f32);
-  const Gemm g{trans_a, trans_b, M, N, K, a.dim(1), b.dim(1), CUDA_R_32F, 4};
+  Gemm g{trans_a, trans_b, M, N, K, a_in.dim(1), b_in.dim(1), CUDA_R_32F, 4};
+  const auto [a, b] = gemm_operands(a_in, b_in, g);
   gemm_batched(handle(dev), g, 1, a.device_ptr(), 0, b.device_ptr(), 0, c.device_data<float>(), 0,
                accumulate ? 1.f : 0.f);
 }

@@ -16,6 +16,7 @@
 
 #include "redco/core/device_memory.hpp"
 #include "redco/core/error.hpp"
+#include "redco/core/profile_sync.hpp"
 #include "redco/ops/backend.hpp"
 #include "redco/ops/cuda/backend_cuda.hpp"
 #include "redco/ops/cuda/cuda_backend.hpp"
@@ -194,6 +195,8 @@ cudaStream_t stream() {
   check_index(d);
   std::call_once(once[size_t(d)], [&] {
     REDCO_CUDA(cudaStreamCreateWithFlags(&streams[size_t(d)], cudaStreamNonBlocking));
+    // Profiled scopes wait for the device (profile_sync.hpp) once it has work.
+    profile::set_device_sync([] { cudaDeviceSynchronize(); });
   });
   return streams[size_t(d)];
 }

@@ -16,6 +16,8 @@ import numpy as np
 CONFIGS = {
     "S": dict(layers=4, dim=256, heads=4, seq=256, vocab=8192, batch=8),
     "M": dict(layers=12, dim=768, heads=12, seq=512, vocab=50257, batch=4),
+    # GPT-2 small at its full context, a GPU-sized batch (tools/gpu-check's benchmark)
+    "G": dict(layers=12, dim=768, heads=12, seq=1024, vocab=50257, batch=16),
 }
 
 

@@ -18,7 +18,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-args = common.parse_args(lambda p: p.add_argument("--interop-threads", type=int, default=1))
+def extra_args(p):
+    p.add_argument("--interop-threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+
+
+args = common.parse_args(extra_args)
 common.pin_cpus(args.threads)
 
 import numpy as np  # noqa: E402
@@ -127,7 +133,7 @@ model.load_redco(init)
 del init
 if args.save_init:
     common.save_safetensors(args.save_init, model.redco_params())
-model.train()
+model.to(args.device).train()
 
 # weight decay on rank >= 2 tensors only (weights and embeddings, not biases or norms)
 decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -149,11 +155,15 @@ if opt is None and "foreach" in sig:
 if opt is None:
     opt = torch.optim.AdamW(groups, **opt_kw)
 
+step_fn = torch.compile(model) if args.compile else model
 tok = common.load_tokens(args.tokens)
 rec = common.Recorder(args, cfg)
-autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.dtype == "bf16" else None
+autocast = ((lambda: torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16))
+            if args.dtype == "bf16" else None)
+cuda = args.device.startswith("cuda")
 print(f"# torch {torch.__version__} threads={torch.get_num_threads()} sdpa={HAS_SDPA} "
-      f"adamw={adamw_impl} dtype={args.dtype} params={sum(p.numel() for p in model.parameters())} "
+      f"adamw={adamw_impl} dtype={args.dtype} device={args.device} compile={args.compile} "
+      f"params={sum(p.numel() for p in model.parameters())} "
       f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')} "
       f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} "
       f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}", flush=True)
@@ -161,15 +171,18 @@ print(f"# torch {torch.__version__} threads={torch.get_num_threads()} sdpa={HAS_
 for s in range(args.warmup + args.steps):
     x, y = common.batch_at(tok, s, B, T)
     x, y = torch.from_numpy(x).long(), torch.from_numpy(y).long()
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
+    x, y = x.to(args.device), y.to(args.device)
     if autocast:
         with autocast():
-            loss = model(x, y)
+            loss = step_fn(x, y)
     else:
-        loss = model(x, y)
+        loss = step_fn(x, y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-    lv = loss.item()
+    lv = loss.item()  # waits for the step (a GPU's too)
     rec.step(s, lv, (time.perf_counter() - t0) * 1000.0)
 rec.finish()

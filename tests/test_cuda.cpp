@@ -15,56 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.hpp"
 #include "redco/autodiff/functional.hpp"
 #include "redco/autodiff/node.hpp"
 #include "redco/ops/backend.hpp"
 #include "redco/ops/cuda/cublas_api.hpp"
 #include "redco/ops/cuda/cuda_backend.hpp"
-#include "skip.hpp"
 
 namespace redco {
 namespace {
 
-const Device kGpu = Device::cuda(0);
-
-// Without a GPU the whole run is skipped (exit 77), never passed.
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) test::skip("no CUDA device visible (cudaGetDeviceCount() is 0)")
-
-Backend& cpu() { return backend(Device::cpu()); }
-Backend& gpu() { return backend(kGpu); }
-Tensor dev(const Tensor& t) { return t.to(kGpu); }
-Tensor rnd(const Shape& s, uint64_t seed, float lo = -2.f, float hi = 2.f) {
-  return Tensor::uniform(s, seed, 11, lo, hi);
-}
-Tensor ids(const Shape& s, uint64_t seed, int64_t V) {
-  Tensor u = rnd(s, seed, 0.f, float(V) - 0.01f);
-  std::vector<int64_t> v;
-  for (float f : u.to_vector()) v.push_back(int64_t(f));
-  return Tensor::from<int64_t>(v, s);
-}
-
-// |gpu - cpu| <= atol + rtol |cpu| everywhere; the GPU tensor comes back first.
-void close(const Tensor& g, const Tensor& c, float rtol, float atol) {
-  REQUIRE(g.device() == kGpu);
-  REQUIRE(g.shape() == c.shape());
-  REQUIRE(g.dtype() == c.dtype());
-  const std::vector<float> a = g.to(Device::cpu()).to_vector(), b = c.to_vector();
-  double worst = 0;
-  size_t at = 0;
-  bool ok = true;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double err = std::fabs(double(a[i]) - b[i]), tol = atol + rtol * std::fabs(b[i]);
-    const bool bad = !(err <= tol) && !(std::isnan(a[i]) && std::isnan(b[i])) &&
-                     !(std::isinf(a[i]) && a[i] == b[i]);
-    if (bad && (ok || err > worst)) worst = err, at = i;
-    ok = ok && !bad;
-  }
-  INFO("shape " << c.shape().str() << ": worst |diff| " << worst << " at " << at << " (gpu "
-                << (a.empty() ? 0 : a[at]) << ", cpu " << (b.empty() ? 0 : b[at]) << ")");
-  CHECK(ok);
-}
-void same(const Tensor& g, const Tensor& c) { close(g, c, 0.f, 0.f); }
+using namespace cuda_test;
 
 TEST_CASE("cuBLAS is not loaded until a GPU GEMM needs it, then every entry point resolves",
           "[cuda][loader]") {
@@ -477,36 +438,6 @@ TEST_CASE("cuda: attention matches the cpu", "[cuda]") {
   attention_matches_cpu({2, 6, 5, 8}, {2, 2, 70, 8}, false, {}, DType::bf16);
 }
 
-TEST_CASE("cuda: attention throughput", "[cuda][.bench]") {
-  REQUIRE_GPU();
-  const int64_t B = 16, H = 12, T = 1024, D = 64;  // GPT-2 124M at batch 16 x 1024
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const Tensor q = dev(rnd({B, H, T, D}, 160)).to(dt), k = dev(rnd({B, H, T, D}, 161)).to(dt),
-                 v = dev(rnd({B, H, T, D}, 162)).to(dt), dout = dev(rnd({B, H, T, D}, 163));
-    Tensor lse;
-    const Tensor o = gpu().attention(q, k, v, true, 0.125f, lse, {});
-    double ms[2] = {0, 0};
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int i = 0; i < 2; ++i) {  // warm-up, then timed
-        cuda::synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int r = 0; r < 5; ++r) {
-          if (pass == 0)
-            gpu().attention(q, k, v, true, 0.125f, lse, {});
-          else
-            gpu().attention_backward(q, k, v, o, lse, dout, true, 0.125f, {});
-        }
-        cuda::synchronize();
-        ms[pass] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                       .count() /
-                   5;
-      }
-    }
-    WARN("attention " << B << "x" << H << "x" << T << "x" << D << " causal " << dtype_name(dt)
-                      << ": forward " << ms[0] << " ms, backward " << ms[1] << " ms");
-  }
-}
-
 TEST_CASE("cuda: convolution and pooling match the cpu", "[cuda]") {
   REQUIRE_GPU();
   const Tensor x = rnd({3, 4, 11, 9}, 150), w = rnd({5, 4, 3, 3}, 151), b = rnd({5}, 152);
@@ -582,65 +513,6 @@ TEST_CASE("cuda: linear_cross_entropy with an odd vocabulary matches the cpu", "
     CHECK(lg == Approx(lc).epsilon(1e-5));
     for (size_t i = 0; i < gc.size(); ++i) close(gg[i], gc[i], 1e-4f, 1e-6f);
   }
-}
-
-// The GEMMs of a GPT-2 124M step at batch 16 x 1024 under bf16 mixed
-// precision, each as the step calls it (f32 operands rounded per call) and on
-// operands already bf16: where a step's matmul time goes.
-TEST_CASE("cuda: GPT-2 step GEMMs under bf16", "[cuda][.bench]") {
-  REQUIRE_GPU();
-  struct Case {
-    const char* name;
-    int64_t M, N, K;
-    bool ta, tb;
-  };
-  const Case cases[] = {{"qkv x w^T", 16384, 2304, 768, false, true},
-                        {"fc2 x w^T", 16384, 768, 3072, false, true},
-                        {"dW = dy^T x (fc1)", 3072, 768, 16384, true, false},
-                        {"head chunk 336 rows", 336, 50257, 768, false, true},
-                        {"head chunk 2400 rows", 2400, 50257, 768, false, true},
-                        {"head chunk, vocab padded to 50304", 2400, 50304, 768, false, true},
-                        {"head chunk as (w x^T)", 50257, 2400, 768, false, true}};
-  PrecisionGuard mixed(Precision::bf16);
-  for (const Case& c : cases) {
-    const Tensor a = dev(rnd(c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, 170));
-    const Tensor b = dev(rnd(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, 171));
-    for (bool pre : {false, true}) {
-      const Tensor x = pre ? a.to(DType::bf16) : a, y = pre ? b.to(DType::bf16) : b;
-      gpu().matmul(x, y, c.ta, c.tb);
-      cuda::synchronize();
-      const int iters = 20;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) gpu().matmul(x, y, c.ta, c.tb);
-      cuda::synchronize();
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-      WARN(c.name << " [" << c.M << ", " << c.N << ", " << c.K << "] "
-                  << (pre ? "bf16 operands" : "f32 operands") << ": " << s * 1e3 << " ms, "
-                  << 2.0 * double(c.M * c.N * c.K) / s / 1e12 << " TFLOP/s");
-    }
-  }
-}
-
-TEST_CASE("cuda: matmul throughput", "[cuda][.bench]") {
-  REQUIRE_GPU();
-  const int64_t M = 4096, N = 3072, K = 768;
-  const Tensor a = dev(rnd({M, K}, 150)), b = dev(rnd({K, N}, 151));
-  for (int mode = 0; mode < 3; ++mode) {
-    cuda::set_allow_tf32(mode == 1);
-    const Tensor x = mode == 2 ? a.to(DType::bf16) : a, y = mode == 2 ? b.to(DType::bf16) : b;
-    for (int i = 0; i < 3; ++i) gpu().matmul(x, y, false, false);
-    cuda::synchronize();
-    const int iters = 50;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) gpu().matmul(x, y, false, false);
-    cuda::synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const char* names[] = {"fp32", "tf32", "bf16 (fp32 accumulate)"};
-    WARN("matmul " << M << "x" << N << "x" << K << " " << names[mode] << ": "
-                   << 2.0 * M * N * K * iters / s / 1e12 << " TFLOP/s");
-  }
-  cuda::set_allow_tf32(false);
 }
 
 }  // namespace

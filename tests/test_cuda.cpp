@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -436,6 +437,44 @@ TEST_CASE("cuda: attention matches the cpu", "[cuda]") {
   attention_matches_cpu({1, 2, 1024, 64}, {1, 2, 1024, 64}, true, {});  // GPT-2's rows
   attention_matches_cpu({2, 4, 37, 16}, {2, 4, 37, 16}, true, {}, DType::bf16);
   attention_matches_cpu({2, 6, 5, 8}, {2, 2, 70, 8}, false, {}, DType::bf16);
+}
+
+// The flash forward (flash_attention.cu), opted into with
+// REDCO_CUDA_ATTENTION=flash, on bf16 operands: o within bf16 rounding of P,
+// lse as exact as the GEMM path's, and the GEMM backward from its o and lse.
+void flash_matches_cpu(const Shape& qs, const Shape& ks, bool causal, const AttentionExtras& cx) {
+  const Tensor q = rnd(qs, 180).to(DType::bf16), k = rnd(ks, 181).to(DType::bf16);
+  const Tensor v = rnd(ks, 182).to(DType::bf16), dout = rnd(qs, 183);
+  const float scale = 1.f / std::sqrt(float(qs[3]));
+  Tensor clse, glse, gemm_lse;
+  const Tensor co = cpu().attention(q, k, v, causal, scale, clse, cx);
+  const Tensor gemm_o = gpu().attention(dev(q), dev(k), dev(v), causal, scale, gemm_lse, cx);
+  setenv("REDCO_CUDA_ATTENTION", "flash", 1);
+  const Tensor go = gpu().attention(dev(q), dev(k), dev(v), causal, scale, glse, cx);
+  unsetenv("REDCO_CUDA_ATTENTION");
+  // P rounded to bf16 (the flash kernel) is not the GEMM path's TF32: the path was taken.
+  CHECK(go.to_vector() != gemm_o.to_vector());
+  close(go, co, 1e-2f, 4e-3f);
+  close(glse, clse, 1e-5f, 1e-4f);
+  const TensorList cg = cpu().attention_backward(q, k, v, co, clse, dout, causal, scale, cx);
+  const TensorList gg =
+      gpu().attention_backward(dev(q), dev(k), dev(v), go, glse, dev(dout), causal, scale, cx);
+  for (size_t i = 0; i < cg.size(); ++i) close(gg[i], cg[i], 2e-2f, 4e-3f);
+}
+
+TEST_CASE("cuda: flash attention forward matches the cpu", "[cuda]") {
+  REQUIRE_GPU();
+  for (bool causal : {true, false}) {
+    flash_matches_cpu({2, 4, 37, 64}, {2, 4, 37, 64}, causal, {});      // one partial tile
+    flash_matches_cpu({2, 6, 5, 64}, {2, 2, 130, 64}, causal, {});      // GQA, Tq < Tk
+    flash_matches_cpu({1, 2, 130, 128}, {1, 2, 130, 128}, causal, {});  // D 128
+  }
+  flash_matches_cpu({1, 2, 1024, 64}, {1, 2, 1024, 64}, true, {});  // GPT-2's rows
+  AttentionExtras rows;  // left padding, each row's queries at their own positions
+  rows.key_begin = Tensor::from<int64_t>(std::vector<int64_t>{3, 0}, {2});
+  rows.key_end = Tensor::from<int64_t>(std::vector<int64_t>{70, 61}, {2});
+  rows.causal_offset = Tensor::from<int64_t>(std::vector<int64_t>{66, 57}, {2});
+  flash_matches_cpu({2, 4, 4, 64}, {2, 2, 70, 64}, true, rows);
 }
 
 TEST_CASE("cuda: convolution and pooling match the cpu", "[cuda]") {

@@ -3,6 +3,7 @@
 // tools/gpu-check runs on a GPU and reports as warnings.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 
 #include "cuda_test_util.hpp"
 #include "redco/ops/backend.hpp"
@@ -15,7 +16,9 @@ using namespace cuda_test;
 TEST_CASE("cuda: attention throughput", "[cuda][.bench]") {
   REQUIRE_GPU();
   const int64_t B = 16, H = 12, T = 1024, D = 64;  // GPT-2 124M at batch 16 x 1024
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (int variant = 0; variant < 3; ++variant) {  // f32, bf16, bf16 with the flash forward
+    const DType dt = variant == 0 ? DType::f32 : DType::bf16;
+    if (variant == 2) setenv("REDCO_CUDA_ATTENTION", "flash", 1);
     const Tensor q = dev(rnd({B, H, T, D}, 160)).to(dt), k = dev(rnd({B, H, T, D}, 161)).to(dt),
                  v = dev(rnd({B, H, T, D}, 162)).to(dt), dout = dev(rnd({B, H, T, D}, 163));
     Tensor lse;
@@ -37,8 +40,10 @@ TEST_CASE("cuda: attention throughput", "[cuda][.bench]") {
                    5;
       }
     }
+    unsetenv("REDCO_CUDA_ATTENTION");
     WARN("attention " << B << "x" << H << "x" << T << "x" << D << " causal " << dtype_name(dt)
-                      << ": forward " << ms[0] << " ms, backward " << ms[1] << " ms");
+                      << (variant == 2 ? " (flash forward)" : "") << ": forward " << ms[0]
+                      << " ms, backward " << ms[1] << " ms");
   }
 }
 

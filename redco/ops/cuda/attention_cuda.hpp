@@ -25,4 +25,11 @@ void attention_softmax_rows(const AttentionArgs& a, float* S, float* lse_out, co
 void attention_grad_rows(const AttentionArgs& a, const float* P, float* dP, const float* o,
                          const float* dout, float* dbias);
 
+// flash_attention.cu: the forward on bf16 q, k, v with the scores kept on
+// chip (no bias; head size 64 or 128; 16-byte aligned rows). Not yet the
+// default: see the file's STATUS.
+bool flash_attention_supported(const AttentionArgs& a);
+void flash_attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+                             float* o, float* lse);
+
 }  // namespace redco::cuda::k

@@ -5,6 +5,8 @@
 // there. They are validated on the host and copied to the device (B values:
 // one small copy per call).
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "redco/core/error.hpp"
 #include "redco/ops/cuda/attention_cuda.hpp"
@@ -134,12 +136,40 @@ bool mixed(const Tensor& q, const Tensor& k, const Tensor& v) {
   return q.dtype() == DType::bf16 && k.dtype() == DType::bf16 && v.dtype() == DType::bf16;
 }
 
+// The flash forward (flash_attention.cu) while it is being proven on a GPU:
+// only when REDCO_CUDA_ATTENTION=flash, on bf16 operands with 16-byte aligned
+// rows, in the cases it covers; else the GEMM path.
+bool flash_requested(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const char* e = std::getenv("REDCO_CUDA_ATTENTION");
+  return e && std::string_view(e) == "flash" && mixed(q, k, v);
+}
+bool flash_fits(const Tensor& q, const Tensor& k, const Tensor& v,
+                const cuda::k::AttentionArgs& a) {
+  auto aligned = [](const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.device_ptr()) % 16 == 0;
+  };
+  return cuda::k::flash_attention_supported(a) && aligned(q) && aligned(k) && aligned(v);
+}
+
 }  // namespace
 
 Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                               bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
   const Device dev = q_in.device();
   cuda::Scope scope(dev);
+  cuda::expect_on(k_in, dev, "attention");
+  cuda::expect_on(v_in, dev, "attention");
+  if (flash_requested(q_in, k_in, v_in)) {
+    auto fa = attention_args(q_in, k_in, v_in, causal, scale);
+    const DeviceExtras keep = attach(fa, x, dev);
+    if (flash_fits(q_in, k_in, v_in, fa)) {
+      Tensor o = Tensor::empty(q_in.shape(), DType::f32, dev);
+      lse = Tensor::empty({fa.B, fa.Hq, fa.Tq}, DType::f32, dev);
+      cuda::k::flash_attention_forward(fa, q_in.device_ptr(), k_in.device_ptr(), v_in.device_ptr(),
+                                       o.device_data<float>(), lse.device_data<float>());
+      return o;
+    }
+  }
   Tensor q = cuda::f32(q_in, dev, "attention"), k = cuda::f32(k_in, dev, "attention"),
          v = cuda::f32(v_in, dev, "attention");
   auto a = attention_args(q, k, v, causal, scale);

@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 }  // namespace
 
 bool flash_attention_supported(const AttentionArgs& a) {
-  return !a.bias && (a.D == 64 || a.D == 128);
+  // grid.y = Hq and grid.z = B are at most 65535.
+  return !a.bias && (a.D == 64 || a.D == 128) && a.Hq <= 65535 && a.B <= 65535;
 }
 
 void flash_attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
@@ -211,9 +212,9 @@ void flash_attention_forward(const AttentionArgs& a, const void* q, const void* 
   if (a.D == 64) {
     flash_fwd<64><<<grid, kWarps * 32, smem_bytes<64>(), stream()>>>(a, qb, kb, vb, o, lse);
   } else {
-    static const cudaError_t raised = cudaFuncSetAttribute(
-        flash_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<128>());
-    REDCO_CUDA(raised);
+    // Per device (the attribute is the current device's), so on every launch: cheap.
+    REDCO_CUDA(cudaFuncSetAttribute(flash_fwd<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_bytes<128>()));
     flash_fwd<128><<<grid, kWarps * 32, smem_bytes<128>(), stream()>>>(a, qb, kb, vb, o, lse);
   }
   check_launch("flash attention");

@@ -16,7 +16,7 @@ using namespace cuda_test;
 TEST_CASE("cuda: attention throughput", "[cuda][.bench]") {
   REQUIRE_GPU();
   const int64_t B = 16, H = 12, T = 1024, D = 64;  // GPT-2 124M at batch 16 x 1024
-  for (int variant = 0; variant < 3; ++variant) {  // f32, bf16, bf16 with the flash forward
+  for (int variant = 0; variant < 3; ++variant) {  // f32, bf16, bf16 on the flash kernels
     const DType dt = variant == 0 ? DType::f32 : DType::bf16;
     if (variant == 2) setenv("REDCO_CUDA_ATTENTION", "flash", 1);
     const Tensor q = dev(rnd({B, H, T, D}, 160)).to(dt), k = dev(rnd({B, H, T, D}, 161)).to(dt),
@@ -42,7 +42,7 @@ TEST_CASE("cuda: attention throughput", "[cuda][.bench]") {
     }
     unsetenv("REDCO_CUDA_ATTENTION");
     WARN("attention " << B << "x" << H << "x" << T << "x" << D << " causal " << dtype_name(dt)
-                      << (variant == 2 ? " (flash forward)" : "") << ": forward " << ms[0]
+                      << (variant == 2 ? " (flash kernels)" : "") << ": forward " << ms[0]
                       << " ms, backward " << ms[1] << " ms");
   }
 }

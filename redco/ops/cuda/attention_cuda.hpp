@@ -31,5 +31,12 @@ void attention_grad_rows(const AttentionArgs& a, const float* P, float* dP, cons
 bool flash_attention_supported(const AttentionArgs& a);
 void flash_attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
                              float* o, float* lse);
+// flash_attention_bwd.cu: dq, dk, dv (f32) from bf16 q, k, v, the forward's o
+// and lse, and dout (f32), at head size 64. Scratch: dout_bf16 [B*Hq*Tq*D]
+// bf16, delta [B*Hq*Tq] f32.
+bool flash_attention_backward_supported(const AttentionArgs& a);
+void flash_attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+                              const float* o, const float* lse, const float* dout, void* dout_bf16,
+                              float* delta, float* dq, float* dk, float* dv);
 
 }  // namespace redco::cuda::k

@@ -151,6 +151,33 @@ bool flash_fits(const Tensor& q, const Tensor& k, const Tensor& v,
   return cuda::k::flash_attention_supported(a) && aligned(q) && aligned(k) && aligned(v);
 }
 
+// dq, dk, dv by the flash backward (flash_attention_bwd.cu) from the
+// forward's o and lse (f32, on the device, as the forward left them).
+TensorList flash_backward(const cuda::k::AttentionArgs& a, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& dout) {
+  const Device dev = q.device();
+  const char* op = "attention backward";
+  cuda::expect_on(o, dev, op);
+  cuda::expect_on(lse, dev, op);
+  REDCO_CHECK(o.dtype() == DType::f32 && o.shape() == q.shape() && dout.shape() == q.shape() &&
+                  lse.dtype() == DType::f32 && lse.shape() == (Shape{a.B, a.Hq, a.Tq}),
+              "attention backward: the output {} {}, its gradient {} and lse {} {} must be f32 "
+              "shaped like q {} and [B, Hq, Tq]",
+              dtype_name(o.dtype()), o.shape(), dout.shape(), dtype_name(lse.dtype()), lse.shape(),
+              q.shape());
+  Tensor dq = Tensor::empty(q.shape(), DType::f32, dev),
+         dk = Tensor::empty(k.shape(), DType::f32, dev),
+         dv = Tensor::empty(v.shape(), DType::f32, dev);
+  Tensor dout_bf16 = Tensor::empty(q.shape(), DType::bf16, dev);  // scratch
+  Tensor delta = Tensor::empty(lse.shape(), DType::f32, dev);     // scratch
+  cuda::k::flash_attention_backward(a, q.device_ptr(), k.device_ptr(), v.device_ptr(),
+                                    o.device_data<float>(), lse.device_data<float>(),
+                                    dout.device_data<float>(), dout_bf16.device_ptr(),
+                                    delta.device_data<float>(), dq.device_data<float>(),
+                                    dk.device_data<float>(), dv.device_data<float>());
+  return {dq, dk, dv};
+}
+
 }  // namespace
 
 Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -192,6 +219,12 @@ TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_i
   const Device dev = q_in.device();
   cuda::Scope scope(dev);
   const char* op = "attention backward";
+  if (flash_requested(q_in, k_in, v_in)) {
+    auto fa = attention_args(q_in, k_in, v_in, causal, scale);
+    const DeviceExtras keep = attach(fa, x, dev);
+    if (cuda::k::flash_attention_backward_supported(fa) && flash_fits(q_in, k_in, v_in, fa))
+      return flash_backward(fa, q_in, k_in, v_in, o, lse, cuda::f32(dout_in, dev, op));
+  }
   Tensor q = cuda::f32(q_in, dev, op), k = cuda::f32(k_in, dev, op), v = cuda::f32(v_in, dev, op);
   Tensor dout = cuda::f32(dout_in, dev, op);
   cuda::expect_on(o, dev, op);

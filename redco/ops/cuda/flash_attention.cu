@@ -13,13 +13,10 @@
 // max m and sum l (online softmax), rounds P = exp(S - m) to bf16 (as FA2 and
 // bf16 SDPA do) and adds P V into its O accumulators. At the end O /= l and
 // lse = m + log l (a row that sees no key: O = 0, lse = -inf, as the other
-// kernels). The backward stays the GEMM path's, which recomputes P from lse.
+// kernels). The backward: flash_attention_bwd.cu at head size 64, else the GEMM
+// path's; both recompute P from lse.
 //
-// Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix Fragments"), g = lane / 4,
-// t = lane % 4: A (16x16, row-major) regs {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
-// (g+8, 2t+8..)}; B (16x8, k x n) regs {(k 2t..2t+1, n g), (k 2t+8.., n g)};
-// C (16x8) {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}. Two C tiles of S side
-// by side are exactly one A fragment of P for the P V product.
+// The fragment layouts and the tile helpers: flash_common.cuh.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -27,63 +24,15 @@
 
 #include "redco/ops/cuda/attention_cuda.hpp"
 #include "redco/ops/cuda/cuda_util.hpp"
+#include "redco/ops/cuda/flash_common.cuh"
 
 namespace redco::cuda::k {
 namespace {
+using namespace flash;
 
 constexpr int kRows = 64;  // query rows a block, 16 per warp
 constexpr int kKeys = 64;  // keys a tile
 constexpr int kWarps = 4;
-
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ uint32_t pair(const __nv_bfloat16* p) {  // p[0], p[1]
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-__device__ __forceinline__ uint32_t two(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
-}
-
-// rows [r0, r0 + n) of a [rows_total, D] bf16 matrix into shared memory of
-// row pitch P (elements), zeros past rows_total; 16-byte loads (D % 8 == 0).
-template <int D, int P>
-__device__ void load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t r0,
-                          int64_t rows_total, int n) {
-  constexpr int kVecs = D / 8;  // 16-byte vectors a row
-  for (int i = threadIdx.x; i < n * kVecs; i += blockDim.x) {
-    const int r = i / kVecs, c = (i % kVecs) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < rows_total) v = *reinterpret_cast<const uint4*>(src + (r0 + r) * D + c);
-    *reinterpret_cast<uint4*>(dst + r * P + c) = v;
-  }
-}
-
-struct RowRange {
-  int64_t lo, hi;  // visible keys [lo, hi)
-};
-__device__ RowRange visible(const AttentionArgs& a, int64_t b, int64_t i) {
-  const int64_t begin = a.key_begin ? a.key_begin[b] : 0;
-  const int64_t end = a.key_end ? a.key_end[b] : a.Tk;
-  int64_t hi = end;
-  if (a.causal) {
-    const int64_t off = a.causal_offset ? a.causal_offset[b] : a.Tk - a.Tq;
-    int64_t c = i + off + 1;
-    c = c < 0 ? 0 : (c > a.Tk ? a.Tk : c);
-    hi = hi < c ? hi : c;
-  }
-  return {begin, hi > begin ? hi : begin};
-}
 
 // Q, K and V tiles at row pitch D + 8 (52 KB at D = 128: above the 48 KB a
 // kernel gets without asking).
@@ -118,11 +67,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   load_tile<D, P>(qs, qb, q0, a.Tq, kRows);
   __syncthreads();
   uint32_t qf[D / 16][4];  // this warp's 16 rows of Q as A fragments
-  for (int s = 0; s < D / 16; ++s) {
-    const __nv_bfloat16* r0p = qs + (warp * 16 + g) * P + s * 16 + 2 * t;
-    const __nv_bfloat16* r1p = r0p + 8 * P;
-    qf[s][0] = pair(r0p), qf[s][1] = pair(r1p), qf[s][2] = pair(r0p + 8), qf[s][3] = pair(r1p + 8);
-  }
+  for (int kk = 0; kk < D / 16; ++kk) a_frag(qf[kk], qs, P, warp * 16, kk * 16);
   float acc[D / 8][4] = {};  // O, 16 x D: D/8 C tiles
   float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.f, l1 = 0.f;
   for (int64_t j0 = k_lo / kKeys * kKeys; j0 < k_hi; j0 += kKeys) {
@@ -133,8 +78,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     float s[kKeys / 8][4] = {};  // S, 16 x 64: 8 C tiles
     for (int n = 0; n < kKeys / 8; ++n)
       for (int kk = 0; kk < D / 16; ++kk) {
-        const __nv_bfloat16* kp = ks + (n * 8 + g) * P + kk * 16 + 2 * t;
-        mma(s[n], qf[kk], pair(kp), pair(kp + 8));
+        uint32_t b0, b1;
+        b_from_rows(b0, b1, ks, P, n * 8, kk * 16);
+        mma(s[n], qf[kk], b0, b1);
       }
     // Scale, mask, and the tile's row maxima (over the 4 lanes of a row).
     float mx0 = -FLT_MAX, mx1 = -FLT_MAX;
@@ -169,8 +115,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     for (int d = 0; d < D / 8; ++d)
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const __nv_bfloat16* vp = vs + (kk * 16 + 2 * t) * P + d * 8 + g;
-        mma(acc[d], pf[kk], two(vp[0], vp[P]), two(vp[8 * P], vp[9 * P]));
+        uint32_t b0, b1;
+        b_from_cols(b0, b1, vs, P, kk * 16, d * 8);
+        mma(acc[d], pf[kk], b0, b1);
       }
   }
   // Row sums over the 4 lanes of a row.

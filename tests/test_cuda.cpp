@@ -9,6 +9,7 @@
 // case, which needs no GPU, runs as its own Meson test (cuda_loader).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -464,8 +465,15 @@ void flash_matches_cpu(const Shape& qs, const Shape& ks, bool causal, const Atte
   close(glse, clse, 1e-5f, 1e-4f);
   const TensorList cg = cpu().attention_backward(q, k, v, co, clse, dout, causal, scale, cx);
   for (size_t i = 0; i < cg.size(); ++i) {
-    close(gg[i], cg[i], 2e-2f, 6e-3f);
-    if (qs[3] == 64) CHECK(gg[i].to_vector() != gemm_g[i].to_vector());
+    // The gradients' rounding error scales with their largest terms: within
+    // 1.5% of max |cpu| (a lane-by-lane emulation of the kernels: at most 0.63%).
+    const std::vector<float> a = gg[i].to_vector(), c = cg[i].to_vector();
+    float scale_of = 0, worst = 0;
+    for (size_t j = 0; j < c.size(); ++j) scale_of = std::max(scale_of, std::fabs(c[j]));
+    for (size_t j = 0; j < c.size(); ++j) worst = std::max(worst, std::fabs(a[j] - c[j]));
+    INFO("gradient " << i << ": worst |diff| " << worst << ", max |cpu| " << scale_of);
+    CHECK(worst <= 1.5e-2f * scale_of);
+    if (qs[3] == 64) CHECK(a != gemm_g[i].to_vector());
   }
 }
 

@@ -13,9 +13,9 @@
 //         transposed form so that the keys are the product's rows:
 //         S^T = K Q^T, P^T, dP^T = V dO^T, dS^T = P^T (dP^T - Delta),
 //         dV += P^T dO, dK += scale dS^T Q.
-// Delta_i = dO_i . O_i (f32, a row kernel first); dO is rounded to bf16 for the
-// products, P and dS too (as FA2 does). Every product is one of the forward's
-// two fragment patterns (flash_common.cuh).
+// dO is rounded to bf16 for the products, P and dS too, and Delta_i = dO_i . O_i
+// is taken from that rounded dO (f32 sums, a row kernel first), as FA2 does. Every product is one
+// of the forward's two fragment patterns (flash_common.cuh).
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -35,12 +35,14 @@ constexpr int kWarps = 4;   // 16 rows of the product each
 constexpr int kTile = 64;   // rows a block owns
 constexpr int kQTile = 32;  // query rows a step of dkdv
 
-// delta[r] = dout[r] . o[r] over D, a warp per row.
-__global__ void row_delta(const float* dout, const float* o, float* delta, int64_t rows) {
+// delta[r] = dout[r] . o[r] over D, a warp per row, from the bf16 dO the
+// products use (dP - Delta then cancels consistently; FA2 does the same).
+__global__ void row_delta(const __nv_bfloat16* dout, const float* o, float* delta, int64_t rows) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
-  float s = dout[r * D + lane] * o[r * D + lane] + dout[r * D + lane + 32] * o[r * D + lane + 32];
+  float s = __bfloat162float(dout[r * D + lane]) * o[r * D + lane] +
+            __bfloat162float(dout[r * D + lane + 32]) * o[r * D + lane + 32];
   for (int w = 16; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
   if (lane == 0) delta[r] = s;
 }
@@ -124,6 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ __align__(16) __nv_bfloat16 ks[kTile * P], vs[kTile * P], qs[kQTile * P],
       dos[kQTile * P];
   __shared__ float ls[kQTile], dls[kQTile];
+  __shared__ int64_t vlo[kQTile], vhi[kQTile];  // the keys each query of the tile sees
   const int64_t j0 = int64_t(blockIdx.x) * kTile, hk = blockIdx.y, b = blockIdx.z;
   const int64_t group = a.Hq / a.Hkv, kv = (b * a.Hkv + hk) * a.Tk;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -150,6 +153,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int i = threadIdx.x; i < kQTile; i += blockDim.x) {
         ls[i] = i0 + i < a.Tq ? lse[base + i0 + i] : INFINITY;
         dls[i] = i0 + i < a.Tq ? delta[base + i0 + i] : 0.f;
+        const RowRange r = visible(a, b, i0 + i);
+        vlo[i] = r.lo, vhi[i] = r.hi;
       }
       __syncthreads();
       float st[kQTile / 8][4] = {}, dpt[kQTile / 8][4] = {};
@@ -166,9 +171,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         float p[4], ds[4];
         for (int e = 0; e < 4; ++e) {
           const int c = n * 8 + 2 * t + (e & 1);  // the query's column in the tile
-          const RowRange r = visible(a, b, i0 + c);
           const int64_t j = key[e / 2];
-          p[e] = j >= r.lo && j < r.hi ? __expf(st[n][e] * a.scale - ls[c]) : 0.f;
+          p[e] = j >= vlo[c] && j < vhi[c] ? __expf(st[n][e] * a.scale - ls[c]) : 0.f;
           ds[e] = p[e] * (dpt[n][e] - dls[c]);
         }
         pf[n / 2][(n % 2) * 2 + 0] = pack(p[0], p[1]);
@@ -212,7 +216,7 @@ void flash_attention_backward(const AttentionArgs& a, const void* q, const void*
   auto* db = static_cast<__nv_bfloat16*>(dout_bf16);
   if (rows > 0) {
     convert(db, DType::bf16, dout, DType::f32, rows * D);
-    row_delta<<<unsigned((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream()>>>(dout, o, delta,
+    row_delta<<<unsigned((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream()>>>(db, o, delta,
                                                                                     rows);
     check_launch("flash attention backward (delta)");
     const dim3 grid(unsigned((a.Tq + kTile - 1) / kTile), unsigned(a.Hq), unsigned(a.B));

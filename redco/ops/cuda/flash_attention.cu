@@ -110,15 +110,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float p0 = __expf(s[n][0] - m0), p1 = __expf(s[n][1] - m0);
       const float p2 = __expf(s[n][2] - m1), p3 = __expf(s[n][3] - m1);
       l0 += p0 + p1, l1 += p2 + p3;
-      pf[n / 2][(n % 2) * 2 + 0] = pack(p0, p1);
-      pf[n / 2][(n % 2) * 2 + 1] = pack(p2, p3);
+      c_to_a(pf, n, p0, p1, p2, p3);
     }
-    for (int d = 0; d < D / 8; ++d)
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        uint32_t b0, b1;
-        b_from_cols(b0, b1, vs, P, kk * 16, d * 8);
-        mma(acc[d], pf[kk], b0, b1);
-      }
+    against_cols(acc, pf, vs, P);  // O += P V
   }
   // Row sums over the 4 lanes of a row.
   for (int o = 1; o < 4; o <<= 1) {

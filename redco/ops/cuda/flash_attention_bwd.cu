@@ -47,6 +47,23 @@ __global__ void row_delta(const __nv_bfloat16* dout, const float* o, float* delt
   if (lane == 0) delta[r] = s;
 }
 
+// The backward's paired products against the rows of two tiles, over NT
+// tiles of 8 of their rows: x += fx tx^T and y += fy ty^T (16 x 8 NT each).
+template <int NT>
+__device__ __forceinline__ void against_rows(float (&x)[NT][4], const uint32_t (&fx)[D / 16][4],
+                                             const __nv_bfloat16* tx, float (&y)[NT][4],
+                                             const uint32_t (&fy)[D / 16][4],
+                                             const __nv_bfloat16* ty) {
+  for (int n = 0; n < NT; ++n)
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b0, b1;
+      b_from_rows(b0, b1, tx, P, n * 8, kk * 16);
+      mma(x[n], fx[kk], b0, b1);
+      b_from_rows(b0, b1, ty, P, n * 8, kk * 16);
+      mma(y[n], fy[kk], b0, b1);
+    }
+}
+
 __global__ void __launch_bounds__(kWarps * 32)
     flash_bwd_dq(AttentionArgs a, const __nv_bfloat16* q, const __nv_bfloat16* k,
                  const __nv_bfloat16* v, const __nv_bfloat16* dout, const float* lse,
@@ -85,15 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     load_tile<D, P>(vs, vb, j0, a.Tk, kTile);
     __syncthreads();
     float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-    for (int n = 0; n < kTile / 8; ++n)
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t b0, b1;
-        b_from_rows(b0, b1, ks, P, n * 8, kk * 16);
-        mma(s[n], qf[kk], b0, b1);
-        b_from_rows(b0, b1, vs, P, n * 8, kk * 16);
-        mma(dp[n], df[kk], b0, b1);
-      }
-    uint32_t dsf[kTile / 16][4];  // dS as A fragments over the tile's keys
+    against_rows(s, qf, ks, dp, df, vs);  // S = Q K^T, dP = dO V^T
+    uint32_t dsf[kTile / 16][4];          // dS as A fragments over the tile's keys
     for (int n = 0; n < kTile / 8; ++n) {
       float ds[4];
       for (int e = 0; e < 4; ++e) {
@@ -102,15 +112,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         const float p = j >= vis[r].lo && j < vis[r].hi ? __expf(s[n][e] * a.scale - l[r]) : 0.f;
         ds[e] = p * (dp[n][e] - dl[r]);
       }
-      dsf[n / 2][(n % 2) * 2 + 0] = pack(ds[0], ds[1]);
-      dsf[n / 2][(n % 2) * 2 + 1] = pack(ds[2], ds[3]);
+      c_to_a(dsf, n, ds[0], ds[1], ds[2], ds[3]);
     }
-    for (int d = 0; d < D / 8; ++d)
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        uint32_t b0, b1;
-        b_from_cols(b0, b1, ks, P, kk * 16, d * 8);
-        mma(acc[d], dsf[kk], b0, b1);
-      }
+    against_cols(acc, dsf, ks, P);  // dQ += dS K
   }
   for (int d = 0; d < D / 8; ++d)
     for (int e = 0; e < 4; ++e) {
@@ -158,14 +162,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       __syncthreads();
       float st[kQTile / 8][4] = {}, dpt[kQTile / 8][4] = {};
-      for (int n = 0; n < kQTile / 8; ++n)
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t b0, b1;
-          b_from_rows(b0, b1, qs, P, n * 8, kk * 16);
-          mma(st[n], kf[kk], b0, b1);
-          b_from_rows(b0, b1, dos, P, n * 8, kk * 16);
-          mma(dpt[n], vf[kk], b0, b1);
-        }
+      against_rows(st, kf, qs, dpt, vf, dos);            // S^T = K Q^T, dP^T = V dO^T
       uint32_t pf[kQTile / 16][4], dsf[kQTile / 16][4];  // P^T, dS^T over the queries
       for (int n = 0; n < kQTile / 8; ++n) {
         float p[4], ds[4];
@@ -175,19 +172,11 @@ __global__ void __launch_bounds__(kWarps * 32)
           p[e] = j >= vlo[c] && j < vhi[c] ? __expf(st[n][e] * a.scale - ls[c]) : 0.f;
           ds[e] = p[e] * (dpt[n][e] - dls[c]);
         }
-        pf[n / 2][(n % 2) * 2 + 0] = pack(p[0], p[1]);
-        pf[n / 2][(n % 2) * 2 + 1] = pack(p[2], p[3]);
-        dsf[n / 2][(n % 2) * 2 + 0] = pack(ds[0], ds[1]);
-        dsf[n / 2][(n % 2) * 2 + 1] = pack(ds[2], ds[3]);
+        c_to_a(pf, n, p[0], p[1], p[2], p[3]);
+        c_to_a(dsf, n, ds[0], ds[1], ds[2], ds[3]);
       }
-      for (int d = 0; d < D / 8; ++d)
-        for (int kk = 0; kk < kQTile / 16; ++kk) {
-          uint32_t b0, b1;
-          b_from_cols(b0, b1, dos, P, kk * 16, d * 8);
-          mma(dva[d], pf[kk], b0, b1);
-          b_from_cols(b0, b1, qs, P, kk * 16, d * 8);
-          mma(dka[d], dsf[kk], b0, b1);
-        }
+      against_cols(dva, pf, dos, P);  // dV += P^T dO
+      against_cols(dka, dsf, qs, P);  // dK += dS^T Q
     }
   }
   for (int d = 0; d < D / 8; ++d)

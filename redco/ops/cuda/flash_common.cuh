@@ -94,4 +94,25 @@ __device__ __forceinline__ void b_from_cols(uint32_t& b0, uint32_t& b1, const __
   b0 = two(p[0], p[P]), b1 = two(p[8 * P], p[9 * P]);
 }
 
+// C tile n of a row of C tiles (16 x 8 each, four values per lane) as its half
+// of A fragment n / 2 (16 x 16): two C tiles side by side are one A fragment.
+template <int KT>
+__device__ __forceinline__ void c_to_a(uint32_t (&f)[KT][4], int n, float c0, float c1, float c2,
+                                       float c3) {
+  f[n / 2][(n % 2) * 2 + 0] = pack(c0, c1);
+  f[n / 2][(n % 2) * 2 + 1] = pack(c2, c3);
+}
+
+// acc[d] += f (16 x 16 KT) times the tile's rows [0, 16 KT), columns [8 d, 8 d + 8).
+template <int KT, int DT>
+__device__ __forceinline__ void against_cols(float (&acc)[DT][4], const uint32_t (&f)[KT][4],
+                                             const __nv_bfloat16* tile, int P) {
+  for (int d = 0; d < DT; ++d)
+    for (int kk = 0; kk < KT; ++kk) {
+      uint32_t b0, b1;
+      b_from_cols(b0, b1, tile, P, kk * 16, d * 8);
+      mma(acc[d], f[kk], b0, b1);
+    }
+}
+
 }  // namespace redco::cuda::k::flash

@@ -1,7 +1,7 @@
 #pragma once
 // Appending a code point as UTF-8: shared by the BPE trainer and the
-// tokenizer.json pipeline; checking and converting the encodings of text
-// files (the fortune reader).
+// tokenizer.json pipeline; checking, decoding and converting the encodings of
+// text (the fortune reader, GPT-2's vocab.json and merges.txt).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -46,6 +46,21 @@ inline bool is_valid_utf8(std::string_view s) {
     }
     static constexpr char32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
     if (c < kMin[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
+// Appends the code points of `s` to `out`; false (out unspecified) when `s` is
+// not valid UTF-8 (is_valid_utf8).
+inline bool decode_utf8(std::string_view s, std::u32string& out) {
+  if (!is_valid_utf8(s)) return false;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = uint8_t(s[i]);
+    const int n = b < 0x80 ? 0 : b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+    char32_t c = n == 0 ? b : b & (0x3F >> n);
+    for (int k = 1; k <= n; ++k) c = (c << 6) | (uint8_t(s[i + size_t(k)]) & 0x3F);
+    out += c;
     i += size_t(n) + 1;
   }
   return true;

@@ -138,3 +138,18 @@ TEST_CASE("accuracy, macro-F1 and mean squared error", "[text]") {
   CHECK_THROWS_WITH(train::mean_squared_error(std::vector<float>{0}, std::vector<float>{}),
                     Contains("1 targets but 0 predictions"));
 }
+
+TEST_CASE("what ignoring the input scores: majority class, mean target", "[text]") {
+  // Training labels: 2 is the most frequent; validation has it twice in five.
+  const std::vector<int64_t> train_y{2, 0, 2, 1, 2}, valid_y{2, 1, 0, 2, 1};
+  CHECK(train::majority_accuracy(train_y, valid_y, 3) == Approx(2.0 / 5));
+  // A tie goes to the lowest class.
+  CHECK(train::majority_accuracy(std::vector<int64_t>{1, 0}, std::vector<int64_t>{0, 0, 1}, 2) ==
+        Approx(2.0 / 3));
+  CHECK_THROWS_WITH(train::majority_accuracy(train_y, valid_y, 2), Contains("classes are 0..1"));
+  // Mean training target 1: validation errors 1, 0, 4.
+  CHECK(train::mean_target_mse(std::vector<float>{0, 1, 2}, std::vector<float>{0, 1, 3}) ==
+        Approx(5.0 / 3));
+  CHECK_THROWS_WITH(train::mean_target_mse(std::vector<float>{}, std::vector<float>{1}),
+                    Contains("got 0 and 1"));
+}

@@ -1,10 +1,12 @@
 #pragma once
 // Metrics of classification and regression predictions, for the metric
-// functions given to Trainer::fit's `evaluate`.
+// functions given to Trainer::fit's `evaluate`, and the scores of ignoring the
+// input that they should beat.
 //
 //   auto metric = [&](std::span<const Ex> ex, std::span<const int64_t> pred) {
 //     return train::classification_metrics(labels_of(ex), pred, n_classes);  // accuracy, macro_f1
 //   };
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -59,6 +61,37 @@ inline double mean_squared_error(std::span<const float> targets,
     s += d * d;
   }
   return s / double(targets.size());
+}
+
+// What a model that ignores its input scores, to judge whether one learned
+// anything: the accuracy of always predicting the most frequent training
+// label (the lowest of tied ones) ...
+inline double majority_accuracy(std::span<const int64_t> train_labels,
+                                std::span<const int64_t> valid_labels, int64_t n_classes) {
+  REDCO_CHECK(!train_labels.empty() && !valid_labels.empty(),
+              "majority_accuracy: needs training and validation labels, got {} and {}",
+              train_labels.size(), valid_labels.size());
+  std::vector<int64_t> n(size_t(n_classes), 0);
+  for (const int64_t y : train_labels) {
+    REDCO_CHECK(y >= 0 && y < n_classes, "majority_accuracy: label {}; classes are 0..{}", y,
+                n_classes - 1);
+    ++n[size_t(y)];
+  }
+  const auto top = int64_t(std::max_element(n.begin(), n.end()) - n.begin());
+  return double(std::count(valid_labels.begin(), valid_labels.end(), top)) /
+         double(valid_labels.size());
+}
+// ... and the mean squared error of always predicting the mean training target.
+inline double mean_target_mse(std::span<const float> train_targets,
+                              std::span<const float> valid_targets) {
+  REDCO_CHECK(!train_targets.empty() && !valid_targets.empty(),
+              "mean_target_mse: needs training and validation targets, got {} and {}",
+              train_targets.size(), valid_targets.size());
+  double mean = 0;
+  for (const float t : train_targets) mean += double(t) / double(train_targets.size());
+  double s = 0;
+  for (const float t : valid_targets) s += (double(t) - mean) * (double(t) - mean);
+  return s / double(valid_targets.size());
 }
 
 }  // namespace redco::train

@@ -68,21 +68,15 @@ Task verse_positions() {
   return t;
 }
 
-// What predicting without reading the text scores: the most frequent
-// training category, or the mean training target.
-double baseline(const Task& t) {
-  if (t.labels == 1) {
-    double mean = 0, mse = 0;
-    for (const Example& e : t.train) mean += e.target / double(t.train.size());
-    for (const Example& e : t.valid) mse += (e.target - mean) * (e.target - mean);
-    return mse / double(t.valid.size());
-  }
-  std::vector<int64_t> n(size_t(t.labels), 0);
-  for (const Example& e : t.train) ++n[size_t(e.label)];
-  const auto top = int64_t(std::max_element(n.begin(), n.end()) - n.begin());
-  return double(std::count_if(t.valid.begin(), t.valid.end(),
-                              [&](const Example& e) { return e.label == top; })) /
-         double(t.valid.size());
+std::vector<int64_t> labels_of(std::span<const Example> ex) {
+  std::vector<int64_t> out;
+  for (const Example& e : ex) out.push_back(e.label);
+  return out;
+}
+std::vector<float> targets_of(std::span<const Example> ex) {
+  std::vector<float> out;
+  for (const Example& e : ex) out.push_back(e.target);
+  return out;
 }
 
 template <typename Model>
@@ -111,15 +105,9 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
     return regression ? reshape(out, {-1}).to_vector() : argmax(out, 1).to(DType::f32).to_vector();
   };
   auto metric = [&](std::span<const Example> ex, std::span<const float> pred) {
-    std::vector<int64_t> labels, classes;
-    std::vector<float> targets;
-    for (size_t i = 0; i < ex.size(); ++i) {
-      labels.push_back(ex[i].label);
-      classes.push_back(int64_t(pred[i]));
-      targets.push_back(ex[i].target);
-    }
-    return regression ? io::Metrics{{"mse", train::mean_squared_error(targets, pred)}}
-                      : train::classification_metrics(labels, classes, task.labels);
+    if (regression) return io::Metrics{{"mse", train::mean_squared_error(targets_of(ex), pred)}};
+    const std::vector<int64_t> classes(pred.begin(), pred.end());
+    return train::classification_metrics(labels_of(ex), classes, task.labels);
   };
   // The learning rate decays to 0 over the steps that will run.
   const auto schedule = deployer.cosine_schedule(
@@ -143,7 +131,12 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
                .max_steps = o.max_steps});
   const std::vector<float> pred = predictor.predict(task.valid, o.batch, trainer.params());
   const io::Metrics final = metric(task.valid, pred);
-  const double base = baseline(task), score = final[0].second;
+  // What predicting without reading the text scores.
+  const double base =
+      regression
+          ? train::mean_target_mse(targets_of(task.train), targets_of(task.valid))
+          : train::majority_accuracy(labels_of(task.train), labels_of(task.valid), task.labels);
+  const double score = final[0].second;
   // Clearly better than ignoring the text: 10 points of accuracy, or 20% less squared error.
   const bool learned = regression ? score < 0.8 * base : score > base + 0.10;
   std::string line;

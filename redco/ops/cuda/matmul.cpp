@@ -67,18 +67,28 @@ struct Gemm {
   size_t elem;  // bytes per input element
 };
 
-// count GEMMs C_i = op(A_i) op(B_i), A_i = A + i * stride_a elements, etc.
+// What a composite op's GEMM adds (gemm.hpp): C's row pitch (0: N), alpha,
+// and TF32 tensor cores even where set_allow_tf32 is off.
+struct GemmExtras {
+  int64_t ldc = 0;
+  float alpha = 1.f;
+  bool tf32 = false;
+};
+
+// count GEMMs C_i = alpha op(A_i) op(B_i) + beta C_i, A_i = A + i * stride_a
+// elements, etc.: redco's one call into cuBLAS.
 void gemm_batched(cublasHandle_t h, const Gemm& g, int64_t count, const void* A, int64_t stride_a,
-                  const void* B, int64_t stride_b, float* C, int64_t stride_c, float beta = 0.f) {
-  const float one = 1.f;
-  const cublasComputeType_t compute =
-      g.in_type == CUDA_R_32F && g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  cublas_check(
-      cuda::cublas().gemm_strided_batched_ex(
-          h, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N), int(g.M),
-          int(g.K), &one, B, g.in_type, int(g.ldb), stride_b, A, g.in_type, int(g.lda), stride_a,
-          &beta, C, CUDA_R_32F, int(g.N), stride_c, int(count), compute, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmStridedBatchedEx");
+                  const void* B, int64_t stride_b, float* C, int64_t stride_c, float beta = 0.f,
+                  const GemmExtras& x = {}) {
+  const cublasComputeType_t compute = g.in_type == CUDA_R_32F && (g_allow_tf32 || x.tf32)
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  cublas_check(cuda::cublas().gemm_strided_batched_ex(
+                   h, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N),
+                   int(g.M), int(g.K), &x.alpha, B, g.in_type, int(g.ldb), stride_b, A, g.in_type,
+                   int(g.lda), stride_a, &beta, C, CUDA_R_32F, int(x.ldc ? x.ldc : g.N), stride_c,
+                   int(count), compute, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx");
 }
 
 void run_batched(cublasHandle_t h, const Gemm& g, const Batch& bt, const char* A, const char* B,
@@ -144,16 +154,9 @@ bool allow_tf32() { return g_allow_tf32; }
 
 void gemm_f32(Device dev, const StridedGemm& g, const float* A, const float* B, float* C) {
   if (g.count == 0 || g.M == 0 || g.N == 0) return;
-  const float beta = 0.f;
-  const cublasComputeType_t compute =
-      g.tf32 || g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  // Column-major C^T = op(B)^T op(A)^T: B first, the dims swapped (see the top).
-  cublas_check(
-      cuda::cublas().gemm_strided_batched_ex(
-          handle(dev), g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.N),
-          int(g.M), int(g.K), &g.alpha, B, CUDA_R_32F, int(g.ldb), g.sb, A, CUDA_R_32F, int(g.lda),
-          g.sa, &beta, C, CUDA_R_32F, int(g.ldc), g.sc, int(g.count), compute, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmStridedBatchedEx (attention)");
+  const Gemm f32{g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, CUDA_R_32F, 4};
+  gemm_batched(handle(dev), f32, g.count, A, g.sa, B, g.sb, C, g.sc, 0.f,
+               {.ldc = g.ldc, .alpha = g.alpha, .tf32 = g.tf32});
 }
 }  // namespace cuda
 

@@ -15,6 +15,7 @@
 
 #include "redco/comm/mesh.hpp"
 #include "redco/comm/threads_comm.hpp"
+#include "redco/sched/background.hpp"
 #include "redco/sched/executor.hpp"
 #include "redco/sched/when_all.hpp"
 
@@ -447,4 +448,41 @@ TEST_CASE("a dead or departed peer ends the others' waits with its name", "[comm
   });
   CHECK_THAT(left[0], Contains("rank 1 exited before joining it"));
   CHECK_THAT(left[1], Contains("rank 1 exited without sending it"));
+}
+
+// Collectives left in flight while a rank computes (ZeRO's parameter
+// broadcasts, train/param_share.hpp): every rank roots one broadcast and
+// waits first for the one the next rank roots. A threads broadcast ends only
+// when its root has moved past its second rendezvous, which needs the root's
+// thread; waiting for one task of a Background also runs the others'
+// continuations, so the waits do not deadlock.
+TEST_CASE("Background: in-flight broadcasts, waited for out of order, all complete", "[comm]") {
+  constexpr int n = 3;
+  std::vector<std::vector<std::vector<float>>> got(n);
+  std::vector<std::string> error(n);
+  ThreadsWorld world(n, {.timeout = 20s});
+  world.run([&](Comm& c) {
+    const int r = c.rank();
+    std::vector<Tensor> t;
+    for (int root = 0; root < n; ++root) t.push_back(pattern_tensor(7, r, Shape{64}));
+    sched::Background bg;
+    std::vector<size_t> task;
+    for (int root = 0; root < n; ++root)
+      task.push_back(bg.start(c.broadcast(t[size_t(root)], root)));
+    for (int k = 1; k <= n; ++k) bg.wait(task[size_t((r + k) % n)]);  // the next rank's first
+    for (const Tensor& x : t) got[size_t(r)].push_back(x.values<float>());
+    // A failed task rethrows at its wait: a broadcast from a root out of range.
+    Tensor bad = Tensor::zeros(Shape{1});
+    try {
+      const size_t b = bg.start(c.broadcast(bad, n));
+      bg.wait(b);
+    } catch (const Error& e) {
+      error[size_t(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    for (int root = 0; root < n; ++root)
+      CHECK(got[size_t(r)][size_t(root)] == pattern_tensor(7, root, Shape{64}).values<float>());
+    CHECK_THAT(error[size_t(r)], Contains("root 3 is not a rank"));
+  }
 }

@@ -17,6 +17,7 @@
 #include "redco/comm/threads_comm.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
+#include "redco/nn/param_read_hook.hpp"
 #include "redco/train/memory_account.hpp"
 #include "redco/train/trainer.hpp"
 #include "tree_checks.hpp"
@@ -62,12 +63,16 @@ struct Run {
   models::Gpt2Config model = kGpt;
   int64_t batch = 8;                 // global
   size_t bucket = size_t(25) << 20;  // DeployerConfig::grad_bucket_bytes
+  bool overlap = true;               // DeployerConfig::zero_overlap
 };
 
 struct Result {
   ParamTree params;                   // whole, after training
   std::vector<double> losses;         // per step
   std::vector<uint64_t> state_bytes;  // each rank's optimizer state
+  // Per step: whether parameters were still on their way after it (the
+  // next forward would wait for them as it reads them).
+  std::vector<bool> in_flight;
 };
 
 Result fit(const Run& run) {
@@ -81,6 +86,7 @@ Result fit(const Run& run) {
                        .quiet = true,
                        .world = c,
                        .zero_stage = run.zero,
+                       .zero_overlap = run.overlap,
                        .grad_bucket_bytes = run.bucket});
     train::Trainer trainer(
         d, gpt, collate,
@@ -95,7 +101,10 @@ Result fit(const Run& run) {
                        .save_at_end = false,
                        .resume = run.resume,
                        .max_steps = run.max_steps,
-                       .on_step = [&](const train::StepInfo& s) { r.losses.push_back(s.loss); }});
+                       .on_step = [&](const train::StepInfo& s) {
+                         r.losses.push_back(s.loss);
+                         r.in_flight.push_back(nn::param_read_hook() != nullptr);
+                       }});
     r.params = trainer.whole_params();
     r.state_bytes.push_back(train::tree_bytes(trainer.optimizer().state()));
   };
@@ -109,6 +118,7 @@ Result fit(const Run& run) {
   all.state_bytes.clear();
   for (const Result& r : out) {
     CHECK(r.losses == out[0].losses);
+    CHECK(r.in_flight == out[0].in_flight);
     all.state_bytes.push_back(r.state_bytes[0]);
   }
   return all;
@@ -176,6 +186,28 @@ TEST_CASE("ZeRO-1 and 2 train as the plain run and keep 1/dp of the optimizer st
         check_close(without_key_bias(zero.params), without_key_bias(plain.params), 1e-6);
         // Split parameters balance the state: within 10% of 1/dp each.
         check_state_shares(zero, plain, dp, mp, tied ? 1.1 : 1.25);
+      }
+}
+
+TEST_CASE("ZeRO's parameter broadcast overlapped with the next forward changes no bit", "[zero]") {
+  for (const auto& [model, tied] : {std::pair{kGpt, false}, std::pair{kTied, true}})
+    for (const auto& [world, mp] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 1}})
+      for (const int stage : {1, 2}) {
+        INFO((tied ? "tied embedding 40%" : "small vocabulary")
+             << ": world " << world << ", mp " << mp << ", stage " << stage);
+        const Result off =
+            fit({.world = world, .mp = mp, .zero = stage, .model = model, .overlap = false});
+        const Result on = fit({.world = world, .mp = mp, .zero = stage, .model = model});
+        REQUIRE(on.losses.size() == 10);
+        CHECK(on.losses == off.losses);
+        check_bitwise(on.params, off.params);
+        // The overlap is real: after each step the next forward would find
+        // parameters in flight, except at the end of an epoch (4 steps of 32
+        // windows) and of fit, which wait for them.
+        const std::vector<bool> overlapped = {true, true, true,  false, true,
+                                              true, true, false, true,  false};
+        CHECK(on.in_flight == (world / mp > 1 ? overlapped : std::vector<bool>(10, false)));
+        CHECK(off.in_flight == std::vector<bool>(10, false));
       }
 }
 

@@ -9,6 +9,7 @@
 #include "redco/core/device_memory.hpp"
 #include "redco/nn/kv_cache.hpp"
 #include "redco/nn/model.hpp"
+#include "redco/nn/param_read_hook.hpp"
 
 namespace redco::nn {
 
@@ -38,7 +39,13 @@ const Tensor& Params::at_root(std::string_view name) const {
   return root_.size() == 0 ? lookup(name) : lookup(root_.dot(name).view());
 }
 
+ParamReadHook*& param_read_hook() {
+  thread_local ParamReadHook* hook = nullptr;
+  return hook;
+}
+
 const Tensor& Params::lookup(std::string_view name) const {
+  if (ParamReadHook* hook = param_read_hook()) hook->before_read(name);
   auto it = tree_->find(std::string(name));
   REDCO_CHECK(it != tree_->end(),
               "parameter '{}' is missing from the parameter tree ({} entries); build it with "

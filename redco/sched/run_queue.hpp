@@ -44,6 +44,25 @@ class RunQueue {
     cv_.notify_one();
   }
 
+  // Resumes posted coroutines on the calling thread until `done()` holds. It
+  // is checked before each wait, so what makes it true must run here (a
+  // coroutine posted to this queue).
+  template <typename Done>
+  void run_until(const Done& done) {
+    RunQueue* const outer = current();
+    current() = this;
+    std::unique_lock lock(mutex_);
+    while (!done()) {
+      cv_.wait(lock, [&] { return !ready_.empty(); });
+      const std::coroutine_handle<> h = ready_.front();
+      ready_.pop_front();
+      lock.unlock();
+      h.resume();
+      lock.lock();
+    }
+    current() = outer;
+  }
+
   // Resumes posted coroutines on the calling thread until finish() is called
   // and nothing is left to run.
   void drain() {

@@ -62,6 +62,10 @@ struct DeployerConfig {
   // optimizer's state partitioned by replica, 2 the gradients as well (each
   // averaged into its owner only). Combines with n_model_shards.
   int zero_stage = 0;
+  // Under ZeRO, whether the next step's forward starts while the owners'
+  // updated parameters are still on their way, each read waiting for its own
+  // (train/param_share.hpp); false: every step waits for all of them first.
+  bool zero_overlap = true;
   // Where the parameters, optimizer state and every step's tensors live:
   // "cpu", "cuda" (this rank's GPU: rank modulo the GPUs present), "cuda:N",
   // "test" (the test device: host memory behind an accelerator's rules, for
@@ -124,6 +128,7 @@ class Deployer {
   int n_devices() const;  // ranks in the run (world size)
   int n_model_shards() const { return config_.n_model_shards; }
   int zero_stage() const { return config_.zero_stage; }
+  bool zero_overlap() const { return config_.zero_overlap; }
   size_t grad_bucket_bytes() const { return config_.grad_bucket_bytes; }
   int dp_size() const;  // data-parallel replicas: n_devices() / n_model_shards()
   int dp_rank() const;  // this rank's replica

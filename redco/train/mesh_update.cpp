@@ -28,7 +28,9 @@ MeshUpdate::~MeshUpdate() = default;
 // With model shards the optimizer is handed the global norm, so its clipping
 // and last_grad_norm() see the whole model, and every shard sees a NaN or
 // infinity of any other.
-bool MeshUpdate::apply(ParamTree& params, const ParamTree& grads, double loss, FitDriver& run) {
+bool MeshUpdate::apply(ParamTree& params, const ParamTree& grads, double loss, FitDriver& run,
+                       bool overlap_share) {
+  settle();  // the previous step's parameters, before this one writes them
   if (!groups_->single()) return apply_groups(params, grads, loss, run);
   const bool zero2 = deployer_->zero_stage() >= 2 && zero_;
   if (deployer_->n_model_shards() == 1) {
@@ -38,7 +40,7 @@ bool MeshUpdate::apply(ParamTree& params, const ParamTree& grads, double loss, F
     const double sq = zero2 ? zero_->squared_norm(grads, deployer_->mesh().dp_comm()) : 0;
     if (!std::isfinite(loss) || n.non_finite || !std::isfinite(sq))
       return run.non_finite(loss, n.non_finite, grads, params), false;
-    optimizer_step(params, grads, zero2 ? std::sqrt(sq) : n.norm);
+    optimizer_step(params, grads, zero2 ? std::sqrt(sq) : n.norm, overlap_share);
     return true;
   }
   double split_sq = 0, whole_sq = 0;
@@ -57,7 +59,7 @@ bool MeshUpdate::apply(ParamTree& params, const ParamTree& grads, double loss, F
     const optim::GradNorm n = optim::checked_global_norm(grads);  // this shard's offender, if any
     return run.non_finite(loss, n.non_finite, grads, params), false;
   }
-  optimizer_step(params, grads, std::sqrt(global_sq));
+  optimizer_step(params, grads, std::sqrt(global_sq), overlap_share);
   return true;
 }
 
@@ -82,14 +84,15 @@ bool MeshUpdate::apply_groups(ParamTree& params, const ParamTree& grads, double 
     return run.non_finite(loss, n.non_finite, grads, params), false;
   }
   if (sharded) sync_replicated(params);
-  if (zero_) zero_->share_params(params, deployer_->mesh().dp_comm());
+  share(params, false);  // the polyak targets read every parameter next
   groups_->after_step(params);
   return true;
 }
 
 // Under ZeRO each replica updates the parameters it owns (with their
 // buffers, which only it keeps) and then hands them to the others.
-void MeshUpdate::optimizer_step(ParamTree& params, const ParamTree& grads, double norm) {
+void MeshUpdate::optimizer_step(ParamTree& params, const ParamTree& grads, double norm,
+                                bool overlap_share) {
   optim::Optimizer& opt = groups_->optimizer();
   if (!zero_) {
     opt.step(params, grads, norm);
@@ -99,7 +102,21 @@ void MeshUpdate::optimizer_step(ParamTree& params, const ParamTree& grads, doubl
     opt.step(mine, deployer_->zero_stage() >= 2 ? grads : zero_->owned(grads), norm);
   }
   if (deployer_->n_model_shards() > 1) sync_replicated(params);
-  if (zero_) zero_->share_params(params, deployer_->mesh().dp_comm());
+  share(params, overlap_share);
+}
+
+// Under ZeRO every replica's updated parameters go to the others: started
+// now and, with `overlap`, left on their way for the next forward.
+void MeshUpdate::share(ParamTree& params, bool overlap) {
+  if (!zero_) return;
+  share_ = std::make_unique<ParamShare>(zero_->share_buckets(params), deployer_->mesh().dp_comm());
+  if (!overlap || !deployer_->zero_overlap()) settle();
+}
+
+void MeshUpdate::settle() const {
+  if (!share_) return;
+  const std::unique_ptr<ParamShare> s = std::move(share_);
+  s->settle();
 }
 
 // Replicated parameters and their optimizer buffers (shared with the

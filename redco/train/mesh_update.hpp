@@ -19,6 +19,7 @@
 #include "redco/train/deployer.hpp"
 #include "redco/train/fit_driver.hpp"
 #include "redco/train/param_groups.hpp"
+#include "redco/train/param_share.hpp"
 #include "redco/train/zero.hpp"
 
 namespace redco::train {
@@ -38,7 +39,15 @@ class MeshUpdate {
   // The optimizer step on `params` (this rank's shards, updated in place),
   // unless the loss or a gradient is not finite on any rank: then
   // run.non_finite stops or skips, and false is returned. Collective over the mesh.
-  bool apply(ParamTree& params, const ParamTree& grads, double loss, FitDriver& run);
+  // `overlap_share` (and the Deployer's zero_overlap): under ZeRO the owners'
+  // updates are left on their way to the others (ParamShare), for the next
+  // forward on this thread to take as it reads them; settle() before
+  // anything else reads `params`.
+  bool apply(ParamTree& params, const ParamTree& grads, double loss, FitDriver& run,
+             bool overlap_share = false);
+  // Waits for parameters still on their way from their owners (nothing to do
+  // when none are). Collective over the data-parallel group when some are.
+  void settle() const;
 
   // The whole optimizer state, as without ZeRO (collective over the
   // replicas), and the part of a whole state this replica keeps.
@@ -51,13 +60,15 @@ class MeshUpdate {
 
  private:
   bool apply_groups(ParamTree& params, const ParamTree& grads, double loss, FitDriver& run);
-  void optimizer_step(ParamTree& params, const ParamTree& grads, double norm);
+  void optimizer_step(ParamTree& params, const ParamTree& grads, double norm, bool overlap_share);
+  void share(ParamTree& params, bool overlap);
   void sync_replicated(ParamTree& params);
 
   Deployer* deployer_;
   const ShardPlan* plan_;
   ParamGroups* groups_;
   std::unique_ptr<ZeroPartition> zero_;
+  mutable std::unique_ptr<ParamShare> share_;  // the last step's, while on its way
 };
 
 }  // namespace redco::train

@@ -163,10 +163,11 @@ class Trainer {
   }
 
   // This rank's shards of the parameters (whole ones with one model shard).
-  const ParamTree& params() const { return params_; }
-  ParamTree& params() { return params_; }
+  const ParamTree& params() const { return update_->settle(), params_; }
+  ParamTree& params() { return update_->settle(), params_; }
   // Every parameter whole, on every rank. Collective over the model shards.
   ParamTree whole_params() const {
+    update_->settle();
     ParamTree out;
     for (const shard::ParamSplit& s : plan_)
       out.emplace(s.name, gather_whole(params_.at(s.name), s, deployer_->mesh().mp_comm()));
@@ -292,7 +293,9 @@ class Trainer {
     // non-finite decision (the gradients are already averaged).
     const double mean = update_->dp_mean(loss_sum / double(accumulation));
     loss_sum = 0;
-    const bool applied = update_->apply(params_, accumulation == 1 ? grads : acc.mean(), mean, run);
+    // Under ZeRO the next forward takes the owners' updates as they arrive.
+    const bool applied =
+        update_->apply(params_, accumulation == 1 ? grads : acc.mean(), mean, run, true);
     if (!memory_logged_) log_memory(run, grads, mem);
     return StepOutcome{mean, !applied};
   }
@@ -385,6 +388,9 @@ class Trainer {
         s.loss, lr,
         groups_.single() ? groups_.optimizer().last_grad_norm() : groups_.last_grad_norm(),
         s.skipped);
+    // Only the next training forward may find parameters still on their way
+    // (an on_step callback reaches them through params(), which waits).
+    if (run.eval_due() || run.save_due() || run.done() || run.epoch_ended()) update_->settle();
     if (o.on_step) o.on_step({run.position().step, run.position().epoch, s.loss, lr, s.skipped});
     if (run.eval_due()) run.eval_done(evaluate(o, run.micro_batch()), saved_params(), groups_);
     if (run.save_due()) run.save(saved_params(), groups_);
@@ -478,6 +484,7 @@ class Trainer {
 
   // What checkpoints hold: every parameter but frozen ones saved with .checkpoint = false.
   const ParamTree& saved_params() {
+    update_->settle();
     if (groups_.single()) return params_;
     saved_ = groups_.saved_of(params_);
     return saved_;

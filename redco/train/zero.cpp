@@ -44,32 +44,6 @@ void broadcast_packed(std::vector<Tensor>& parts, int root, comm::Comm& dp) {
   for (Tensor& t : parts) t.copy_from(flat.slice0(at, at + t.numel())), at += t.numel();
 }
 
-// Broadcasts `parts` (f32) from `root` over `dp`, in place, in bounded
-// messages: a part of at least kBucketFloats goes as it is (no copy); smaller
-// consecutive ones are packed into buckets of at most that size. One packed
-// buffer for all of an owner's parameters (half of GPT-2 large's 3 GB at dp
-// 2) stayed in the allocator's cache from step to step.
-void broadcast_parts(std::vector<Tensor>& parts, int root, comm::Comm& dp) {
-  constexpr int64_t kBucketFloats = (int64_t(32) << 20) / 4;  // 32 MiB
-  for (size_t i = 0; i < parts.size();) {
-    if (parts[i].numel() >= kBucketFloats) {
-      REDCO_CHECK(parts[i].dtype() == DType::f32,
-                  "ZeRO: parameters and optimizer buffers must be f32, got {}",
-                  dtype_name(parts[i].dtype()));
-      sched::sync_wait(dp.broadcast(parts[i], root));
-      ++i;
-      continue;
-    }
-    std::vector<Tensor> bucket;
-    int64_t floats = 0;
-    for (; i < parts.size() && parts[i].numel() < kBucketFloats &&
-           floats + parts[i].numel() <= kBucketFloats;
-         ++i)
-      floats += parts[i].numel(), bucket.push_back(parts[i]);
-    broadcast_packed(bucket, root, dp);
-  }
-}
-
 }  // namespace
 
 ZeroPartition::ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_size, int dp_rank)
@@ -144,12 +118,27 @@ ParamTree ZeroPartition::owned(const ParamTree& tree) const {
   return out;
 }
 
-void ZeroPartition::share_params(ParamTree& params, comm::Comm& dp) const {
+// A part of at least kBucketFloats goes as it is (no copy); smaller
+// consecutive ones are packed into buckets of at most that size. One packed
+// buffer for all of an owner's parameters (half of GPT-2 large's 3 GB at dp
+// 2) stayed in the allocator's cache from step to step.
+std::vector<ZeroPartition::ShareBucket> ZeroPartition::share_buckets(
+    const ParamTree& params) const {
+  constexpr int64_t kBucketFloats = (int64_t(32) << 20) / 4;  // 32 MiB
+  std::vector<ShareBucket> out;
   for (int r = 0; r < int(names_.size()); ++r) {
-    std::vector<Tensor> parts;
-    for (const std::string& n : names_[size_t(r)]) parts.push_back(part(n, params.at(n), r));
-    broadcast_parts(parts, r, dp);
+    int64_t floats = kBucketFloats;  // in the last bucket: a new one starts at once
+    for (const std::string& n : names_[size_t(r)]) {
+      const Tensor p = part(n, params.at(n), r);
+      REDCO_CHECK(p.dtype() == DType::f32, "ZeRO: parameters must be f32, got {} for '{}'",
+                  dtype_name(p.dtype()), n);
+      if (p.numel() >= kBucketFloats || floats + p.numel() > kBucketFloats)
+        out.push_back({r, {}, {}}), floats = 0;
+      out.back().names.push_back(n), out.back().parts.push_back(p);
+      floats = p.numel() >= kBucketFloats ? kBucketFloats : floats + p.numel();
+    }
   }
+  return out;
 }
 
 ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp,

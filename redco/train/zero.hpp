@@ -69,9 +69,16 @@ class ZeroPartition {
   // The entries of `tree` this replica owns, as views of its parts (handles
   // sharing the tensors). Names of the plan not in `tree` are left out.
   ParamTree owned(const ParamTree& tree) const;
-  // Every parameter of `params` (this rank's shards, updated in place) set to
-  // its owner's values. Collective over the data-parallel group `dp`.
-  void share_params(ParamTree& params, comm::Comm& dp) const;
+  // The broadcasts that set every parameter of `params` (this rank's shards)
+  // to its owner's values: per owner, its parts (views of `params`, received
+  // in place) in messages of at most 32 MiB; a larger part goes alone.
+  // train/param_share.hpp runs them, overlapped with the next forward.
+  struct ShareBucket {
+    int root = 0;
+    std::vector<std::string> names;  // parts[i] is (a part of) names[i]
+    std::vector<Tensor> parts;
+  };
+  std::vector<ShareBucket> share_buckets(const ParamTree& params) const;
   // The whole optimizer state (the form Optimizer::state() has without
   // ZeRO): this replica's buffers and every other owner's. `params` give the
   // buffers' shapes, `keys(param)` the state keys of a parameter's buffers

@@ -210,7 +210,8 @@ int main(int argc, char** argv) try {
   int64_t steps = 10, warmup = 2;
   int n_model_shards = 1, zero_stage = 0;
   float lr = 3e-4f;
-  bool profiling = false, formed_logits = false, through_trainer = false, recompute = false;
+  bool profiling = false, formed_logits = false, through_trainer = false, recompute = false,
+       zero_wait = false;
   app.add_option(
          "--config", config,
          "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4; G: GPT-2 small, seq "
@@ -239,6 +240,9 @@ int main(int argc, char** argv) try {
                  "ZeRO stage over the data-parallel replicas (trainer path): 0 off, 1 optimizer "
                  "state, 2 gradients too")
       ->check(CLI::Range(0, 2));
+  app.add_flag("--zero-wait", zero_wait,
+               "ZeRO: wait for every updated parameter after the step (the default overlaps "
+               "their broadcast with the next forward)");
   app.add_option("--workdir", workdir,
                  "trainer path: write metrics.jsonl here (the first step's memory per rank)");
   REDCO_CLI_PARSE(app, argc, argv);
@@ -247,7 +251,8 @@ int main(int argc, char** argv) try {
                      .seed = 0,
                      .workdir = workdir,
                      .quiet = true,
-                     .zero_stage = zero_stage});
+                     .zero_stage = zero_stage,
+                     .zero_overlap = !zero_wait});
   // Several ranks, model shards and ZeRO exist only on the trainer path.
   const bool distributed = deployer.n_devices() > 1 || n_model_shards > 1 || zero_stage > 0;
   REDCO_CHECK(through_trainer || !distributed,

@@ -10,7 +10,9 @@
 #include "redco/core/dtype.hpp"
 #include "redco/core/tensor.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
+#include "redco/ops/cpu/skinny_blocks.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
+#include "redco/ops/cpu/skinny_i8.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 
 namespace redco {
@@ -136,6 +138,66 @@ TEST_CASE("skinny matmuls give a row the same bits in every batch", "[cpu][matmu
     }
   }
 }
+
+#if REDCO_SKINNY_AVX2
+namespace {
+// One output as the AVX2 kernels sum it: two 8-lane FMA chains over each 16
+// weights (f32 and int8: the first and second 8; bf16: even and odd
+// elements), added lane by lane, then the lanes (4 + 4, 2 + 2, 1 + 1), then
+// the tail past the last whole 16 in order, as FMAs.
+float avx2_order(const float* x, const float* w, int64_t K, bool even_odd) {
+  float acc[2][8] = {};
+  const int64_t K16 = K / 16 * 16;
+  for (int64_t k = 0; k < K16; k += 16)
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 8; ++j) {
+        const int64_t e = k + (even_odd ? 2 * j + h : 8 * h + j);
+        acc[h][j] = std::fma(w[e], x[e], acc[h][j]);
+      }
+  float v[8], q[4];
+  for (int j = 0; j < 8; ++j) v[j] = acc[0][j] + acc[1][j];
+  for (int j = 0; j < 4; ++j) q[j] = v[j] + v[j + 4];
+  float s = (q[0] + q[2]) + (q[1] + q[3]);
+  for (int64_t t = K16; t < K; ++t) s = std::fma(x[t], w[t], s);
+  return s;
+}
+}  // namespace
+
+// The AVX-512 kernels (16-lane FMAs, 8 rows a pass) hold the AVX2 kernels'
+// two accumulators side by side, so on either CPU every output has the bits
+// of the AVX2 summation order: decoding gives the same tokens on both.
+TEST_CASE("skinny matmuls sum in the AVX2 kernels' order on every x86 CPU", "[cpu][matmul]") {
+  const int64_t N = 21;
+  for (const int64_t K : {16, 100, 771, 1100})  // 1100: K chunks (more than 4 rows)
+    for (const int64_t M : {1, 4, 5, 8}) {
+      const Tensor x = values(Shape{M, K}, uint64_t(K + M)), w = values(Shape{N, K}, uint64_t(K));
+      const Tensor w16 = w.to(DType::bf16), w16f = w16.to(DType::f32);
+      std::vector<float> y32(size_t(M * N)), y16(y32.size()), y8(y32.size());
+      cpu::skinny_matmul_f32(x.data<float>(), K, w.data<float>(), K, y32.data(), N, M, N, K);
+      cpu::skinny_matmul_bf16(x.data<float>(), K, static_cast<const uint16_t*>(w16.raw()), K,
+                              y16.data(), N, M, N, K);
+      const Tensor q8 = Tensor::quantize_rows(w);
+      cpu::skinny_matmul_i8(x.data<float>(), K, static_cast<const int8_t*>(q8.raw()), K,
+                            q8.row_scales()->data<float>(), y8.data(), N, M, N, K);
+      // The int8 kernel sums the integer weights and scales the sum.
+      Tensor unscaled = Tensor::empty(Shape{N, K});
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          unscaled.data<float>()[n * K + k] =
+              float(static_cast<const int8_t*>(q8.raw())[n * K + k]);
+      INFO("M " << M << " K " << K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          const float* xm = x.data<float>() + m * K;
+          const size_t i = size_t(m * N + n);
+          REQUIRE(y32[i] == avx2_order(xm, w.data<float>() + n * K, K, false));
+          REQUIRE(y16[i] == avx2_order(xm, w16f.data<float>() + n * K, K, true));
+          REQUIRE(y8[i] == avx2_order(xm, unscaled.data<float>() + n * K, K, false) *
+                               q8.row_scales()->data<float>()[n]);
+        }
+    }
+}
+#endif
 
 // Weight-only int8 (Tensor::quantize_rows, skinny_i8.hpp): the quantized
 // values are within half a step of the weights; the kernel equals the

@@ -1,6 +1,7 @@
 #include "redco/ops/cpu/skinny_bf16.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "redco/core/dtype.hpp"
@@ -10,7 +11,21 @@
 namespace redco::cpu {
 namespace {
 
-#if REDCO_SKINNY_AVX2
+#if REDCO_SKINNY_AVX512
+// 16 bf16 widen in order (skinny::widen16), x is read as it is; the lanes
+// come out as the AVX2 kernel's even and odd accumulators, bit for bit.
+template <int MB>
+void block(const float*, int64_t, const float* x, int64_t ldx, const uint16_t* w, int64_t ldw,
+           float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t K, const skinny::KChunk& c,
+           float* carry) {
+  const __m512i even_then_odd =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  skinny::rows_block_512<MB>(
+      x, ldx, w, ldw, y, ldy, n0, n1, K, c, carry, [](int64_t) { return 1.f; },
+      [&](__m512 v) { return _mm512_permutexvar_ps(even_then_odd, v); });
+}
+void split_rows(const float*, int64_t, int64_t, int64_t, AlignedFloats&) {}
+#elif REDCO_SKINNY_AVX2
 using skinny::hsum;
 
 // 16 bf16 loaded as 8 32-bit lanes: the odd elements already sit in the high
@@ -45,7 +60,7 @@ void block(const float* xs, int64_t ldxs, const float* x, int64_t ldx, const uin
     }
     for (int r = 0; r < MB; ++r) {
       float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
-      for (int64_t t = K16; t < K; ++t) s += x[r * ldx + t] * bf16_to_float(wr[t]);
+      for (int64_t t = K16; t < K; ++t) s = std::fma(x[r * ldx + t], bf16_to_float(wr[t]), s);
       y[r * ldy + n] = s;
     }
   }
@@ -89,7 +104,11 @@ void skinny_matmul_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t 
   split_rows(x, ldx, M, K, xs);
   // A pointer, not the name: inside the tasks `xs` would be each worker's own.
   const float* xs_data = xs.data();
+#if REDCO_SKINNY_AVX512
+  const int64_t ldxs = 0;  // x is read as it is (no split rows)
+#else
   const int64_t ldxs = K / 16 * 16;
+#endif
   // Tasks over weight rows of ~64 KB each, so both threads stream the matrix.
   const int64_t grain = grain_for(int64_t(1) << 15, K);
   parallel_chunks(N, grain, [&](int64_t n0, int64_t n1) {

@@ -10,22 +10,49 @@
 // lanes, then the tail) whatever MB is, so a sequence's logits do not depend
 // on the batch it is decoded in, bit for bit.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "redco/core/dtype.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define REDCO_SKINNY_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define REDCO_SKINNY_AVX512 1
+#endif
 #endif
 
 namespace redco::cpu::skinny {
 
-// Calls f.template operator()<MB>(m) for row blocks m, m + MB, ... of M rows:
-// up to 4 rows a pass (rows past the first 4 read the weights again, from
-// cache: 4 x 2 accumulators and the weights fill the 16 registers).
+// Rows a pass: AVX2 has 16 vector registers, which 4 rows x 2 accumulators and
+// the weights fill; rows past the first 4 read the weights again (from cache)
+// and widen them again. AVX-512 has 32, so a batch of 8 streams and widens
+// the weights once (rows_block_512).
+#if REDCO_SKINNY_AVX512
+constexpr int64_t kPassRows = 8;
+#else
+constexpr int64_t kPassRows = 4;
+#endif
+
+// Calls f.template operator()<MB>(m) for row blocks m, m + MB, ... of M rows,
+// up to kPassRows rows a block.
 template <typename F>
 void for_row_blocks(int64_t M, const F& f) {
-  for (int64_t m = 0; m < M; m += 4) switch (std::min<int64_t>(4, M - m)) {
+  for (int64_t m = 0; m < M; m += kPassRows) switch (std::min<int64_t>(kPassRows, M - m)) {
+      case 8:
+        if constexpr (kPassRows >= 8) f.template operator()<8>(m);
+        break;
+      case 7:
+        if constexpr (kPassRows >= 8) f.template operator()<7>(m);
+        break;
+      case 6:
+        if constexpr (kPassRows >= 8) f.template operator()<6>(m);
+        break;
+      case 5:
+        if constexpr (kPassRows >= 8) f.template operator()<5>(m);
+        break;
       case 4:
         f.template operator()<4>(m);
         break;
@@ -42,8 +69,8 @@ void for_row_blocks(int64_t M, const F& f) {
 }
 
 // Every FMA loads an activation, so the row block's activations must stay in
-// L1 while the weights stream past: K is walked in chunks of kChunk (4 rows x
-// 512 f32 = 8 KB). Whole rows did not fit: the bf16 kernel at 8 rows, weights
+// L1 while the weights stream past: K is walked in chunks of kChunk (8 rows x
+// 512 f32 = 16 KB). Whole rows did not fit: the bf16 kernel at 8 rows, weights
 // in cache, ran 65 and 57 GFLOP/s at K 2048 and 5632 against 90 at 768. Between chunks each
 // output's two accumulators wait in `carry` exactly as they were in registers, so the summation
 // order, and every result bit, is the chunk size's business no more than the batch's.
@@ -62,7 +89,7 @@ template <typename F>
 void for_chunks(int64_t M, int64_t n0, int64_t n1, int64_t K, const F& f) {
   thread_local std::vector<float> carry;  // 32-byte loads and stores at any alignment
   carry.resize(size_t(M * (n1 - n0) * 16));
-  // Up to 4 rows make one pass: its activations are loaded once per weight
+  // Up to 4 rows walk whole rows: their activations are loaded once per weight
   // vector anyway, and whole rows keep the weight stream straight.
   const int64_t K16 = K / 16 * 16, chunk = M > 4 ? kChunk : std::max<int64_t>(K16, 1);
   for (int64_t k0 = 0;; k0 += chunk) {
@@ -113,11 +140,75 @@ inline void store_carry(const __m256 (&acc)[MB][2], float* carry) {
 //   y[r, n] = scale(n) * sum_k x[r, k] * w[n, k]
 // two accumulators per row (the first and second 8 of each 16 weights) keep two
 // FMA chains in flight per loaded weight vector. load8(p) widens w[p .. p + 8).
+// One weight as f32 (the tails past the last whole 16).
+inline float widen1(float v) { return v; }
+inline float widen1(int8_t v) { return float(v); }
+inline float widen1(uint16_t v) { return bf16_to_float(v); }
+
+#if REDCO_SKINNY_AVX512
+// 16 consecutive weights as f32 lanes, in order.
+inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 widen16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 widen16(const uint16_t* p) {  // bf16: f32's high half
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+// The 8-lane kernels' result from a 16-lane accumulator: `pairs` holds their
+// two accumulators side by side (lanes 0-7 and 8-15), added as they add them.
+inline float hsum_pairs(__m512 pairs) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(pairs), _mm512_extractf32x8_ps(pairs, 1)));
+}
+
+// rows_block with 16-lane FMAs: one accumulator per row whose lane i sums
+// weight i of every 16, as lane i of the AVX2 kernel's pair of accumulators
+// does (in the same order), so the results are bit for bit the AVX2 build's
+// with half the instructions; `to_pairs` arranges the lanes as that pair
+// (bf16's pair is even and odd elements) before the final sum. The carry keeps
+// the 16 lanes as they are.
+template <int MB, typename W, typename Scale, typename ToPairs>
+void rows_block_512(const float* x, int64_t ldx, const W* w, int64_t ldw, float* y, int64_t ldy,
+                    int64_t n0, int64_t n1, int64_t K, const KChunk& c, float* carry,
+                    const Scale& scale, const ToPairs& to_pairs) {
+  constexpr int64_t kLine = 64 / int64_t(sizeof(W));  // elements a cache line: a prefetch each
+  const int64_t K16 = K / 16 * 16, ahead = prefetch_ahead(c, ldw, sizeof(W));
+  for (int64_t n = n0; n < n1; ++n) {
+    const W* wr = w + n * ldw;
+    float* cn = carry + (n - n0) * MB * 16;
+    __m512 acc[MB];
+    for (int r = 0; r < MB; ++r)
+      acc[r] = c.first ? _mm512_setzero_ps() : _mm512_loadu_ps(cn + r * 16);
+    for (int64_t k = c.k0; k < c.k1; k += 16) {
+      if (k % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + ahead + k), _MM_HINT_T0);
+      const __m512 wv = widen16(wr + k);
+      for (int r = 0; r < MB; ++r)
+        acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * ldx + k), acc[r]);
+    }
+    if (!c.last) {
+      for (int r = 0; r < MB; ++r) _mm512_storeu_ps(cn + r * 16, acc[r]);
+      continue;
+    }
+    for (int r = 0; r < MB; ++r) {
+      float s = hsum_pairs(to_pairs(acc[r]));
+      for (int64_t t = K16; t < K; ++t) s = std::fma(x[r * ldx + t], widen1(wr[t]), s);
+      y[r * ldy + n] = s * scale(n);
+    }
+  }
+}
+#endif
+
 template <int MB, typename W, typename Load8, typename Scale>
 void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, float* y, int64_t ldy,
                 int64_t n0, int64_t n1, int64_t K, const KChunk& c, float* carry,
                 const Load8& load8, const Scale& scale) {
-#if REDCO_SKINNY_AVX2
+#if REDCO_SKINNY_AVX512
+  (void)load8;
+  rows_block_512<MB>(x, ldx, w, ldw, y, ldy, n0, n1, K, c, carry, scale,
+                     [](__m512 v) { return v; });  // lanes 0-7 and 8-15 are the pair already
+#elif REDCO_SKINNY_AVX2
   constexpr int64_t kLine = 64 / int64_t(sizeof(W));  // elements a cache line: a prefetch each
   const int64_t K16 = K / 16 * 16, ahead = prefetch_ahead(c, ldw, sizeof(W));
   for (int64_t n = n0; n < n1; ++n) {
@@ -139,7 +230,7 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, float* y, 
     }
     for (int r = 0; r < MB; ++r) {
       float s = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
-      for (int64_t t = K16; t < K; ++t) s += x[r * ldx + t] * float(wr[t]);
+      for (int64_t t = K16; t < K; ++t) s = std::fma(x[r * ldx + t], widen1(wr[t]), s);
       y[r * ldy + n] = s * scale(n);
     }
   }

@@ -32,4 +32,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 // True when the CPU has bf16 dot-product instructions (AVX512_BF16 or AMX).
 bool has_native_bf16();
 
+// Whether gemm_bf16 is the faster way to a bf16 product here than sgemm on
+// operands rounded to bf16. Having the instructions is not enough: a CPU may
+// run vdpbf16ps at half its f32 FMA rate (a Sapphire Rapids VM without AMX:
+// 155 against 335 GFLOP/s), where oneDNN's bf16 GEMM trains GPT-2 at 0.65x
+// f32. Decided once per process: with AMX yes; else by timing both on one
+// product, and gemm_bf16 must be 1.25x faster (a margin, so that a machine
+// near parity decides the same way every run). REDCO_BF16_GEMM=onednn|sgemm
+// decides instead.
+bool bf16_gemm_pays();
+
 }  // namespace redco::cpu

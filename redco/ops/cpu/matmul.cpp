@@ -20,9 +20,10 @@
 // products (AVX2, AVX-512 without BF16) it is also the fastest way, since
 // oneDNN has no fast bf16 GEMM there. The rounding is one streaming pass over
 // each operand, done where it is needed (a bf16-stored operand is already
-// exact and is only widened). Where the CPU has bf16 dot products
-// (AVX512_BF16, AMX), unbroadcast products run as oneDNN bf16 GEMMs instead
-// (gemm_bf16), at up to twice the f32 rate.
+// exact and is only widened). Where the CPU has bf16 dot products that beat
+// its f32 FMAs (AMX; AVX512_BF16 at full rate: bf16_gemm_pays), unbroadcast
+// products run as oneDNN bf16 GEMMs instead (gemm_bf16), at up to twice the
+// f32 rate.
 #include <fmt/format.h>
 
 #include <array>
@@ -121,7 +122,7 @@ std::atomic<Bf16GemmPath> g_bf16_path{Bf16GemmPath::automatic};
 bool use_native_bf16() {
   if (matmul_precision() != Precision::bf16) return false;
   const Bf16GemmPath path = g_bf16_path.load(std::memory_order_relaxed);
-  return path == Bf16GemmPath::onednn || (path == Bf16GemmPath::automatic && has_native_bf16());
+  return path == Bf16GemmPath::onednn || (path == Bf16GemmPath::automatic && bf16_gemm_pays());
 }
 
 // C (f32, rows of g.N floats) = or += op(a) op(b) as one oneDNN bf16 GEMM on

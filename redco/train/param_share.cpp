@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "redco/comm/comm.hpp"
+#include "redco/core/profile.hpp"
 #include "redco/sched/background.hpp"
 
 namespace redco::train {
@@ -19,6 +20,7 @@ struct ParamShare::InFlight {
 
 ParamShare::ParamShare(std::vector<ZeroPartition::ShareBucket> buckets, comm::Comm& dp)
     : background_(std::make_unique<sched::Background>()) {
+  const profile::Scope scope("zero.param_share");  // packing and starting
   for (ZeroPartition::ShareBucket& b : buckets) {
     auto f = std::make_unique<InFlight>();
     f->root = b.root == dp.rank();
@@ -53,6 +55,8 @@ ParamShare::~ParamShare() {
 void ParamShare::wait(InFlight& b) {
   if (b.arrived) return;
   b.arrived = true;
+  // What of the broadcast the step could not hide (--profile).
+  const profile::Scope scope("zero.param_wait");
   background_->wait(b.broadcast);
   if (b.packed && !b.root) {
     int64_t at = 0;

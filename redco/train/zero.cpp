@@ -86,6 +86,7 @@ ZeroPartition::ZeroPartition(const std::vector<shard::ParamSplit>& plan, int dp_
   }
   for (auto& n : names_) std::sort(n.begin(), n.end());
   for (const auto& p : plan) all_.push_back(p.name);
+  in_plan_order_ = all_;
   std::sort(all_.begin(), all_.end());
 }
 
@@ -121,24 +122,34 @@ ParamTree ZeroPartition::owned(const ParamTree& tree) const {
 // A part of at least kBucketFloats goes as it is (no copy); smaller
 // consecutive ones are packed into buckets of at most that size. One packed
 // buffer for all of an owner's parameters (half of GPT-2 large's 3 GB at dp
-// 2) stayed in the allocator's cache from step to step.
+// 2) stayed in the allocator's cache from step to step. Each owner's parts
+// go in the plan's order, and the buckets in the order of their first part,
+// so that the next forward, which reads the parameters about in that order,
+// finds its first ones first.
 std::vector<ZeroPartition::ShareBucket> ZeroPartition::share_buckets(
     const ParamTree& params) const {
   constexpr int64_t kBucketFloats = (int64_t(32) << 20) / 4;  // 32 MiB
-  std::vector<ShareBucket> out;
+  std::vector<std::pair<size_t, ShareBucket>> out;  // (plan position of the first part, bucket)
   for (int r = 0; r < int(names_.size()); ++r) {
     int64_t floats = kBucketFloats;  // in the last bucket: a new one starts at once
-    for (const std::string& n : names_[size_t(r)]) {
+    for (size_t i = 0; i < in_plan_order_.size(); ++i) {
+      const std::string& n = in_plan_order_[i];
+      const std::vector<int>& o = part_owners(n);
+      if (std::find(o.begin(), o.end(), r) == o.end()) continue;
       const Tensor p = part(n, params.at(n), r);
       REDCO_CHECK(p.dtype() == DType::f32, "ZeRO: parameters must be f32, got {} for '{}'",
                   dtype_name(p.dtype()), n);
       if (p.numel() >= kBucketFloats || floats + p.numel() > kBucketFloats)
-        out.push_back({r, {}, {}}), floats = 0;
-      out.back().names.push_back(n), out.back().parts.push_back(p);
+        out.push_back({i, {r, {}, {}}}), floats = 0;
+      out.back().second.names.push_back(n), out.back().second.parts.push_back(p);
       floats = p.numel() >= kBucketFloats ? kBucketFloats : floats + p.numel();
     }
   }
-  return out;
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ShareBucket> buckets;
+  for (auto& [first, b] : out) buckets.push_back(std::move(b));
+  return buckets;
 }
 
 ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& params, comm::Comm& dp,

@@ -105,6 +105,7 @@ class ZeroPartition {
   std::vector<std::vector<std::string>> names_;
   std::unordered_map<std::string, std::vector<int>> owners_;  // part_owners()
   std::vector<std::string> all_;                              // every parameter, in key order
+  std::vector<std::string> in_plan_order_;  // every parameter, as the plan has them
   int rank_ = 0;
 };
 

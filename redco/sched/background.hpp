@@ -29,6 +29,19 @@
 
 namespace redco::sched {
 
+// The return type of a started coroutine that nobody awaits: it runs until
+// its first suspension and frees itself when it ends (its body must catch
+// what it throws).
+struct Detached {
+  struct promise_type {
+    Detached get_return_object() const noexcept { return {}; }
+    std::suspend_never initial_suspend() const noexcept { return {}; }
+    std::suspend_never final_suspend() const noexcept { return {}; }
+    void return_void() const noexcept {}
+    void unhandled_exception() const noexcept { std::terminate(); }
+  };
+};
+
 class Background {
  public:
   Background() = default;
@@ -59,17 +72,6 @@ class Background {
   struct State {
     bool ended = false;
     std::exception_ptr error;
-  };
-  // A started coroutine that nobody awaits: it runs until its first
-  // suspension and frees itself when it ends.
-  struct Detached {
-    struct promise_type {
-      Detached get_return_object() const noexcept { return {}; }
-      std::suspend_never initial_suspend() const noexcept { return {}; }
-      std::suspend_never final_suspend() const noexcept { return {}; }
-      void return_void() const noexcept {}
-      void unhandled_exception() const noexcept { std::terminate(); }
-    };
   };
   static Detached run(Task<void> task, Background* group, size_t i) {
     try {

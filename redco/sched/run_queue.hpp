@@ -44,16 +44,18 @@ class RunQueue {
     cv_.notify_one();
   }
 
-  // Resumes posted coroutines on the calling thread until `done()` holds. It
-  // is checked before each wait, so what makes it true must run here (a
-  // coroutine posted to this queue).
+  // Resumes posted coroutines on the calling thread until `done()` holds
+  // (called under the queue's lock, so it may read what post and finish
+  // write). What makes it true must run here (a coroutine posted to this
+  // queue) or call finish().
   template <typename Done>
   void run_until(const Done& done) {
     RunQueue* const outer = current();
     current() = this;
     std::unique_lock lock(mutex_);
     while (!done()) {
-      cv_.wait(lock, [&] { return !ready_.empty(); });
+      cv_.wait(lock, [&] { return !ready_.empty() || done(); });
+      if (ready_.empty()) break;
       const std::coroutine_handle<> h = ready_.front();
       ready_.pop_front();
       lock.unlock();
@@ -66,19 +68,7 @@ class RunQueue {
   // Resumes posted coroutines on the calling thread until finish() is called
   // and nothing is left to run.
   void drain() {
-    RunQueue* const outer = current();
-    current() = this;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [&] { return finished_ || !ready_.empty(); });
-      if (ready_.empty()) break;
-      const std::coroutine_handle<> h = ready_.front();
-      ready_.pop_front();
-      lock.unlock();
-      h.resume();
-      lock.lock();
-    }
-    current() = outer;
+    run_until([this] { return finished_ && ready_.empty(); });
   }
 
  private:

@@ -9,6 +9,7 @@
 #include "redco/autodiff/functional.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/backend.hpp"
+#include "redco/sched/background.hpp"
 #include "redco/sched/run_queue.hpp"
 
 namespace redco::train {
@@ -63,18 +64,6 @@ struct Slot {
   std::pair<int64_t, int64_t> rows;  // of the gradient, dim 0
 };
 
-// A started coroutine that nobody awaits: it runs until its first suspension
-// and frees itself when it ends.
-struct Detached {
-  struct promise_type {
-    Detached get_return_object() const noexcept { return {}; }
-    std::suspend_never initial_suspend() const noexcept { return {}; }
-    std::suspend_never final_suspend() const noexcept { return {}; }
-    void return_void() const noexcept {}
-    void unhandled_exception() const noexcept { std::terminate(); }
-  };
-};
-
 // ZeRO-2 buckets whose reductions may still be in flight while backward
 // starts another; beyond this many the oldest is waited for.
 constexpr size_t kInFlight = 2;
@@ -92,7 +81,8 @@ struct DataParallel::Step {
 
 namespace {
 
-Detached run_reduction(sched::Task<void> reduction, DataParallel::Step* step, Bucket* bucket) {
+sched::Detached run_reduction(sched::Task<void> reduction, DataParallel::Step* step,
+                              Bucket* bucket) {
   try {
     co_await std::move(reduction);
   } catch (...) {

@@ -6,6 +6,7 @@
 // about 1/dp, also when one parameter is 40% of the model (split among the
 // owners), and checkpoints move between runs with and without ZeRO.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -209,6 +210,30 @@ TEST_CASE("ZeRO's parameter broadcast overlapped with the next forward changes n
         CHECK(on.in_flight == (world / mp > 1 ? overlapped : std::vector<bool>(10, false)));
         CHECK(off.in_flight == std::vector<bool>(10, false));
       }
+}
+
+// A rank that fails while parameters are still on their way (its pending
+// broadcasts are waited for as it unwinds, which its peers' forwards let
+// finish) ends the job with its error at once, not at the 60 s timeout.
+TEST_CASE("a rank failing with parameters in flight stops the job at once", "[zero]") {
+  const std::vector<Window> data = windows();
+  int in_flight_losses = 0;  // rank 1's losses begun with parameters in flight
+  comm::ThreadsWorld w(2, {.timeout = std::chrono::seconds(60)});
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(w.run([&](comm::Comm& c) {
+    train::Deployer d({.seed = 3, .quiet = true, .world = &c, .zero_stage = 1});
+    train::Trainer trainer(
+        d, models::gpt2(kGpt), collate,
+        [&](auto& model, const LmBatch& b, train::Rng) {
+          if (c.rank() == 1 && nn::param_read_hook() != nullptr && ++in_flight_losses == 3)
+            throw std::runtime_error("bad batch on rank 1");
+          return cross_entropy(model(b.inputs), b.targets);
+        },
+        optim::adamw(optim::linear(1e-2f, 1e-3f, 10), {}));
+    trainer.fit(data, {.global_batch_size = 8, .n_epochs = 100, .max_steps = 10});
+  }),
+                    Catch::Contains("bad batch on rank 1"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
 }
 
 TEST_CASE("a checkpoint saved under ZeRO resumes without it, and the other way", "[zero]") {

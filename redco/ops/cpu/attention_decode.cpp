@@ -1,0 +1,252 @@
+// Fused attention for decoding on the CPU: a few query rows against a KV
+// cache (attention.hpp, decode_attention_forward).
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define REDCO_DECODE_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define REDCO_DECODE_AVX512 1
+#endif
+#endif
+
+#include "redco/core/dtype.hpp"
+#include "redco/ops/cpu/attention.hpp"
+#include "redco/ops/cpu/attention_keys.hpp"
+#include "redco/ops/cpu/parallel.hpp"
+
+namespace redco::cpu {
+
+using namespace attention_detail;
+
+// --------------------------------------------------------------- decoding --
+//
+// A decode step has one query row (or a few) per head against hundreds or
+// thousands of cached keys. The tiled kernel would make two 1 x 64 x D GEMM
+// calls per key tile (call overhead dominates) and a bf16 cache would first
+// be widened into an f32 copy. Here each (batch row, kv head) task reads its
+// keys and values once, as stored, for every query row of the heads sharing
+// them: the scores into a row buffer, an exact softmax over each row's
+// visible span (max first, no rescaling), then the values weighted into the
+// output.
+
+namespace {
+
+#if REDCO_DECODE_AVX2
+// 8 bf16 (a 16-byte load) widened to f32: bf16 is f32's high half.
+inline __m256 widen8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return widen8(p); }
+inline float hsum(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#endif
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) { return bf16_to_float(x); }
+
+// Keys are taken kDotKeys at a time and the task walks them in blocks of
+// kKeyBlock (a block's keys and values stay in L1 while every query row of
+// the kv head uses them).
+constexpr int64_t kDotKeys = 8, kKeyBlock = 64;
+
+// out[i] = q . k[i] over D for kDotKeys keys (f32, or bf16 widened in
+// registers): one accumulator a key, the eight reduced together by one
+// horizontal-add tree. Every key's sum has the same order whichever keys
+// share its call, so a score does not depend on the batch or the key range.
+#if REDCO_DECODE_AVX512
+// Keys i and i + 1's 8 elements at d as one 16-lane vector (lanes 0-7, 8-15).
+inline __m512 load8x2(const float* a, const float* b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+inline __m512 load8x2(const uint16_t* a, const uint16_t* b) {
+  const __m256i h = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+template <typename KV>
+inline void dot_keys(const float* q, const KV* const* k, int64_t D, float* out) {
+  int64_t d = 0;
+#if REDCO_DECODE_AVX512
+  // Two keys a 16-lane accumulator: each key's lanes sum exactly what its
+  // 8-lane accumulator sums on AVX2 (same FMAs, same order), in half the
+  // instructions; then the AVX2 tree.
+  __m512 a2[kDotKeys / 2];
+  for (auto& x : a2) x = _mm512_setzero_ps();
+  for (; d + 8 <= D; d += 8) {
+    const __m512 qd = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + d));
+    for (int i = 0; i < kDotKeys / 2; ++i)
+      a2[i] = _mm512_fmadd_ps(qd, load8x2(k[2 * i] + d, k[2 * i + 1] + d), a2[i]);
+  }
+  __m256 a[kDotKeys];
+  for (int i = 0; i < kDotKeys / 2; ++i)
+    a[2 * i] = _mm512_castps512_ps256(a2[i]), a[2 * i + 1] = _mm512_extractf32x8_ps(a2[i], 1);
+#elif REDCO_DECODE_AVX2
+  __m256 a[kDotKeys];
+  for (auto& x : a) x = _mm256_setzero_ps();
+  for (; d + 8 <= D; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int i = 0; i < kDotKeys; ++i) a[i] = _mm256_fmadd_ps(qd, load8(k[i] + d), a[i]);
+  }
+#endif
+#if REDCO_DECODE_AVX2
+  const __m256 h03 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 h47 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20),
+                                      _mm256_permute2f128_ps(h03, h47, 0x31)));
+#else
+  std::fill(out, out + kDotKeys, 0.f);
+#endif
+  for (; d < D; ++d)
+    for (int i = 0; i < kDotKeys; ++i) out[i] += q[d] * to_f32(k[i][d]);
+}
+
+// S[j] = scale * q . k_j for keys [j0, j1) of kb [Tk, D]; the last call's
+// missing keys repeat the last key and are dropped.
+template <typename KV>
+void scores(const float* q, const KV* kb, int64_t D, int64_t j0, int64_t j1, float scale,
+            float* S) {
+  for (int64_t j = j0; j < j1; j += kDotKeys) {
+    const KV* k[kDotKeys];
+    for (int64_t i = 0; i < kDotKeys; ++i) k[i] = kb + std::min(j + i, j1 - 1) * D;
+    float out[kDotKeys];
+    dot_keys(q, k, D, out);
+    for (int64_t i = 0; i < std::min(kDotKeys, j1 - j); ++i) S[j + i] = scale * out[i];
+  }
+}
+
+// o[d0, d0 + 8 NV) += sum_j p[j] v_j[d0, ...) over keys [j0, j1), in key
+// order, the NV vectors of o held in registers over the keys.
+template <int NV, typename KV>
+inline void weigh_values(const float* p, const KV* vb, int64_t D, int64_t d0, int64_t j0,
+                         int64_t j1, float* o) {
+#if REDCO_DECODE_AVX2
+  __m256 acc[NV];
+  for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(o + d0 + 8 * i);
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const KV* vj = vb + j * D + d0;
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(vj + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+#else
+  for (int64_t j = j0; j < j1; ++j)
+    for (int64_t d = d0; d < d0 + 8 * NV; ++d) o[d] += p[j] * to_f32(vb[j * D + d]);
+#endif
+}
+
+// o[0, D) += sum_j p[j] v_j over keys [j0, j1) of vb [Tk, D].
+#if REDCO_DECODE_AVX512
+// weigh_values<NV> with 16-lane vectors: each o[d] sums the same FMAs in the
+// same key order, so the bits are the AVX2 kernel's.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <int NV, typename KV>
+inline void weigh_values16(const float* p, const KV* vb, int64_t D, int64_t d0, int64_t j0,
+                           int64_t j1, float* o) {
+  __m512 acc[NV];
+  for (int i = 0; i < NV; ++i) acc[i] = _mm512_loadu_ps(o + d0 + 16 * i);
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    const KV* vj = vb + j * D + d0;
+    for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(pj, load16(vj + 16 * i), acc[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + d0 + 16 * i, acc[i]);
+}
+#endif
+
+template <typename KV>
+void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j1, float* o) {
+  int64_t d = 0;
+#if REDCO_DECODE_AVX512
+  for (; d + 64 <= D; d += 64) weigh_values16<4>(p, vb, D, d, j0, j1, o);
+#endif
+  for (; d + 64 <= D; d += 64) weigh_values<8>(p, vb, D, d, j0, j1, o);
+  for (; d + 8 <= D; d += 8) weigh_values<1>(p, vb, D, d, j0, j1, o);
+  for (; d < D; ++d)
+    for (int64_t j = j0; j < j1; ++j) o[d] += p[j] * to_f32(vb[j * D + d]);
+}
+
+// The G = group x Tq query rows of one (batch row b, kv head g) task; row r
+// is query r % Tq of head g * group + r / Tq. scratch: [G, Tk] scores;
+// rows: each row's index into q, o, lse; spans: each row's visible keys.
+// KV: float or uint16_t (bf16).
+template <typename KV>
+void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, const KV* k,
+                 const KV* v, float* o, float* lse, AlignedFloats& scratch,
+                 std::vector<int64_t>& rows, std::vector<Span>& spans) {
+  const int64_t D = s.D, Tk = s.Tk, group = s.Hq / s.Hkv, G = group * s.Tq;
+  const KV* kb = k + (b * s.Hkv + g) * Tk * D;  // this kv head's [Tk, D] keys and values
+  const KV* vb = v + (b * s.Hkv + g) * Tk * D;
+  if (scratch.size() < size_t(G * Tk)) scratch.resize(size_t(G * Tk));
+  float* S = scratch.data();
+  rows.resize(size_t(G));
+  for (int64_t r = 0; r < G; ++r)
+    rows[size_t(r)] = (b * s.Hq + g * group + r / s.Tq) * s.Tq + r % s.Tq;
+  const KeyRange kr = keys_of(s, b);
+  const int64_t j0 = std::clamp<int64_t>(kr.begin, 0, Tk), j1 = std::max(j0, key_end(s, kr, s.Tq));
+  for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // scores: a block of keys for all G rows
+    for (int64_t r = 0; r < G; ++r)
+      scores(q + rows[size_t(r)] * D, kb, D, jb, std::min(j1, jb + kKeyBlock), s.scale, S + r * Tk);
+  spans.assign(size_t(G), Span{0, 0});
+  for (int64_t r = 0; r < G; ++r) {  // probabilities over the row's visible span
+    const int64_t i = r % s.Tq, h = g * group + r / s.Tq, bh = b * s.Hq + h, row = rows[size_t(r)];
+    float* srow = S + r * Tk;
+    const Span sp = visible_in_tile(s, kr, i, 0, Tk);
+    std::fill(o + row * D, o + row * D + D, 0.f);
+    if (sp.hi == sp.lo) {  // no visible key: o = 0, lse = -inf, as the tiled kernel
+      lse[row] = kNegInf;
+      continue;
+    }
+    spans[size_t(r)] = sp;
+    add_bias(s, s.bias ? s.bias + (s.bias_per_row ? bh : h) * s.Tq * Tk : nullptr, i, 0, sp, srow);
+    Row p(srow + sp.lo, sp.hi - sp.lo);
+    const float m = p.maxCoeff();
+    p = (p - m).exp();
+    const float l = p.sum();
+    p *= 1.f / l;
+    lse[row] = m + std::log(l);
+  }
+  for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // outputs: a block of values for all G rows
+    for (int64_t r = 0; r < G; ++r) {
+      const Span sp = spans[size_t(r)];
+      const int64_t lo = std::max(jb, sp.lo), hi = std::min({jb + kKeyBlock, j1, sp.hi});
+      if (lo < hi) weigh_values(S + r * Tk, vb, D, lo, hi, o + rows[size_t(r)] * D);
+    }
+}
+
+}  // namespace
+
+bool use_decode_attention(const AttentionShape& s) { return s.Tq <= kDecodeQueryRows; }
+
+void decode_attention_forward(const AttentionShape& s, const float* q, const void* k, const void* v,
+                              bool kv_bf16, float* o, float* lse) {
+  check_shape("decode_attention_forward", s);
+  parallel_units(s.B * s.Hkv, [&](int64_t u0, int64_t u1) {
+    thread_local AlignedFloats scratch;  // both grow once: a decoded token allocates nothing
+    thread_local std::vector<int64_t> rows;
+    thread_local std::vector<Span> spans;
+    for (int64_t u = u0; u < u1; ++u)
+      if (kv_bf16)
+        decode_task(s, u / s.Hkv, u % s.Hkv, q, static_cast<const uint16_t*>(k),
+                    static_cast<const uint16_t*>(v), o, lse, scratch, rows, spans);
+      else
+        decode_task(s, u / s.Hkv, u % s.Hkv, q, static_cast<const float*>(k),
+                    static_cast<const float*>(v), o, lse, scratch, rows, spans);
+  });
+}
+
+}  // namespace redco::cpu

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "redco/comm/call_order.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/comm/threads_comm.hpp"
 #include "redco/sched/background.hpp"
@@ -485,4 +486,43 @@ TEST_CASE("Background: in-flight broadcasts, waited for out of order, all comple
       CHECK(got[size_t(r)][size_t(root)] == pattern_tensor(7, root, Shape{64}).values<float>());
     CHECK_THAT(error[size_t(r)], Contains("root 3 is not a rank"));
   }
+}
+
+// What a backend that enqueues as its calls start (NCCL) relies on: started
+// in any order, the calls go in call order; a call dropped unstarted, handed
+// back early (passed to another transport) or failing holds up nobody.
+namespace {
+Task<void> enqueue_in_turn(Ticket ticket, int call, std::vector<int>* went, bool fail = false) {
+  Ticket mine = std::move(ticket);
+  co_await mine.wait();
+  if (fail) throw Error(fmt::format("call {} failed", call));  // `mine` goes back as it unwinds
+  went->push_back(call);
+  mine.give_back();
+}
+}  // namespace
+
+TEST_CASE("CallOrder: calls go in call order whatever order their tasks start in", "[comm]") {
+  auto order = std::make_shared<CallOrder>();
+  std::vector<int> went;
+  std::vector<Task<void>> tasks;
+  for (int k = 0; k < 6; ++k) tasks.push_back(enqueue_in_turn(Ticket(order, k), k, &went));
+  std::vector<Task<void>> reversed;
+  for (int k = 5; k >= 0; --k) reversed.push_back(std::move(tasks[size_t(k)]));
+  sync_wait(when_all(std::move(reversed)));
+  CHECK(went == std::vector<int>{0, 1, 2, 3, 4, 5});
+
+  // Calls 6..10: 7 is dropped unstarted, 8 goes elsewhere (handed back at
+  // once), 9 fails; 10, started first, still goes, after 6.
+  went.clear();
+  auto c6 = enqueue_in_turn(Ticket(order, 6), 6, &went);
+  { auto dropped = enqueue_in_turn(Ticket(order, 7), 7, &went); }
+  order->finish(8);
+  auto c9 = enqueue_in_turn(Ticket(order, 9), 9, &went, true);
+  auto c10 = enqueue_in_turn(Ticket(order, 10), 10, &went);
+  std::vector<Task<void>> rest;
+  rest.push_back(std::move(c10));
+  rest.push_back(std::move(c9));
+  rest.push_back(std::move(c6));
+  CHECK_THROWS_WITH(sync_wait(when_all(std::move(rest))), Contains("call 9 failed"));
+  CHECK(went == std::vector<int>{6, 10});
 }

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <streambuf>
 
+#include "redco/comm/device_comm.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/comm/threads_comm.hpp"
@@ -101,28 +102,32 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
               config_.zero_stage);
   REDCO_CHECK(config_.grad_bucket_bytes > 0,
               "Deployer: grad_bucket_bytes must be > 0 (the default is 25 MiB)");
+  const char* env_device = std::getenv("REDCO_DEVICE");
+  const std::string spec = !config_.device.empty()     ? config_.device
+                           : env_device && *env_device ? std::string(env_device)
+                                                       : "cpu";
   comm::Comm* world = config_.world;
   if (!world) {
     const comm::LaunchEnv env = comm::detect_launch_env();
     restart_ = env.restart;
     if (env.world_size > 1) {
       connected_ = connect(env);
+      device_ = choose_device(spec, connected_->rank());
+      // GPU tensors over the device's own transport (NCCL), when there is one.
+      const auto timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000));
+      connected_ = comm::comm_for_device(std::move(connected_), device_, timeout);
       world = connected_.get();
     } else {
       alone_ = std::make_unique<comm::ThreadsWorld>(1);
       world = &alone_->comm(0);
     }
   }
+  if (!connected_) device_ = choose_device(spec, world->rank());
   REDCO_CHECK(world->size() % config_.n_model_shards == 0,
               "Deployer: n_model_shards = {} does not divide the {} ranks of this run; start a "
               "multiple of {} ranks (redco-run -n) or pass --n_model_shards with a divisor of {}",
               config_.n_model_shards, world->size(), config_.n_model_shards, world->size());
   mesh_ = std::make_unique<comm::Mesh>(*world, config_.n_model_shards);
-  const char* env = std::getenv("REDCO_DEVICE");
-  const std::string spec = !config_.device.empty() ? config_.device
-                           : env && *env           ? std::string(env)
-                                                   : "cpu";
-  device_ = choose_device(spec, mesh_->rank());
 }
 
 ParamTree Deployer::place(ParamTree tree) const {

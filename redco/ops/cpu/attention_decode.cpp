@@ -111,12 +111,28 @@ inline void dot_keys(const float* q, const KV* const* k, int64_t D, float* out) 
     for (int i = 0; i < kDotKeys; ++i) out[i] += q[d] * to_f32(k[i][d]);
 }
 
+// The cache is read once a step, as a stream per (batch row, kv head) that
+// the hardware prefetcher starts cold; prefetching kAheadKeys keys (values)
+// ahead keeps it going while the arithmetic runs. Prefetches never fault, so
+// the last ones may point past the cache.
+constexpr int64_t kAheadKeys = 32;
+template <typename KV>
+inline void prefetch_rows(const KV* p, int64_t n) {
+#if REDCO_DECODE_AVX2
+  const char* b = reinterpret_cast<const char*>(p);
+  for (int64_t i = 0; i < n * int64_t(sizeof(KV)); i += 64) _mm_prefetch(b + i, _MM_HINT_T0);
+#else
+  (void)p, (void)n;
+#endif
+}
+
 // S[j] = scale * q . k_j for keys [j0, j1) of kb [Tk, D]; the last call's
 // missing keys repeat the last key and are dropped.
 template <typename KV>
-void scores(const float* q, const KV* kb, int64_t D, int64_t j0, int64_t j1, float scale,
-            float* S) {
+void scores(const float* q, const KV* kb, int64_t D, int64_t j0, int64_t j1, float scale, float* S,
+            bool prefetch) {
   for (int64_t j = j0; j < j1; j += kDotKeys) {
+    if (prefetch) prefetch_rows(kb + (j + kAheadKeys) * D, kDotKeys * D);
     const KV* k[kDotKeys];
     for (int64_t i = 0; i < kDotKeys; ++i) k[i] = kb + std::min(j + i, j1 - 1) * D;
     float out[kDotKeys];
@@ -156,10 +172,11 @@ inline __m512 load16(const uint16_t* p) {
 }
 template <int NV, typename KV>
 inline void weigh_values16(const float* p, const KV* vb, int64_t D, int64_t d0, int64_t j0,
-                           int64_t j1, float* o) {
+                           int64_t j1, float* o, bool prefetch) {
   __m512 acc[NV];
   for (int i = 0; i < NV; ++i) acc[i] = _mm512_loadu_ps(o + d0 + 16 * i);
   for (int64_t j = j0; j < j1; ++j) {
+    if (prefetch) prefetch_rows(vb + (j + kAheadKeys) * D + d0, 16 * NV);
     const __m512 pj = _mm512_set1_ps(p[j]);
     const KV* vj = vb + j * D + d0;
     for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(pj, load16(vj + 16 * i), acc[i]);
@@ -169,10 +186,11 @@ inline void weigh_values16(const float* p, const KV* vb, int64_t D, int64_t d0, 
 #endif
 
 template <typename KV>
-void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j1, float* o) {
+void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j1, float* o,
+                  bool prefetch) {
   int64_t d = 0;
 #if REDCO_DECODE_AVX512
-  for (; d + 64 <= D; d += 64) weigh_values16<4>(p, vb, D, d, j0, j1, o);
+  for (; d + 64 <= D; d += 64) weigh_values16<4>(p, vb, D, d, j0, j1, o, prefetch);
 #endif
   for (; d + 64 <= D; d += 64) weigh_values<8>(p, vb, D, d, j0, j1, o);
   for (; d + 8 <= D; d += 8) weigh_values<1>(p, vb, D, d, j0, j1, o);
@@ -200,7 +218,8 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
   const int64_t j0 = std::clamp<int64_t>(kr.begin, 0, Tk), j1 = std::max(j0, key_end(s, kr, s.Tq));
   for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // scores: a block of keys for all G rows
     for (int64_t r = 0; r < G; ++r)
-      scores(q + rows[size_t(r)] * D, kb, D, jb, std::min(j1, jb + kKeyBlock), s.scale, S + r * Tk);
+      scores(q + rows[size_t(r)] * D, kb, D, jb, std::min(j1, jb + kKeyBlock), s.scale, S + r * Tk,
+             r == 0);  // the other rows find the block in L1
   spans.assign(size_t(G), Span{0, 0});
   for (int64_t r = 0; r < G; ++r) {  // probabilities over the row's visible span
     const int64_t i = r % s.Tq, h = g * group + r / s.Tq, bh = b * s.Hq + h, row = rows[size_t(r)];
@@ -224,7 +243,7 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
     for (int64_t r = 0; r < G; ++r) {
       const Span sp = spans[size_t(r)];
       const int64_t lo = std::max(jb, sp.lo), hi = std::min({jb + kKeyBlock, j1, sp.hi});
-      if (lo < hi) weigh_values(S + r * Tk, vb, D, lo, hi, o + rows[size_t(r)] * D);
+      if (lo < hi) weigh_values(S + r * Tk, vb, D, lo, hi, o + rows[size_t(r)] * D, r == 0);
     }
 }
 

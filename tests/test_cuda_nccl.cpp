@@ -4,7 +4,9 @@
 // NCCL's in-place forms and the copies around other overlaps, host tensors
 // through the host world, tasks started out of call order. Two ranks (threads,
 // one GPU each) need two GPUs: NCCL refuses two ranks on one device.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +74,16 @@ TEST_CASE("NCCL, one rank: every collective, in place and not, f32 and bf16", "[
   Tensor ids_out = Tensor::zeros({3}, DType::i64, kGpu);
   sync_wait(c->all_gather(ids.to(kGpu), ids_out));
   CHECK(ids_out.values<int64_t>() == ids.values<int64_t>());
+  // Stream order: an input the compute stream is still producing when the
+  // collective is called (40 passes over 64 MiB), reduced into a separate
+  // NaN-filled output: NCCL must wait for the last pass.
+  Tensor big = Tensor::zeros({int64_t(1) << 24}, DType::f32, kGpu);
+  for (int i = 0; i < 40; ++i) big = gpu().binary_scalar(BinaryOp::add, big, 0.5f);
+  Tensor sums = Tensor::empty({int64_t(1) << 24}, DType::f32, kGpu);
+  sums.fill(NAN);
+  sync_wait(c->reduce_scatter(big, sums));
+  const std::vector<float> got = on_host(sums);
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 20.f; }));
   // broadcast from the only root.
   Tensor b = dev(x);
   sync_wait(c->broadcast(b, 0));

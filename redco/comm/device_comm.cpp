@@ -25,6 +25,12 @@ void register_device_comm(DeviceKind kind, DeviceCommFactory make) {
   r.factories[size_t(kind)] = std::move(make);
 }
 
+bool has_device_comm(DeviceKind kind) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return bool(r.factories[size_t(kind)]);
+}
+
 std::unique_ptr<Comm> comm_for_device(std::unique_ptr<Comm> host, Device device,
                                       std::chrono::milliseconds timeout) {
   DeviceCommFactory make;

@@ -31,6 +31,9 @@ using DeviceCommFactory = std::function<std::unique_ptr<Comm>(
 // A backend's registration, at static initialisation (one factory a kind).
 void register_device_comm(DeviceKind kind, DeviceCommFactory make);
 
+// Whether a transport is registered for `kind` (it may still decline at run time).
+bool has_device_comm(DeviceKind kind);
+
 // The communicator for this rank's `device` over the host world `host`.
 std::unique_ptr<Comm> comm_for_device(std::unique_ptr<Comm> host, Device device,
                                       std::chrono::milliseconds timeout);

@@ -62,7 +62,7 @@ Loaded load() {
   resolve(lib, "ncclAllGather", a.all_gather, missing);
   resolve(lib, "ncclBroadcast", a.broadcast, missing);
   if (!missing.empty()) {
-    l.why = std::string(kLibrary) + " has no " + missing + " (NCCL 2.12 or newer is needed)";
+    l.why = std::string(kLibrary) + " has no " + missing + " (NCCL 2.13 or newer is needed)";
     return l;
   }
   if (a.get_version(&a.version) != ncclSuccess) a.version = 0;

@@ -31,25 +31,37 @@ using Clock = std::chrono::steady_clock;
 
 std::string sig(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtype()), t.shape()); }
 
-// Makes `device` current for the scope.
+// Makes `device` current for the scope (the destructor never throws).
 struct OnDevice {
-  int prev;
-  explicit OnDevice(int device) : prev(cuda::current_device()) {
+  int prev = 0;
+  explicit OnDevice(int device) {
+    REDCO_CUDA(cudaGetDevice(&prev));
     if (prev != device) cuda::set_device(device);
   }
   ~OnDevice() {
-    if (prev != cuda::current_device()) cudaSetDevice(prev);
+    int now = prev;
+    if (cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev);
   }
 };
 
-// One NCCL communicator and what its calls share. Shared by the NcclComm and
-// its collectives in flight, so it outlives both.
+// One NCCL communicator and what its calls share; the NcclComm and each call
+// in flight hold it, never the poller, so it is destroyed (ncclCommDestroy, a
+// collective of its own) on a rank's thread.
+//
+// NCCL calls on `comm` come from two sides: rank threads enqueue collectives
+// (counted in `enqueuing`); the poller asks for asynchronous errors (NCCL's
+// watchdog call, allowed beside an enqueue) and aborts. The abort frees the
+// communicator, so it waits until no enqueue is in progress: the first
+// failure is recorded by whoever sees it, and the poller carries the abort
+// out once `enqueuing` is 0 (or the destructor does). A rank blocked inside
+// NCCL for good (a peer gone in the middle of a call's handshake) is ended by
+// the launcher's hang detection (core/heartbeat.hpp), not here.
 struct State {
   State(const NcclApi& a, int d, std::chrono::milliseconds t) : api(a), device(d), timeout(t) {}
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    if (comm) (failed.empty() ? api.comm_destroy : api.comm_abort)(comm);
+    if (comm && !aborted) (failed.empty() ? api.comm_destroy : api.comm_abort)(comm);
     if (stream) cudaStreamDestroy(stream);
     for (cudaEvent_t e : spare) cudaEventDestroy(e);
   }
@@ -76,48 +88,65 @@ struct State {
     std::lock_guard lock(mutex);
     return failed;
   }
-  // The first failure aborts the communicator (its kernels stop, so nothing
-  // in flight waits for a dead peer any longer); later calls throw at once.
-  void abort(const std::string& why) {
-    std::lock_guard in_use(use);
+  // A call about to enqueue: refused once the communicator has failed.
+  void begin_enqueue(const std::string& what) {
+    std::lock_guard lock(mutex);
+    REDCO_CHECK(failed.empty(), "{} over NCCL: the communicator was aborted earlier ({})", what,
+                failed);
+    ++enqueuing;
+  }
+  void end_enqueue() {
+    std::lock_guard lock(mutex);
+    --enqueuing;
+  }
+  // The first failure is the one reported; every later call throws at once.
+  void fail(const std::string& why) {
+    std::lock_guard lock(mutex);
+    if (failed.empty()) failed = why;
+  }
+  // Poller only: aborts a failed communicator once nothing enqueues on it
+  // (its kernels stop, so nothing in flight waits for a dead peer any longer).
+  // True once it is aborted.
+  bool abort_if_failed() {
     {
       std::lock_guard lock(mutex);
-      if (!failed.empty()) return;
-      failed = why;
+      if (aborted) return true;
+      if (failed.empty() || enqueuing > 0) return false;
+      aborted = true;
     }
     api.comm_abort(comm);
-    comm = nullptr;
+    return true;
   }
-  // What NCCL reports of the communicator's network or peers: an error
-  // string, or empty while all is well.
+  // Poller only: what NCCL reports of the network or the peers; empty while
+  // all is well.
   std::string async_error() {
-    std::lock_guard in_use(use);
+    {
+      std::lock_guard lock(mutex);
+      if (aborted) return {};
+    }
     ncclResult_t r = ncclSuccess;
-    if (!comm || api.comm_get_async_error(comm, &r) != ncclSuccess || r == ncclSuccess ||
+    if (api.comm_get_async_error(comm, &r) != ncclSuccess || r == ncclSuccess ||
         r == ncclInProgress)
       return {};
     return fmt::format("NCCL reported {} ({})", api.get_error_string(r), api.get_last_error(comm));
-  }
-  void check_usable(const std::string& what) {
-    const std::string why = failure();
-    REDCO_CHECK(why.empty(), "{} over NCCL: the communicator was aborted earlier ({})", what, why);
   }
 
   const NcclApi& api;
   const int device;
   const std::chrono::milliseconds timeout;
-  ncclComm_t comm = nullptr;      // null once aborted
+  ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;  // the communication stream
-  std::mutex use;                 // held while enqueueing or querying `comm`, and to abort it
-  std::mutex mutex;               // guards `failed` and `spare`
-  std::string failed;             // why it was aborted; empty while healthy
+  std::mutex mutex;               // guards what follows
+  std::string failed;             // the first failure; empty while healthy
+  int enqueuing = 0;              // rank threads inside an NCCL call on `comm`
+  bool aborted = false;           // ncclCommAbort has run: `comm` is gone
   std::vector<cudaEvent_t> spare;
 };
 
 // A collective enqueued: the event recorded after it, the tensors it uses
 // (alive until it has run), and the coroutine waiting for it.
 struct Inflight {
-  std::shared_ptr<State> state;
+  State* state = nullptr;  // kept alive by the call's coroutine until it settles
   std::string what;
   std::vector<Tensor> keep;
   cudaEvent_t done = nullptr;
@@ -169,30 +198,39 @@ class Poller {
     }
   }
 
-  // True once `op` has finished or failed (its completion is then set).
+  // True once `op` has finished or failed (its completion is then set, the
+  // last thing done with it: the waiting coroutine may release the State).
+  // A failed communicator fails every call in flight, even one whose event
+  // was reached: an abort ends kernels early, so their results are partial.
   static bool settled(Inflight& op) {
     State& s = *op.state;
-    const cudaError_t e = cudaEventQuery(op.done);
-    if (e == cudaSuccess) {
-      s.recycle(op.done);
-      op.keep.clear();
-      op.finished.set();
-      return true;
-    }
+    cudaSetDevice(s.device);  // no context on another GPU for this thread
     std::string why = s.failure();
-    if (e != cudaErrorNotReady) {
-      cudaGetLastError();
-      why = fmt::format("CUDA error {} while it ran", cudaGetErrorString(e));
-    } else if (why.empty() && (why = s.async_error()).empty()) {
-      if (Clock::now() < op.deadline) return false;
-      why = fmt::format(
-          "not finished after {} s: a rank of this group stopped calling collectives, called "
-          "them in another order, or died",
-          std::chrono::duration<double>(s.timeout).count());
+    if (why.empty()) {
+      const cudaError_t e = cudaEventQuery(op.done);
+      if (e == cudaSuccess) {
+        s.recycle(op.done);
+        op.keep.clear();
+        op.finished.set();
+        return true;
+      }
+      if (e != cudaErrorNotReady) {
+        cudaGetLastError();
+        why = fmt::format("CUDA error {} while it ran", cudaGetErrorString(e));
+      } else if ((why = s.async_error()).empty()) {
+        if (Clock::now() < op.deadline) return false;
+        why = fmt::format(
+            "not finished after {} s: a rank of this group stopped calling collectives, called "
+            "them in another order, or died",
+            std::chrono::duration<double>(s.timeout).count());
+      }
+      s.fail(why);
     }
-    s.abort(why);  // the event of an aborted stream is never recycled
+    // Its tensors stay alive until the abort has stopped the kernels using them.
+    if (!s.abort_if_failed()) return false;
+    op.keep.clear();  // the event of an aborted stream is never recycled
     op.finished.set_exception(std::make_exception_ptr(
-        Error(fmt::format("{} over NCCL: {}; the communicator is aborted", op.what, why))));
+        Error(fmt::format("{} over NCCL: {}; the communicator is aborted", op.what, s.failure()))));
     return true;
   }
 
@@ -287,28 +325,41 @@ class NcclComm final : public Comm {
 Comm::Task NcclComm::run(Ticket& ticket, std::string what, std::vector<Tensor> keep,
                          const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call) {
   co_await ticket.wait();
+  const std::shared_ptr<State> state = state_;  // alive until this call has settled
+  State& s = *state;
   auto op = std::make_shared<Inflight>();
   {
     struct GiveBack {  // whatever happens below, the next call may go
       Ticket& t;
       ~GiveBack() { t.give_back(); }
     } give_back{ticket};
-    State& s = *state_;
-    std::lock_guard in_use(s.use);  // an abort waits for this enqueue, and then refuses the next
-    s.check_usable(what);
+    s.begin_enqueue(what);
+    struct EndEnqueue {
+      State& s;
+      ~EndEnqueue() { s.end_enqueue(); }
+    } end_enqueue{s};
     OnDevice on(s.device);
+    // Both events first: once NCCL has the call, nothing here may fail.
     cudaEvent_t ready = s.event();
+    op->done = s.event();
     REDCO_CUDA(cudaEventRecord(ready, cuda::stream()));
     REDCO_CUDA(cudaStreamWaitEvent(s.stream, ready, 0));
     s.recycle(ready);  // the wait took the record as it was: re-recording later is safe
-    nccl_check(call(s.comm, s.stream), what.c_str(), s.comm);
-    op->done = s.event();
-    REDCO_CUDA(cudaEventRecord(op->done, s.stream));
+    if (const ncclResult_t r = call(s.comm, s.stream); r != ncclSuccess) {
+      // This rank's next call would pair with the peers' this one: fail for good.
+      s.fail(fmt::format("{} could not be enqueued", what));
+      nccl_check(r, what.c_str(), s.comm);
+    }
+    if (const cudaError_t e = cudaEventRecord(op->done, s.stream); e != cudaSuccess) {
+      s.fail(fmt::format("{}: its completion could not be recorded", what));
+      cudaStreamSynchronize(s.stream);  // the collective runs on: its tensors wait for it
+      REDCO_CUDA(e);
+    }
   }
-  op->state = state_;
+  op->state = &s;
   op->what = std::move(what);
   op->keep = std::move(keep);
-  op->deadline = Clock::now() + state_->timeout;
+  op->deadline = Clock::now() + s.timeout;
   Poller::instance().add(op);
   co_await op->finished;
 }
@@ -401,27 +452,27 @@ bool nccl_wanted() {
   return v != "0";
 }
 
+// Every rank must take the same path (connect_nccl is a collective over the
+// host world), so the ranks first agree: NCCL only if every rank can use it.
 std::unique_ptr<Comm> nccl_or_host(std::unique_ptr<Comm> host, Device device,
                                    std::chrono::milliseconds timeout) {
-  if (!nccl_wanted()) return host;
-  std::string why;
-  if (!nccl_api(&why)) {
-    static std::once_flag once;
-    std::call_once(once, [&] {
-      std::cerr << "redco: " << why
-                << "; collectives on GPU tensors go through host memory (REDCO_NCCL=0 silences "
-                   "this)\n";
-    });
+  std::string why = "REDCO_NCCL=0";
+  const bool usable = nccl_wanted() && nccl_api(&why);
+  Tensor votes = Tensor::from({usable ? 1.f : 0.f}, {1});
+  sched::sync_wait(host->all_reduce(votes, ReduceOp::sum));
+  if (votes.item() < float(host->size())) {
+    if (usable || why != "REDCO_NCCL=0")
+      std::cerr << "redco: rank " << host->rank() << ": "
+                << (usable ? "another rank cannot use NCCL" : why)
+                << "; collectives on GPU tensors go through host memory\n";
     return host;
   }
   return connect_nccl(std::move(host), device, timeout);
 }
 
-struct Registrar {
-  Registrar() { register_device_comm(DeviceKind::cuda, nccl_or_host); }
-} registrar;
-
 }  // namespace
+
+void register_nccl_comm() { register_device_comm(DeviceKind::cuda, nccl_or_host); }
 
 std::unique_ptr<Comm> connect_nccl(std::unique_ptr<Comm> host, Device device,
                                    std::chrono::milliseconds timeout) {

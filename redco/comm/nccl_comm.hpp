@@ -6,7 +6,7 @@
 //   world = connect_nccl(std::move(world), Device::cuda(0));   // then NCCL over it
 //
 // (The Deployer does this through comm_for_device when the rank's device is
-// a GPU; REDCO_NCCL=0 keeps the host world.)
+// a GPU and every rank can open libnccl; REDCO_NCCL=0 keeps the host world.)
 //
 // Start-up: group rank 0 makes NCCL's unique id and broadcasts it over the
 // host communicator (the rendezvous's transport), then every rank joins with
@@ -36,7 +36,14 @@
 // Failures: a collective not finished after `timeout` (a rank stopped
 // calling collectives, or died) or an error NCCL reports asynchronously
 // aborts the communicator and fails the collective with a message naming
-// it; every later call then throws at once.
+// it; every later call then throws at once. A rank blocked inside an NCCL
+// call for good is ended by the launcher's hang detection.
+//
+// Two limits of pairing by enqueue order: a call whose task fails before it
+// enqueues (a dtype or device error) shifts this rank's later calls against
+// the peers' unless every rank fails it alike (as SPMD programs do); and a
+// task awaited alone while an earlier call's task is neither started nor
+// destroyed waits for that turn until the task is.
 #include <chrono>
 #include <memory>
 
@@ -50,5 +57,10 @@ namespace redco::comm {
 // or the ranks cannot join.
 std::unique_ptr<Comm> connect_nccl(std::unique_ptr<Comm> host, Device device,
                                    std::chrono::milliseconds timeout = std::chrono::minutes(3));
+
+// Makes comm_for_device (device_comm.hpp) answer CUDA devices with NCCL when
+// every rank can open it. Called by the CUDA backend's registration (a static
+// library would otherwise leave this file out of programs that never name it).
+void register_nccl_comm();
 
 }  // namespace redco::comm

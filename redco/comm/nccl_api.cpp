@@ -66,9 +66,9 @@ Loaded load() {
     return l;
   }
   if (a.get_version(&a.version) != ncclSuccess) a.version = 0;
-  // ncclAvg (the mean) arrived in 2.10, ncclGetLastError in 2.12.
-  if (a.version < 21200)
-    l.why = fmt::format("NCCL {} is too old (2.12 or newer is needed)", a.version);
+  // ncclAvg (the mean) arrived in 2.10, ncclGetLastError in 2.13.
+  if (a.version < 21300)
+    l.why = fmt::format("NCCL {} is too old (2.13 or newer is needed)", a.version);
   return l;  // the library stays open for the life of the process
 }
 

@@ -21,6 +21,7 @@
 #include "redco/comm/device_comm.hpp"
 #include "redco/comm/nccl_api.hpp"
 #include "redco/core/error.hpp"
+#include "redco/core/heartbeat.hpp"
 #include "redco/ops/cuda/cuda_util.hpp"
 #include "redco/sched/event.hpp"
 
@@ -211,6 +212,7 @@ class Poller {
       if (e == cudaSuccess) {
         s.recycle(op.done);
         op.keep.clear();
+        heartbeat::wait_end();
         op.finished.set();
         return true;
       }
@@ -228,7 +230,9 @@ class Poller {
     }
     // Its tensors stay alive until the abort has stopped the kernels using them.
     if (!s.abort_if_failed()) return false;
-    op.keep.clear();  // the event of an aborted stream is never recycled
+    op.keep.clear();
+    cudaEventDestroy(op.done);  // never recycled: the stream of an aborted communicator
+    heartbeat::wait_end();
     op.finished.set_exception(std::make_exception_ptr(
         Error(fmt::format("{} over NCCL: {}; the communicator is aborted", op.what, s.failure()))));
     return true;
@@ -334,32 +338,40 @@ Comm::Task NcclComm::run(Ticket& ticket, std::string what, std::vector<Tensor> k
       ~GiveBack() { t.give_back(); }
     } give_back{ticket};
     s.begin_enqueue(what);
-    struct EndEnqueue {
+    struct EndEnqueue {  // an enqueue may wait for peers (NCCL connects lazily)
       State& s;
-      ~EndEnqueue() { s.end_enqueue(); }
+      explicit EndEnqueue(State& st) : s(st) { heartbeat::wait_begin(); }
+      ~EndEnqueue() {
+        heartbeat::wait_end();
+        s.end_enqueue();
+      }
     } end_enqueue{s};
-    OnDevice on(s.device);
-    // Both events first: once NCCL has the call, nothing here may fail.
-    cudaEvent_t ready = s.event();
-    op->done = s.event();
-    REDCO_CUDA(cudaEventRecord(ready, cuda::stream()));
-    REDCO_CUDA(cudaStreamWaitEvent(s.stream, ready, 0));
-    s.recycle(ready);  // the wait took the record as it was: re-recording later is safe
-    if (const ncclResult_t r = call(s.comm, s.stream); r != ncclSuccess) {
-      // This rank's next call would pair with the peers' this one: fail for good.
-      s.fail(fmt::format("{} could not be enqueued", what));
-      nccl_check(r, what.c_str(), s.comm);
+    try {  // a failure on one rank only: its next call would pair with the peers' this one
+      OnDevice on(s.device);
+      cudaEvent_t ready = s.event();
+      op->done = s.event();  // both events first: once NCCL has the call, nothing may throw
+      REDCO_CUDA(cudaEventRecord(ready, cuda::stream()));
+      REDCO_CUDA(cudaStreamWaitEvent(s.stream, ready, 0));
+      s.recycle(ready);  // the wait took the record as it was: re-recording later is safe
+      nccl_check(call(s.comm, s.stream), what.c_str(), s.comm);
+    } catch (const std::exception& e) {
+      s.fail(fmt::format("{} could not be enqueued: {}", what, e.what()));
+      if (op->done) s.recycle(std::exchange(op->done, nullptr));  // never recorded
+      throw;
     }
+    // Enqueued: from here on the poller settles the call, even a failed one
+    // (after the abort has stopped the kernels that use its tensors).
     if (const cudaError_t e = cudaEventRecord(op->done, s.stream); e != cudaSuccess) {
-      s.fail(fmt::format("{}: its completion could not be recorded", what));
-      cudaStreamSynchronize(s.stream);  // the collective runs on: its tensors wait for it
-      REDCO_CUDA(e);
+      cudaGetLastError();
+      s.fail(fmt::format("{}: its completion could not be recorded ({})", what,
+                         cudaGetErrorString(e)));
     }
   }
   op->state = &s;
   op->what = std::move(what);
   op->keep = std::move(keep);
   op->deadline = Clock::now() + s.timeout;
+  heartbeat::wait_begin();  // until settled(): this rank waits for its peers
   Poller::instance().add(op);
   co_await op->finished;
 }
@@ -452,27 +464,25 @@ bool nccl_wanted() {
   return v != "0";
 }
 
-// Every rank must take the same path (connect_nccl is a collective over the
-// host world), so the ranks first agree: NCCL only if every rank can use it.
-std::unique_ptr<Comm> nccl_or_host(std::unique_ptr<Comm> host, Device device,
-                                   std::chrono::milliseconds timeout) {
-  std::string why = "REDCO_NCCL=0";
-  const bool usable = nccl_wanted() && nccl_api(&why);
-  Tensor votes = Tensor::from({usable ? 1.f : 0.f}, {1});
-  sched::sync_wait(host->all_reduce(votes, ReduceOp::sum));
-  if (votes.item() < float(host->size())) {
-    if (usable || why != "REDCO_NCCL=0")
-      std::cerr << "redco: rank " << host->rank() << ": "
-                << (usable ? "another rank cannot use NCCL" : why)
-                << "; collectives on GPU tensors go through host memory\n";
-    return host;
+// Whether this rank can use NCCL; *why is empty when REDCO_NCCL=0 says not to.
+bool nccl_usable(std::string* why) {
+  if (!nccl_wanted()) {
+    why->clear();
+    return false;
   }
-  return connect_nccl(std::move(host), device, timeout);
+  return nccl_api(why) != nullptr;
 }
 
 }  // namespace
 
-void register_nccl_comm() { register_device_comm(DeviceKind::cuda, nccl_or_host); }
+void register_nccl_comm() {
+  register_device_comm(DeviceKind::cuda, {.name = "NCCL",
+                                          .usable = nccl_usable,
+                                          .connect = [](std::unique_ptr<Comm> host, Device device,
+                                                        std::chrono::milliseconds timeout) {
+                                            return connect_nccl(std::move(host), device, timeout);
+                                          }});
+}
 
 std::unique_ptr<Comm> connect_nccl(std::unique_ptr<Comm> host, Device device,
                                    std::chrono::milliseconds timeout) {

@@ -113,7 +113,7 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
     if (env.world_size > 1) {
       connected_ = connect(env);
       device_ = choose_device(spec, connected_->rank());
-      // GPU tensors over the device's own transport (NCCL), when there is one.
+      // Device tensors over the device's own transport (NCCL), when every rank has it.
       const auto timeout = std::chrono::milliseconds(int64_t(env.timeout_s * 1000));
       connected_ = comm::comm_for_device(std::move(connected_), device_, timeout);
       world = connected_.get();

@@ -131,41 +131,68 @@ TEST_CASE("NCCL, one rank: tasks started against call order, or dropped, block n
 TEST_CASE("NCCL, two ranks on two GPUs: sums, means, scatter, gather, subgroups", "[nccl]") {
   require_nccl();
   if (cuda::device_count() < 2) test::skip("two ranks need two GPUs (NCCL: one rank a device)");
+  // Catch2's assertions are not thread-safe: the ranks note what failed, the
+  // test's thread checks.
+  std::vector<std::string> failed[2];
   comm::ThreadsWorld world(2);
-  world.run([](comm::Comm& host) {
+  world.run([&](comm::Comm& host) {
     const int r = host.rank(), both[] = {0, 1};
+    auto expect = [&](bool ok, const char* what) {
+      if (!ok) failed[r].push_back(what);
+    };
     const Device gpu = Device::cuda(r);
     auto c = comm::connect_nccl(host.subgroup(both), gpu);
-    const Tensor x0 = rnd({4, 3}, 10), x1 = rnd({4, 3}, 11);
+    const Tensor x0 = rnd({4, 3}, 10), x1 = rnd({4, 3}, 11), mine_x = r == 0 ? x0 : x1;
     std::vector<float> sum = x0.to_vector(), mean = sum;
     for (size_t i = 0; i < sum.size(); ++i)
       sum[i] += x1.to_vector()[i], mean[i] = sum[i] / 2;  // (a + b) / 2 as NCCL's average
-    Tensor t = (r == 0 ? x0 : x1).to(gpu);
+    Tensor t = mine_x.to(gpu);
     sync_wait(c->all_reduce(t));
-    CHECK(on_host(t) == sum);
-    Tensor u = (r == 0 ? x0 : x1).to(gpu);
+    expect(on_host(t) == sum, "all_reduce sum");
+    Tensor u = mine_x.to(gpu);
     sync_wait(c->all_reduce(u, ReduceOp::mean));
     const std::vector<float> got = on_host(u);
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(mean[i]).epsilon(1e-6));
+    for (size_t i = 0; i < got.size(); ++i)
+      expect(std::fabs(got[i] - mean[i]) <= 1e-6f * std::fabs(mean[i]) + 1e-7f, "mean");
+    // bf16 through its f32 copy: the sum of the two bf16 values, rounded once.
+    Tensor h = mine_x.to(DType::bf16).to(gpu);
+    sync_wait(c->all_reduce(h));
+    const std::vector<float> b0 = x0.to(DType::bf16).to_vector(),
+                             b1 = x1.to(DType::bf16).to_vector();
+    std::vector<float> bsum(b0.size());
+    for (size_t i = 0; i < b0.size(); ++i) bsum[i] = b0[i] + b1[i];
+    expect(on_host(h) == Tensor::from<float>(bsum, {4, 3}).to(DType::bf16).to_vector(), "bf16");
     // reduce_scatter: rank r keeps rows [2r, 2r + 2) of the sum.
     Tensor part = Tensor::zeros({2, 3}, DType::f32, gpu);
-    sync_wait(c->reduce_scatter((r == 0 ? x0 : x1).to(gpu), part));
-    CHECK(on_host(part) == std::vector<float>(sum.begin() + 6 * r, sum.begin() + 6 * r + 6));
-    // all_gather in place: each rank's rows, in rank order.
-    Tensor all = Tensor::zeros({2, 4, 3}, DType::f32, gpu);
-    Tensor mine = all[r];
-    mine.copy_from((r == 0 ? x0 : x1).to(gpu));
-    sync_wait(c->all_gather(mine.view({1, 4, 3}), all));
+    sync_wait(c->reduce_scatter(mine_x.to(gpu), part));
+    expect(on_host(part) == std::vector<float>(sum.begin() + 6 * r, sum.begin() + 6 * r + 6),
+           "reduce_scatter");
+    // all_gather in place, then into a separate output: each rank's rows, in rank order.
     std::vector<float> want = x0.to_vector(), w1 = x1.to_vector();
     want.insert(want.end(), w1.begin(), w1.end());
-    CHECK(on_host(all) == want);
+    Tensor all = Tensor::zeros({2, 4, 3}, DType::f32, gpu);
+    Tensor mine = all[r];
+    mine.copy_from(mine_x.to(gpu));
+    sync_wait(c->all_gather(mine.view({1, 4, 3}), all));
+    expect(on_host(all) == want, "all_gather in place");
+    Tensor apart = Tensor::zeros({8, 3}, DType::f32, gpu);
+    sync_wait(c->all_gather(mine_x.to(gpu), apart));
+    expect(on_host(apart) == want, "all_gather");
+    // broadcast from rank 1.
+    Tensor b = mine_x.to(gpu);
+    sync_wait(c->broadcast(b, 1));
+    expect(on_host(b) == x1.to_vector(), "broadcast");
     // A subgroup of one: its own NCCL communicator.
     const int self[] = {r};
     auto alone = c->subgroup(self);
     Tensor v = x0.to(gpu);
     sync_wait(alone->all_reduce(v));
-    CHECK(on_host(v) == x0.to_vector());
+    expect(on_host(v) == x0.to_vector(), "subgroup");
   });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << "'s failed checks");
+    CHECK(failed[r] == std::vector<std::string>{});
+  }
 }
 
 }  // namespace

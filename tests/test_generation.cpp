@@ -178,6 +178,35 @@ TEST_CASE("bf16 weights decode as their f32 widening does", "[generation][bf16]"
   same_tokens.operator()<models::Llama>("qwen2");
 }
 
+TEST_CASE("bf16 weights in decode panels decode as row-major bf16 does", "[generation][bf16]") {
+  // Loaded with decode_panels, every matrix is packed (Tensor::pack_panels):
+  // decode projections read the panels (ops/cpu/skinny_panels.hpp), tied
+  // heads' embedding lookups gather from them, a prefill of more than 16 rows
+  // and the stacked q/k/v projections widen them. Same tokens as the same
+  // bf16 values row-major.
+  auto same_tokens = [&]<typename M>(const std::string& name) {
+    const auto pp =
+        models::from_pretrained<M>(fixture(name), {.dtype = DType::bf16, .decode_panels = true});
+    nn::ParamTree rows;
+    int64_t packed = 0;
+    for (const auto& [k, t] : pp.params) {
+      packed += t.panels();
+      CHECK((t.rank() == 2 && k.find("wpe") == std::string::npos) == t.panels());
+      rows.emplace(k, t.to(DType::bf16));
+    }
+    CHECK(packed > 0);
+    const Prompts prompts{{5, 17, 33, 2}, {60}, {9, 9, 41, 70, 12, 3, 88}, {1, 2, 3, 4, 5, 6}};
+    const GenerationConfig c{.max_new_tokens = 16};
+    const auto a = generation::generate(pp.model, pp.params, prompts, c);
+    const auto b = generation::generate(pp.model, rows, prompts, c);
+    INFO(name);
+    CHECK(a.sequences == b.sequences);
+  };
+  same_tokens.operator()<models::Gpt2>("gpt2");  // tied: wte is the LM head
+  same_tokens.operator()<models::Llama>("llama");
+  same_tokens.operator()<models::Llama>("qwen2");
+}
+
 TEST_CASE("int8 weights decode as their dequantized values do", "[generation][int8]") {
   // Loaded as i8, every matrix is quantized by rows: decode projections read a
   // byte a weight (ops/cpu/skinny_i8.hpp), embedding lookups scale the rows

@@ -117,6 +117,31 @@ TEST_CASE("encoder-decoders: cached equals uncached; a padded batch equals one b
   check_cached_and_batched<models::Bart>("bart");
 }
 
+// bf16 weights packed in decode panels (LoadOptions::decode_panels) against
+// the same bf16 values row-major: T5's relative bias table and BART's
+// positions and logit bias stay row-major (the plan's roles say which
+// matrices a step multiplies); the encoder pass widens the panels, the
+// cross-attention projections and decode steps read them.
+TEST_CASE("encoder-decoders: bf16 weights in decode panels decode as row-major bf16",
+          "[generation][seq2seq][bf16]") {
+  auto same = [&]<typename M>(const std::string& name) {
+    INFO("fixture " << name);
+    const auto pp = models::from_pretrained<M>(test::hf_fixture(name),
+                                               {.dtype = DType::bf16, .decode_panels = true});
+    nn::ParamTree rows;
+    int64_t packed = 0;
+    for (const auto& [k, t] : pp.params) packed += t.panels(), rows.emplace(k, t.to(DType::bf16));
+    CHECK(packed > 0);
+    GenerationConfig c = models::generation_config(test::hf_fixture(name));
+    c.max_new_tokens = 8;
+    const auto a = generation::generate_seq2seq(pp.model, pp.params, kSources, c);
+    const auto b = generation::generate_seq2seq(pp.model, rows, kSources, c);
+    CHECK(a.sequences == b.sequences);
+  };
+  same.operator()<models::T5>("t5");
+  same.operator()<models::Bart>("bart");
+}
+
 // Decoder prompts of different lengths: each cache row's queries at their
 // own positions (T5's relative position bias per row, BART's positions).
 template <typename M>

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/conv.hpp"
@@ -108,6 +109,29 @@ TEST_CASE("embedding_forward_bf16 widens exactly the rows it gathers", "[embeddi
       REQUIRE(out[size_t(i * D + d)] == redco::bf16_to_float(bf[size_t(ids[size_t(i)] * D + d)]));
   ids[7] = V;
   CHECK_THROWS_WITH(embedding_forward_bf16(bf.data(), ids.data(), out.data(), n, V, D),
+                    Contains("out of range"));
+}
+
+TEST_CASE("embedding_forward_panels gathers the rows of a table packed for decoding",
+          "[embedding]") {
+  // A tied LM head in decode panels (redco/core/bf16_panels.hpp): row v of
+  // the table is spread over its panel's columns; the lookup reads it back.
+  const int64_t V = 45, D = 19, n = 6000;  // a ragged last panel; the parallel path
+  const Vec table = randn(V * D, 4);
+  std::vector<uint16_t> bf(table.size()), packed(size_t(redco::panels::padded_rows(V) * D), 0);
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t d = 0; d < D; ++d) {
+      bf[size_t(v * D + d)] = redco::float_to_bf16(table[size_t(v * D + d)]);
+      packed[size_t(redco::panels::index(v, d, D))] = bf[size_t(v * D + d)];
+    }
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = (i * 7 + 3) % V;
+  Vec got(size_t(n * D)), want(size_t(n * D));
+  embedding_forward_panels(packed.data(), ids.data(), got.data(), n, V, D);
+  embedding_forward_bf16(bf.data(), ids.data(), want.data(), n, V, D);
+  CHECK(got == want);
+  ids[9] = V;
+  CHECK_THROWS_WITH(embedding_forward_panels(packed.data(), ids.data(), got.data(), n, V, D),
                     Contains("out of range"));
 }
 

@@ -100,6 +100,14 @@ Tensor stack_plain(const TensorList& ts) {
 }
 
 Tensor stack_rows(const TensorList& ts) {
+  if (ts[0].panels()) {  // bf16 weights packed for decoding: a prefill widens them anyway
+    TensorList wide;
+    for (const Tensor& t : ts) {
+      REDCO_CHECK(t.panels(), "linear_stacked: packed and row-major weights cannot be stacked");
+      wide.push_back(t.to(DType::f32));
+    }
+    return stack_plain(wide);
+  }
   if (!ts[0].row_scales()) return stack_plain(ts);
   TensorList scales;  // int8 weights: their rows, and their scales likewise
   for (const Tensor& t : ts) {

@@ -13,7 +13,9 @@
 
 namespace redco {
 namespace detail {
-void dequantize_rows(const Tensor& q, float* out);  // quantize_rows.cpp
+void dequantize_rows(const Tensor& q, float* out);   // quantize_rows.cpp
+void unpack_panels(const Tensor& w, uint16_t* out);  // bf16_panels.cpp
+void unpack_panels(const Tensor& w, float* out);
 }  // namespace detail
 
 Storage::~Storage() {
@@ -66,6 +68,12 @@ TensorImpl& Tensor::impl() const {
 
 void Tensor::refuse_host_read() const {
   const TensorImpl& i = impl();
+  if (i.panels && !i.placement)
+    fail(
+        "tensor{} {} is a bf16 weight packed in decode panels (Tensor::pack_panels), not "
+        "stored row by row; only matmul and conversions read it: convert it first with "
+        ".to(DType::bf16) (or f32)",
+        name().empty() ? "" : " '" + name() + "'", shape());
   if (!i.placement) {
     fail(
         "tensor{} of shape {} lives on {}, and the host read its memory directly; device "
@@ -255,7 +263,14 @@ Tensor Tensor::view(const Shape& s) const {
   impl->shape = target;
   impl->dtype = impl_->dtype;
   impl->placement = impl_->placement;  // a view of a split tensor is still split
-  if (impl_->row_scales) {             // the scales belong to rows: a view must keep them whole
+  if (impl_->panels) {  // only the matrix itself: any other view would read the panels as rows
+    REDCO_CHECK(target == shape(),
+                "cannot view the bf16 weight {} packed in decode panels as {}; convert it first "
+                "(.to(DType::bf16))",
+                shape(), target);
+    impl->panels = true;
+  }
+  if (impl_->row_scales) {  // the scales belong to rows: a view must keep them whole
     REDCO_CHECK(target.rank() >= 1 && target[0] == dim(0),
                 "cannot view the int8 weight {} as {}: its scales are per row of dim 0; "
                 "convert it first (.to(DType::f32))",
@@ -268,6 +283,10 @@ Tensor Tensor::view(const Shape& s) const {
 Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   REDCO_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0),
               "slice [{}, {}) is out of range for dim 0 of shape {}", begin, end, shape());
+  REDCO_CHECK(!panels(),
+              "cannot slice the bf16 weight {} packed in decode panels; convert it first "
+              "(.to(DType::bf16)) or pack the slice",
+              shape());
   const int64_t row = dim(0) ? numel() / dim(0) : 0;
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
@@ -286,6 +305,7 @@ Tensor Tensor::operator[](int64_t i) const {
 }
 
 Tensor Tensor::clone() const {
+  if (panels()) return pack_panels(to(DType::bf16));
   Tensor t = empty(shape(), dtype(), device());
   copy_bytes(t.device_ptr(), device(), device_ptr(), device(), nbytes());
   if (row_scales()) t.impl().row_scales = std::make_shared<const Tensor>(row_scales()->clone());
@@ -295,6 +315,19 @@ Tensor Tensor::clone() const {
 void Tensor::copy_from(const Tensor& src) {
   REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
               src.shape(), shape());
+  REDCO_CHECK(!panels(),
+              "copy_from: {} is a bf16 weight packed in decode panels; pack the values with "
+              "Tensor::pack_panels instead of copying into it",
+              shape());
+  if (src.panels()) {  // its values, row-major
+    REDCO_CHECK(is_floating(dtype()) && on_host(),
+                "copy_from: a bf16 weight packed in decode panels converts to a floating CPU "
+                "tensor, not to {} on {}",
+                dtype_name(dtype()), device().str());
+    if (dtype() == DType::bf16) return detail::unpack_panels(src, static_cast<uint16_t*>(raw()));
+    if (dtype() == DType::f32) return detail::unpack_panels(src, data<float>());
+    return copy_from(src.to(DType::f32));
+  }
   REDCO_CHECK(!row_scales() || src.row_scales(),
               "copy_from: {} is an int8 weight (quantize_rows); quantize the values with "
               "Tensor::quantize_rows instead of copying {} into it",
@@ -351,7 +384,7 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 Tensor Tensor::to(DType t) const {
-  if (t == dtype()) return *this;
+  if (t == dtype() && !panels()) return *this;
   Tensor out = empty(shape(), t, device());
   out.copy_from(*this);
   return out;
@@ -359,6 +392,10 @@ Tensor Tensor::to(DType t) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  REDCO_CHECK(!panels(),
+              "a bf16 weight packed in decode panels is a CPU format; move its values with "
+              ".to(DType::bf16).to({})",
+              d.str());
   Tensor out = empty(shape(), dtype(), d);
   copy_bytes(out.device_ptr(), d, device_ptr(), device(), nbytes());
   if (row_scales()) out.impl().row_scales = std::make_shared<const Tensor>(row_scales()->to(d));
@@ -382,6 +419,7 @@ std::string Tensor::str(int max_elems) const {
   if (placement())  // one rank's values would read as the whole tensor's
     return fmt::format("{}{} ({})", dtype_name(dtype()), shape().str(), placement()->describe());
   if (!device().is_cpu()) return to(Device::cpu()).str(max_elems) + " on " + device().str();
+  if (panels()) return to(DType::bf16).str(max_elems) + " (in decode panels)";
   std::string s = fmt::format("{}{} {{", dtype_name(dtype()), shape().str());
   const int64_t n = std::min<int64_t>(numel(), max_elems);
   for (int64_t i = 0; i < n; ++i)
@@ -415,6 +453,7 @@ Tensor Tensor::detach() const {
   impl->dtype = impl_->dtype;
   impl->placement = impl_->placement;  // still one rank's part
   impl->row_scales = impl_->row_scales;
+  impl->panels = impl_->panels;
   return Tensor(std::move(impl));
 }
 

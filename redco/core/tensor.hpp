@@ -82,6 +82,10 @@ struct TensorImpl {
   // An i8 weight quantized by rows: row n stands for its values x row_scales[n]
   // (f32 [rows]). Views that keep the rows keep it; conversions apply it.
   std::shared_ptr<const Tensor> row_scales;
+  // A bf16 weight [N, K] whose storage is in decode panels (Tensor::pack_panels,
+  // redco/core/bf16_panels.hpp), not row-major: raw() and data() refuse, so no
+  // op can read it in the wrong order; matmul and conversions read it.
+  bool panels = false;
 };
 
 class Tensor {
@@ -116,6 +120,16 @@ class Tensor {
   static Tensor quantized_rows(const Tensor& q, const Tensor& scales);
   // The scales of a quantize_rows tensor (f32 [rows]); null for any other.
   const Tensor* row_scales() const { return impl().row_scales.get(); }
+  // Decoding against bf16 weights at a batch of several sequences: a floating
+  // CPU matrix [N, K] as bf16 stored in panels (redco/core/bf16_panels.hpp), which
+  // the decode GEMV reads as one stream with no wasted issue slots. Same
+  // values and bytes as to(DType::bf16); to(any dtype) gives them back
+  // row-major; matmul with it as the transposed right operand (a linear
+  // layer's weight) reads the panels; the embedding lookup gathers its rows.
+  static Tensor pack_panels(const Tensor& w);
+  bool panels() const { return impl().panels; }
+  // The packed storage ([padded_rows(N), K] bf16 in panel order) of a pack_panels tensor.
+  const uint16_t* panel_data() const;
 
   // ---- metadata -----------------------------------------------------------
   bool defined() const { return bool(impl_); }
@@ -150,7 +164,7 @@ class Tensor {
   // to(Device::cpu()) first. Kernels use device_ptr() instead.
   void* raw() const {
     const TensorImpl& i = impl();
-    if (i.placement || !i.storage->device.is_cpu()) [[unlikely]]
+    if (i.placement || i.panels || !i.storage->device.is_cpu()) [[unlikely]]
       refuse_host_read();
     return static_cast<char*>(i.storage->data) + i.offset;
   }
@@ -158,7 +172,7 @@ class Tensor {
   // for copies: only the device's own code may dereference it.
   void* device_ptr() const {
     const TensorImpl& i = impl();
-    if (i.placement) [[unlikely]]
+    if (i.placement || i.panels) [[unlikely]]
       refuse_host_read();
     return static_cast<char*>(i.storage->data) + i.offset;
   }

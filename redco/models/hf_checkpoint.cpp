@@ -170,9 +170,34 @@ Tensor read_slice(const io::SafetensorsReader& file, const std::string& name, co
 
 // A parameter in the dtype asked for. i8: matrices quantized by rows
 // (weight-only int8), vectors (norms, biases) and other ranks kept in f32.
-Tensor converted(const Tensor& t, DType dtype) {
-  if (dtype == DType::f32) return t;
-  if (dtype != DType::i8) return t.to(dtype);
+// Whether the plan makes p a layer's [out, in] weight (or a vocabulary
+// table, which is the LM head's weight or gathered by rows): the matrices a
+// decode step multiplies, and no others (positions are sliced, T5's bias
+// table is read by heads).
+bool multiplied_by_rows(const shard::ParamSplit& p) {
+  using shard::Role;
+  // A [vocab, 1] column is a bias added to the logits (BART's final_logits_bias).
+  if (p.in_out || p.shape.rank() != 2 || p.shape[1] == 1) return false;
+  switch (p.role) {
+    case Role::column:
+    case Role::row:
+    case Role::attn_q:
+    case Role::attn_k:
+    case Role::attn_v:
+    case Role::attn_o:
+    case Role::vocab:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// bf16 with decode_panels: the multiplied matrices packed for decoding, the rest plain bf16.
+Tensor converted(const Tensor& t, const shard::ParamSplit& split, const LoadOptions& opts) {
+  if (opts.dtype == DType::f32) return t;
+  if (opts.dtype == DType::bf16 && opts.decode_panels && multiplied_by_rows(split))
+    return Tensor::pack_panels(t);
+  if (opts.dtype != DType::i8) return t.to(opts.dtype);
   return t.rank() == 2 ? Tensor::quantize_rows(t) : t;
 }
 
@@ -224,7 +249,7 @@ nn::ParamTree load_weights(const fs::path& dir, const Layout& layout,
       }
       t = read_slice(*w.where.at(name), name, s, prow, c0, c1);
     }
-    out.emplace(split.name, converted(t, opts.dtype));
+    out.emplace(split.name, converted(t, split, opts));
   }
   return out;
 }

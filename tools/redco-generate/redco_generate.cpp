@@ -44,6 +44,7 @@
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/gather_outputs.hpp"
 #include "redco_cli.hpp"
@@ -286,6 +287,7 @@ struct Options {
   int64_t batch = 1, prompt_length = 512;
   std::string dtype = "f32";
   std::string cache_dtype = "auto";
+  std::string layout = "auto";
   bool profile = false;
 };
 
@@ -327,6 +329,10 @@ void add_options(CLI::App& app, Options& o) {
                  "weights in memory (bf16: decoding reads half the bytes; int8: matrices "
                  "quantized by rows, a quarter)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  app.add_option("--weight-layout", o.layout,
+                 "bf16 matrices in memory: panels (packed for decoding), rows (as stored), or "
+                 "auto (panels on a CPU where they pay: AVX-512)")
+      ->check(CLI::IsMember({"auto", "panels", "rows"}));
   app.add_option("--cache-dtype", o.cache_dtype,
                  "KV cache elements (auto: bf16 with bf16 or int8 weights, else f32)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
@@ -347,8 +353,13 @@ int main(int argc, char** argv) try {
 
   train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
   const DType dtype = o.dtype == "bf16" ? DType::bf16 : o.dtype == "int8" ? DType::i8 : DType::f32;
+  // bf16 on the CPU: the matrices packed for decoding where it pays (skinny_panels.hpp).
   const models::hf::LoadOptions load{
-      .dtype = dtype, .n_shards = o.shards, .rank = deployer.mp_rank()};
+      .dtype = dtype,
+      .n_shards = o.shards,
+      .rank = deployer.mp_rank(),
+      .decode_panels = dtype == DType::bf16 && deployer.device().is_cpu() &&
+                       (o.layout == "panels" || (o.layout == "auto" && cpu::panels_pay()))};
   const std::string type = models::hf::Config(o.dir).model_type();
   REDCO_CHECK(type != "bert" && type != "roberta",
               "redco-generate: '{}' holds a '{}' model, an encoder without a decoder; this tool "

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 
@@ -65,6 +66,13 @@ void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* ou
                             int64_t V, int64_t D) {
   gather_rows(ids, out, n, V, D, [&](int64_t v, float* dst) {
     for (int64_t d = 0; d < D; ++d) dst[d] = bf16_to_float(table[v * D + d]);
+  });
+}
+
+void embedding_forward_panels(const uint16_t* panels, const int64_t* ids, float* out, int64_t n,
+                              int64_t V, int64_t D) {
+  gather_rows(ids, out, n, V, D, [&](int64_t v, float* dst) {
+    for (int64_t d = 0; d < D; ++d) dst[d] = bf16_to_float(panels[panels::index(v, d, D)]);
   });
 }
 

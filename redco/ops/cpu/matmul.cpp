@@ -38,6 +38,7 @@
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
 #include "redco/ops/cpu/skinny_i8.hpp"
+#include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 #include "redco/ops/matmul_batch.hpp"
 
@@ -199,6 +200,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
     skinny_matmul_i8(a.data<float>(), g.K, static_cast<const int8_t*>(b_in.raw()), g.ldb,
                      b_in.row_scales()->data<float>(), c.data<float>(), g.N, a.numel() / g.K, g.N,
                      g.K);
+    return c;
+  }
+  if (folds && trans_b && b_in.panels() && a_in.numel() / g.K <= kSkinnyRows) {
+    // Decoding against bf16 weights packed in panels: one stream (skinny_panels.hpp).
+    const Tensor a = gemm_operand(a_in);
+    skinny_matmul_panels(a.data<float>(), g.K, b_in.panel_data(), c.data<float>(), g.N,
+                         a.numel() / g.K, g.N, g.K);
     return c;
   }
   if (folds && trans_b && b_in.dtype() == DType::bf16 && a_in.numel() / g.K <= kSkinnyRows) {

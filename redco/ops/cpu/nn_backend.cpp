@@ -212,6 +212,12 @@ Tensor CpuBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
 Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
   REDCO_CHECK(table_in.rank() == 2, "embedding: the table must be [vocab, dim], got {}",
               table_in.shape());
+  if (table_in.panels()) {  // a tied LM head packed for decoding: gather its rows
+    Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
+    cpu::embedding_forward_panels(table_in.panel_data(), ids_of(ids, "embedding"),
+                                  out.data<float>(), ids.numel(), table_in.dim(0), table_in.dim(1));
+    return out;
+  }
   if (table_in.dtype() == DType::bf16) {  // widen only the rows looked up, not the table
     Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
     cpu::embedding_forward_bf16(static_cast<const uint16_t*>(table_in.raw()),

@@ -1,0 +1,119 @@
+// bf16 weights packed in decode panels (Tensor::pack_panels,
+// redco/core/bf16_panels.hpp) and the decode kernel that reads them
+// (redco/ops/cpu/skinny_panels.hpp): the layout as documented, the values back
+// row-major through every conversion, each output the one FMA chain over k
+// the header promises (exactly, on whichever CPU runs it, so a row's result
+// does not depend on the batch), the general path for more rows, and every
+// read that would misread the order refused.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "redco/core/bf16_panels.hpp"
+#include "redco/core/dtype.hpp"
+#include "redco/core/tensor.hpp"
+#include "redco/ops/cpu/skinny_bf16.hpp"
+#include "redco/ops/cpu/skinny_panels.hpp"
+#include "redco/ops/cpu/tensor_ops.hpp"
+
+namespace redco {
+namespace {
+
+Tensor values(Shape s, uint64_t seed) { return Tensor::uniform(s, seed, 0, -1.f, 1.f); }
+
+std::vector<uint16_t> bf16_bits(const Tensor& t) {  // a row-major bf16 tensor's values
+  const auto* p = static_cast<const uint16_t*>(t.raw());
+  return std::vector<uint16_t>(p, p + t.numel());
+}
+
+// y[m, n] as the kernel promises: fma over k in order from zero.
+float chain(const float* x, const uint16_t* w, int64_t K) {
+  float acc = 0.f;
+  for (int64_t k = 0; k < K; ++k) acc = std::fma(bf16_to_float(w[k]), x[k], acc);
+  return acc;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 panels: the documented layout, zero padding, and the values back row-major",
+          "[cpu][panels]") {
+  for (int64_t N : {1, 31, 32, 33, 67})
+    for (int64_t K : {1, 17, 64}) {
+      INFO("N " << N << " K " << K);
+      const Tensor w = values(Shape{N, K}, uint64_t(N * 100 + K));
+      const Tensor w16 = w.to(DType::bf16);
+      const Tensor p = Tensor::pack_panels(w);
+      REQUIRE(p.panels());
+      REQUIRE(p.shape() == w.shape());
+      REQUIRE(p.dtype() == DType::bf16);
+      const std::vector<uint16_t> rows = bf16_bits(w16);
+      const uint16_t* packed = p.panel_data();
+      for (int64_t n = 0; n < panels::padded_rows(N); ++n)
+        for (int64_t k = 0; k < K; ++k)
+          REQUIRE(packed[panels::index(n, k, K)] == (n < N ? rows[size_t(n * K + k)] : 0));
+      // Output i of a column sits at slot(i): 0-15 in the low halves, 16-31 in the high.
+      CHECK(panels::slot(0) == 0);
+      CHECK(panels::slot(1) == 2);
+      CHECK(panels::slot(16) == 1);
+      CHECK(panels::slot(31) == 31);
+      CHECK(bf16_bits(p.to(DType::bf16)) == rows);
+      CHECK(p.to(DType::f32).to_vector() == w16.to(DType::f32).to_vector());
+      CHECK(p.to(DType::f16).to_vector() == w16.to(DType::f16).to_vector());
+      const Tensor c = p.clone();
+      CHECK(c.panels());
+      CHECK(bf16_bits(c.to(DType::bf16)) == rows);
+      CHECK(p.detach().panels());
+      CHECK(p.view(w.shape()).panels());
+    }
+}
+
+TEST_CASE("bf16 panels: each output is one FMA chain over k, for every row count",
+          "[cpu][panels][matmul]") {
+  for (int64_t K : {1, 15, 16, 17, 48, 771}) {
+    const int64_t N = 67;  // two whole panels and a ragged one
+    const Tensor w = values(Shape{N, K}, uint64_t(K + 9)).to(DType::bf16);
+    const Tensor p = Tensor::pack_panels(w);
+    const std::vector<uint16_t> rows = bf16_bits(w);
+    for (int64_t M = 1; M <= cpu::kSkinnyRows + 3; ++M) {
+      INFO("M " << M << " K " << K);
+      const Tensor x = values(Shape{M, K}, uint64_t(K * 100 + M));
+      const Tensor y = cpu::matmul(x, p, false, true);  // panels up to kSkinnyRows, then GEMM
+      const float* yp = y.data<float>();
+      if (M <= cpu::kSkinnyRows) {
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n)
+            REQUIRE(yp[m * N + n] == chain(x.data<float>() + m * K, rows.data() + n * K, K));
+      } else {  // more rows: the general path on the unpacked values, bit for bit
+        const Tensor ref = cpu::matmul(x, w, false, true);
+        CHECK(y.to_vector() == ref.to_vector());
+      }
+    }
+  }
+  // The kernel itself leaves the gaps of a wider y untouched.
+  const int64_t M = 3, N = 40, K = 20;
+  const Tensor x = values(Shape{M, K}, 1), p = Tensor::pack_panels(values(Shape{N, K}, 2));
+  std::vector<float> y(size_t(M * (N + 5)), -7.f);
+  cpu::skinny_matmul_panels(x.data<float>(), K, p.panel_data(), y.data(), N + 5, M, N, K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = N; n < N + 5; ++n) REQUIRE(y[size_t(m * (N + 5) + n)] == -7.f);
+}
+
+TEST_CASE("bf16 panels: reads that would take the panels for rows are refused by name",
+          "[cpu][panels]") {
+  const Tensor p = Tensor::pack_panels(values(Shape{6, 4}, 3));
+  using Catch::Contains;
+  CHECK_THROWS_WITH(p.raw(), Contains("decode panels"));
+  CHECK_THROWS_WITH(p.device_ptr(), Contains("decode panels"));
+  CHECK_THROWS_WITH(p.view({4, 6}), Contains("decode panels"));
+  CHECK_THROWS_WITH(p.slice0(1, 3), Contains("decode panels"));
+  Tensor into = Tensor::pack_panels(values(Shape{6, 4}, 4));
+  CHECK_THROWS_WITH(into.copy_from(Tensor::zeros({6, 4})), Contains("pack_panels"));
+  CHECK_THROWS_WITH(Tensor::pack_panels(values(Shape{2, 3, 4}, 5)), Contains("[N, K]"));
+  CHECK_THROWS_WITH(Tensor::pack_panels(p), Contains("[N, K]"));
+  CHECK_THROWS_WITH(Tensor().panel_data(), Contains("undefined"));
+  CHECK_THROWS_WITH(values(Shape{2, 2}, 6).panel_data(), Contains("not packed"));
+  CHECK(p.str().find("decode panels") != std::string::npos);
+}
+
+}  // namespace redco

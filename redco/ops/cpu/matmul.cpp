@@ -202,8 +202,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
                      g.K);
     return c;
   }
-  if (folds && trans_b && b_in.panels() && a_in.numel() / g.K <= kSkinnyRows) {
-    // Decoding against bf16 weights packed in panels: one stream (skinny_panels.hpp).
+  if (folds && trans_b && b_in.panels()) {
+    // Against bf16 weights packed in panels (skinny_panels.hpp), at any row
+    // count: a prefill too, where the kernel keeps pace with widening the
+    // weights and running sgemm (LLaMA 1.1B, 512 and 4096 rows: 118 and 131
+    // tokens/s against 87 and 129), and every output stays one chain over k.
     const Tensor a = gemm_operand(a_in);
     skinny_matmul_panels(a.data<float>(), g.K, b_in.panel_data(), c.data<float>(), g.N,
                          a.numel() / g.K, g.N, g.K);

@@ -1,10 +1,11 @@
 #pragma once
-// A few rows of f32 activations against a bf16 weight packed in decode panels
+// Rows of f32 activations against a bf16 weight packed in decode panels
 // (redco/core/bf16_panels.hpp):
 //   y[m, n] = sum_k x[m, k] * w[n, k]       x f32 [M, K], w bf16 [N, K], y f32 [M, N]
 // Each output is one FMA chain over k in order, starting from zero, so its
 // bits depend neither on M nor on the vector width (AVX-512, AVX2 and the
-// scalar loop agree exactly) nor on the threads.
+// scalar loop agree exactly) nor on the threads. Decode steps (a few rows) and
+// prefills (hundreds: rows past the first 8 read each panel again from L2).
 #include <cstdint>
 
 namespace redco::cpu {

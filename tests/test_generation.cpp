@@ -109,6 +109,35 @@ TEST_CASE("generation on 2 model shards gives the 1-shard tokens", "[generation]
   }
 }
 
+TEST_CASE("bf16 weights in decode panels on 2 model shards give the 1-shard tokens",
+          "[generation][bf16]") {
+  // Each rank packs its own slice of every matrix (the vocabulary-split
+  // embedding and LM head too).
+  const Prompts prompts{{5, 17, 33, 2}, {60, 1, 2}};
+  const models::hf::LoadOptions whole_opts{.dtype = DType::bf16, .decode_panels = true};
+  for (const char* name : {"gpt2", "llama_head_dim"}) {
+    INFO(name);
+    std::visit(
+        [&](const auto& whole) {
+          using M = std::decay_t<decltype(whole.model)>;
+          const GenerationConfig greedy{.max_new_tokens = 10};
+          const auto want = generation::generate(whole.model, whole.params, prompts, greedy);
+          std::vector<generation::Generated> got(2);
+          comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
+            models::hf::LoadOptions opts = whole_opts;
+            opts.n_shards = 2, opts.rank = comm.rank();
+            const auto part = models::from_pretrained<M>(fixture(name), opts);
+            nn::Ctx ctx;
+            ctx.mp = &comm;
+            got[size_t(comm.rank())] =
+                generation::generate(part.model, part.params, prompts, greedy, ctx);
+          });
+          for (int r = 0; r < 2; ++r) CHECK(got[size_t(r)].sequences == want.sequences);
+        },
+        models::from_pretrained_any(fixture(name), whole_opts));
+  }
+}
+
 TEST_CASE("sampling: a prompt draws the same tokens in any batch", "[generation]") {
   const auto p = models::from_pretrained<models::Gpt2>(fixture("gpt2"));
   GenerationConfig c{.max_new_tokens = 16,

@@ -80,8 +80,13 @@ TEST_CASE("cached greedy equals the uncached loop; batched equals one by one", "
 
 TEST_CASE("generation on 2 model shards gives the 1-shard tokens", "[generation]") {
   const Prompts prompts{{5, 17, 33, 2}, {60, 1, 2}};
-  for (const char* name : {"gpt2", "llama_head_dim"}) {
-    INFO(name);
+  // f32, and bf16 in decode panels (each rank packs its own slice of every
+  // matrix, the vocabulary-split embedding and LM head too).
+  const models::hf::LoadOptions f32_opts{}, panel_opts{.dtype = DType::bf16, .decode_panels = true};
+  for (const auto& [name, load] :
+       {std::pair{"gpt2", f32_opts}, std::pair{"llama_head_dim", f32_opts},
+        std::pair{"gpt2", panel_opts}, std::pair{"llama_head_dim", panel_opts}}) {
+    INFO(name << (load.decode_panels ? " in decode panels" : ""));
     std::visit(
         [&](const auto& whole) {
           using M = std::decay_t<decltype(whole.model)>;
@@ -91,8 +96,9 @@ TEST_CASE("generation on 2 model shards gives the 1-shard tokens", "[generation]
           const auto want_beams = generation::generate(whole.model, whole.params, prompts, beams);
           std::vector<generation::Generated> got(2), got_beams(2);
           comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
-            const auto part =
-                models::from_pretrained<M>(fixture(name), {.n_shards = 2, .rank = comm.rank()});
+            models::hf::LoadOptions opts = load;
+            opts.n_shards = 2, opts.rank = comm.rank();
+            const auto part = models::from_pretrained<M>(fixture(name), opts);
             nn::Ctx ctx;
             ctx.mp = &comm;
             got[size_t(comm.rank())] =
@@ -105,36 +111,7 @@ TEST_CASE("generation on 2 model shards gives the 1-shard tokens", "[generation]
             CHECK(got_beams[size_t(r)].sequences == want_beams.sequences);
           }
         },
-        models::from_pretrained_any(fixture(name)));
-  }
-}
-
-TEST_CASE("bf16 weights in decode panels on 2 model shards give the 1-shard tokens",
-          "[generation][bf16]") {
-  // Each rank packs its own slice of every matrix (the vocabulary-split
-  // embedding and LM head too).
-  const Prompts prompts{{5, 17, 33, 2}, {60, 1, 2}};
-  const models::hf::LoadOptions whole_opts{.dtype = DType::bf16, .decode_panels = true};
-  for (const char* name : {"gpt2", "llama_head_dim"}) {
-    INFO(name);
-    std::visit(
-        [&](const auto& whole) {
-          using M = std::decay_t<decltype(whole.model)>;
-          const GenerationConfig greedy{.max_new_tokens = 10};
-          const auto want = generation::generate(whole.model, whole.params, prompts, greedy);
-          std::vector<generation::Generated> got(2);
-          comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
-            models::hf::LoadOptions opts = whole_opts;
-            opts.n_shards = 2, opts.rank = comm.rank();
-            const auto part = models::from_pretrained<M>(fixture(name), opts);
-            nn::Ctx ctx;
-            ctx.mp = &comm;
-            got[size_t(comm.rank())] =
-                generation::generate(part.model, part.params, prompts, greedy, ctx);
-          });
-          for (int r = 0; r < 2; ++r) CHECK(got[size_t(r)].sequences == want.sequences);
-        },
-        models::from_pretrained_any(fixture(name), whole_opts));
+        models::from_pretrained_any(fixture(name), load));
   }
 }
 

@@ -1,7 +1,9 @@
 #include "redco/ops/cpu/skinny_panels.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <utility>
 
 #include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
@@ -63,6 +65,15 @@ void panel_block(const float* x, int64_t ldx, const uint16_t* p, int64_t K, floa
 
 constexpr int kBlockRows = 8;
 
+// panel_block<MB> for MB = 1 .. kBlockRows, indexed by MB - 1.
+using Block = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+                       int64_t);
+template <size_t... I>
+constexpr std::array<Block, sizeof...(I)> blocks(std::index_sequence<I...>) {
+  return {&panel_block<int(I) + 1>...};
+}
+constexpr auto kBlocks = blocks(std::make_index_sequence<kBlockRows>{});
+
 }  // namespace
 
 void skinny_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, float* y,
@@ -78,32 +89,8 @@ void skinny_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, f
       for (int64_t m = 0; m < M; m += kBlockRows) {
         const float* xm = x + m * ldx;
         float* ym = y + m * ldy;
-        switch (std::min<int64_t>(kBlockRows, M - m)) {
-          case 8:
-            panel_block<8>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          case 7:
-            panel_block<7>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          case 6:
-            panel_block<6>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          case 5:
-            panel_block<5>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          case 4:
-            panel_block<4>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          case 3:
-            panel_block<3>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          case 2:
-            panel_block<2>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-          default:
-            panel_block<1>(xm, ldx, p, K, ym, ldy, n0, valid);
-            break;
-        }
+        kBlocks[size_t(std::min<int64_t>(kBlockRows, M - m) - 1)](xm, ldx, p, K, ym, ldy, n0,
+                                                                  valid);
       }
     }
   });

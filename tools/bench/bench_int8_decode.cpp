@@ -2,8 +2,9 @@
 // token of a LLaMA-shaped model is, on the CPU, the GEMVs of its layers
 // (attention q/k/v/o [d, d], MLP gate/up [h, d], down [d, h]) against the
 // batch's rows; this times them through redco::linear (the path generation
-// takes: the skinny f32, bf16 and int8 kernels) with the weights in f32, bf16
-// and int8 (Tensor::quantize_rows), and prints tokens/s for each and the
+// takes: the skinny f32, bf16, int8 and panel kernels) with the weights in
+// f32, bf16, int8 (Tensor::quantize_rows) and bf16 packed in decode panels
+// (Tensor::pack_panels), and prints tokens/s for each and the
 // bytes of weights streamed a second. Attention over the cache, norms and the
 // LM head are left out: they are the same for every weight format.
 //
@@ -48,13 +49,15 @@ int main(int argc, char** argv) {
                 layers = flag(argc, argv, "--layers", 8), batch = flag(argc, argv, "--batch", 1),
                 reps = flag(argc, argv, "--reps", 5);
   NoGradGuard no_grad;
-  std::vector<Tensor> weights[3];  // f32, bf16, int8
+  constexpr int kFormats = 4;
+  std::vector<Tensor> weights[kFormats];  // f32, bf16, int8, bf16 in panels
   for (int64_t l = 0; l < layers; ++l)
     for (auto [n, k] : {std::pair{d, d}, std::pair{d, d}, std::pair{d, d}, std::pair{d, d},
                         std::pair{h, d}, std::pair{h, d}, std::pair{d, h}}) {
       Tensor w = Tensor::uniform({n, k}, 7, uint64_t(weights[0].size()), -0.05f, 0.05f);
       weights[1].push_back(w.to(DType::bf16));
       weights[2].push_back(Tensor::quantize_rows(w));
+      weights[3].push_back(Tensor::pack_panels(w));
       weights[0].push_back(std::move(w));
     }
   // The two input widths, `batch` rows each.
@@ -66,11 +69,12 @@ int main(int argc, char** argv) {
   // The formats' products against f32's: each kernel computes what it should.
   const Tensor want = linear(xh, weights[0].back());
   const double err_bf16 = max_abs_diff(linear(xh, weights[1].back()), want),
-               err_i8 = max_abs_diff(linear(xh, weights[2].back()), want);
-  double best[3] = {1e30, 1e30, 1e30};
-  for (int f = 0; f < 3; ++f) token(f);  // warm-up
+               err_i8 = max_abs_diff(linear(xh, weights[2].back()), want),
+               err_panels = max_abs_diff(linear(xh, weights[3].back()), want);
+  double best[kFormats] = {1e30, 1e30, 1e30, 1e30};
+  for (int f = 0; f < kFormats; ++f) token(f);  // warm-up
   for (int64_t r = 0; r < reps; ++r)
-    for (int f = 0; f < 3; ++f) {
+    for (int f = 0; f < kFormats; ++f) {
       const auto t0 = Clock::now();
       token(f);
       best[f] = std::min(best[f], std::chrono::duration<double>(Clock::now() - t0).count());
@@ -78,11 +82,13 @@ int main(int argc, char** argv) {
   const double params = double(layers) * double(4 * d * d + 3 * h * d);
   std::printf(
       "{\"params_M\": %.0f, \"batch\": %lld, \"f32_tok_s\": %.2f, \"bf16_tok_s\": %.2f, "
-      "\"int8_tok_s\": %.2f, \"bf16_vs_f32\": %.2f, \"int8_vs_bf16\": %.2f, "
-      "\"weight_GB_s\": [%.1f, %.1f, %.1f], \"bf16_max_abs_err\": %.2e, "
-      "\"int8_max_abs_err\": %.2e}\n",
-      params / 1e6, (long long)batch, 1 / best[0], 1 / best[1], 1 / best[2], best[0] / best[1],
-      best[1] / best[2], params * 4 / best[0] / 1e9, params * 2 / best[1] / 1e9,
-      params / best[2] / 1e9, err_bf16, err_i8);
+      "\"int8_tok_s\": %.2f, \"panels_tok_s\": %.2f, \"bf16_vs_f32\": %.2f, "
+      "\"int8_vs_bf16\": %.2f, \"panels_vs_f32\": %.2f, "
+      "\"weight_GB_s\": [%.1f, %.1f, %.1f, %.1f], \"bf16_max_abs_err\": %.2e, "
+      "\"int8_max_abs_err\": %.2e, \"panels_max_abs_err\": %.2e}\n",
+      params / 1e6, (long long)batch, 1 / best[0], 1 / best[1], 1 / best[2], 1 / best[3],
+      best[0] / best[1], best[1] / best[2], best[0] / best[3], params * 4 / best[0] / 1e9,
+      params * 2 / best[1] / 1e9, params / best[2] / 1e9, params * 2 / best[3] / 1e9, err_bf16,
+      err_i8, err_panels);
   return 0;
 }

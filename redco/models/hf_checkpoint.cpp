@@ -168,8 +168,6 @@ Tensor read_slice(const io::SafetensorsReader& file, const std::string& name, co
   return gather_rows(block, src, c1 - c0);
 }
 
-// A parameter in the dtype asked for. i8: matrices quantized by rows
-// (weight-only int8), vectors (norms, biases) and other ranks kept in f32.
 // Whether the plan makes p a layer's [out, in] weight (or a vocabulary
 // table, which is the LM head's weight or gathered by rows): the matrices a
 // decode step multiplies, and no others (positions are sliced, T5's bias
@@ -192,6 +190,8 @@ bool multiplied_by_rows(const shard::ParamSplit& p) {
   }
 }
 
+// A parameter in the dtype asked for. i8: matrices quantized by rows
+// (weight-only int8), vectors (norms, biases) and other ranks kept in f32.
 // bf16 with decode_panels: the multiplied matrices packed for decoding, the rest plain bf16.
 Tensor converted(const Tensor& t, const shard::ParamSplit& split, const LoadOptions& opts) {
   if (opts.dtype == DType::f32) return t;

@@ -157,7 +157,8 @@ struct TrainerRun {
 template <typename Model>
 TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<ParamTree> params,
                        optim::Optimizer opt, const std::vector<int32_t>& tok, int64_t B, int64_t T,
-                       int64_t vocab, int64_t total, Precision precision, bool recompute) {
+                       int64_t vocab, int64_t warmup, int64_t total, Precision precision,
+                       bool recompute, fmt::ostream* losses) {
   // Every replica takes B windows a step: global step s covers windows
   // [s B dp, (s + 1) B dp), replica r the r-th B of them.
   std::vector<int64_t> windows(size_t(total * B * deployer.dp_size()));
@@ -188,6 +189,11 @@ TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<Par
                      r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
                      r.cpu_ms.push_back(cpu1 - cpu0);
                      r.last_loss = float(info.loss);
+                     if (losses)
+                       losses->print("step {} loss {:.6f} ms {:.3f}\n", r.ms.size() - 1, info.loss,
+                                     r.ms.back());
+                     // The profile covers the timed steps only, as on the plain path.
+                     if (profile::enabled() && int64_t(r.ms.size()) == warmup) profile::reset();
                      if (!deployer.device().is_cpu()) {
                        const AllocatorStats st =
                            device_memory(deployer.device()).stats(deployer.device().index);
@@ -287,17 +293,18 @@ int main(int argc, char** argv) try {
   const Precision precision = dtype == "bf16" ? Precision::bf16 : Precision::f32;
 
   std::unique_ptr<fmt::ostream> losses;
-  if (!losses_path.empty()) losses = std::make_unique<fmt::ostream>(fmt::output_file(losses_path));
+  if (!losses_path.empty() && deployer.is_main())  // one file, rank 0's losses
+    losses = std::make_unique<fmt::ostream>(fmt::output_file(losses_path));
   std::vector<double> timed_ms, timed_cpu_ms, activation_mb, step_peak_mb;
   float last_loss = 0;
   size_t allocs_after[2] = {0, 0};  // system allocations after steps 0 and 1
   if (through_trainer) {
-    // Profiling the trainer path covers every step, warm-up included.
-    if (profiling) profile::enable(true);
+    if (profiling) profile::enable(true);  // reset once the warm-up steps are done
     const TrainerRun r = run_trainer(
         deployer, model, whole ? std::optional<ParamTree>(std::move(params)) : std::nullopt,
-        std::move(opt), tokens, B, T, cfg.model.vocab, warmup + steps, precision, recompute);
-    if (profiling) print_profile(warmup + steps);
+        std::move(opt), tokens, B, T, cfg.model.vocab, warmup, warmup + steps, precision,
+        recompute, losses.get());
+    if (profiling) print_profile(steps);
     timed_ms.assign(r.ms.begin() + warmup, r.ms.end());
     timed_cpu_ms.assign(r.cpu_ms.begin() + warmup, r.cpu_ms.end());
     last_loss = r.last_loss;

@@ -70,8 +70,9 @@ class ZeroPartition {
   // sharing the tensors). Names of the plan not in `tree` are left out.
   ParamTree owned(const ParamTree& tree) const;
   // The broadcasts that set every parameter of `params` (this rank's shards)
-  // to its owner's values: per owner, its parts (views of `params`, received
-  // in place) in messages of at most 32 MiB; a larger part goes alone.
+  // to its owner's values: per owner, each part of 1 MiB or more alone (a
+  // view of `params`, received in place), the smaller ones packed in
+  // messages of at most 32 MiB.
   // train/param_share.hpp runs them, overlapped with the next forward.
   struct ShareBucket {
     int root = 0;

@@ -5,11 +5,13 @@
 // norm is summed in another order), each rank's optimizer state falls to
 // about 1/dp, also when one parameter is 40% of the model (split among the
 // owners), and checkpoints move between runs with and without ZeRO.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,6 +212,61 @@ TEST_CASE("ZeRO's parameter broadcast overlapped with the next forward changes n
         CHECK(on.in_flight == (world / mp > 1 ? overlapped : std::vector<bool>(10, false)));
         CHECK(off.in_flight == std::vector<bool>(10, false));
       }
+}
+
+// Wide enough that its weight matrices are 1 MiB or more ([512, 512] is
+// exactly 1 MiB) while biases and norms stay small.
+const models::Gpt2Config kWide{
+    .vocab = 64, .context = 16, .dim = 512, .layers = 1, .heads = 4, .dropout = 0.1f};
+
+TEST_CASE("ZeRO shares a weight of 1 MiB or more in place, packing only small parts", "[zero]") {
+  const auto gpt = models::gpt2(kWide);
+  const std::vector<shard::ParamSplit> plan = shard::resolve(gpt, 1);
+  const ParamTree params = nn::init_params(gpt, 3);
+  std::map<std::string, size_t> position;  // in the plan
+  for (const auto& s : plan) position.emplace(s.name, position.size());
+  constexpr int64_t kAlone = (int64_t(1) << 20) / 4, kBucket = (int64_t(32) << 20) / 4;
+  for (const int dp : {2, 4}) {
+    const train::ZeroPartition zero(plan, dp, 0);
+    std::map<std::pair<int, std::string>, int> seen;  // (owner, name) -> times shared
+    size_t last_first = 0, alone = 0, small = 0;
+    for (const auto& b : zero.share_buckets(params)) {
+      INFO("dp " << dp << ", bucket from owner " << b.root << " starting with " << b.names[0]);
+      REQUIRE(b.names.size() == b.parts.size());
+      CHECK(position.at(b.names[0]) >= last_first);  // buckets in the order of their first part
+      last_first = position.at(b.names[0]);
+      int64_t floats = 0;
+      for (size_t i = 0; i < b.parts.size(); ++i) {
+        ++seen[{b.root, b.names[i]}];
+        const Tensor owned = zero.part(b.names[i], params.at(b.names[i]), b.root);
+        CHECK(b.parts[i].shape() == owned.shape());
+        floats += b.parts[i].numel();
+        if (b.parts[i].numel() < kAlone) {
+          ++small;
+          continue;
+        }
+        ++alone;
+        CHECK(b.parts.size() == 1);  // alone, and the parameter itself: received in place
+        CHECK(b.parts[i].data<float>() == owned.data<float>());
+      }
+      CHECK(floats <= std::max(kBucket, b.parts[0].numel()));
+    }
+    CHECK(alone >= 4);  // c_attn, attn c_proj, c_fc, mlp c_proj at least
+    CHECK(small >= 4);  // the biases and norms
+    // Every owner's every part travels exactly once.
+    for (const auto& s : plan)
+      for (int r = 0; r < dp; ++r) {
+        const std::vector<int>& owners = zero.part_owners(s.name);
+        const bool owns = std::find(owners.begin(), owners.end(), r) != owners.end();
+        const auto it = seen.find({r, s.name});
+        CHECK((it == seen.end() ? 0 : it->second) == (owns ? 1 : 0));
+      }
+  }
+  // And training over it is the overlap-free run, bit for bit.
+  const Result off = fit({.world = 2, .zero = 2, .model = kWide, .overlap = false});
+  const Result on = fit({.world = 2, .zero = 2, .model = kWide});
+  CHECK(on.losses == off.losses);
+  check_bitwise(on.params, off.params);
 }
 
 // A rank that fails while parameters are still on their way (its pending

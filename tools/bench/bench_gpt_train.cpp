@@ -302,8 +302,8 @@ int main(int argc, char** argv) try {
     if (profiling) profile::enable(true);  // reset once the warm-up steps are done
     const TrainerRun r = run_trainer(
         deployer, model, whole ? std::optional<ParamTree>(std::move(params)) : std::nullopt,
-        std::move(opt), tokens, B, T, cfg.model.vocab, warmup, warmup + steps, precision,
-        recompute, losses.get());
+        std::move(opt), tokens, B, T, cfg.model.vocab, warmup, warmup + steps, precision, recompute,
+        losses.get());
     if (profiling) print_profile(steps);
     timed_ms.assign(r.ms.begin() + warmup, r.ms.end());
     timed_cpu_ms.assign(r.cpu_ms.begin() + warmup, r.cpu_ms.end());

@@ -59,6 +59,27 @@ TEST_CASE("TextEncoder::with_cls: [CLS] first, right padding, truncation, vocabu
   CHECK_THROWS_WITH(data::TextEncoder::with_cls(tok(), 1), Contains("max_length must be >= 2"));
 }
 
+TEST_CASE("TextEncoder: labelled texts batch as their texts, with labels and targets", "[text]") {
+  const std::string corpus = "the cat sat on the mat; the dog sat on the log. ";
+  const auto enc = data::TextEncoder::with_cls(
+      data::Tokenizer::from_json(data::Bpe::train(corpus + corpus, 300).to_tokenizer_json()), 8);
+  const std::vector<data::LabelledText> ex{{"the dog sat", 2, 0.25f}, {"the cat", 0, -1.5f}};
+  const data::LabelledBatch b = enc.encode(std::span<const data::LabelledText>(ex));
+  const std::vector<std::string> texts{"the dog sat", "the cat"};
+  const data::TextBatch plain = enc.encode(texts);
+  REQUIRE(b.x.ids.shape() == plain.ids.shape());
+  for (int64_t i = 0; i < 2; ++i) {
+    CHECK(row(b.x.ids, i) == row(plain.ids, i));
+    CHECK(row(b.x.mask, i) == row(plain.mask, i));
+  }
+  CHECK(b.labels.dtype() == DType::i64);
+  CHECK(b.labels.to_vector() == std::vector<float>{2.f, 0.f});
+  CHECK(b.targets.dtype() == DType::f32);
+  CHECK(b.targets.to_vector() == std::vector<float>{0.25f, -1.5f});
+  CHECK(data::labels_of(ex) == std::vector<int64_t>{2, 0});
+  CHECK(data::targets_of(ex) == std::vector<float>{0.25f, -1.5f});
+}
+
 TEST_CASE("TextEncoder::pretrained: the tokenizer's [CLS] ... [SEP], padded", "[text]") {
   const auto file = test::hf_fixture().parent_path().parent_path() / "data" / "tokenizers" /
                     "bert" / "tokenizer.json";

@@ -53,4 +53,29 @@ TextBatch TextEncoder::encode(std::span<const std::string> texts) const {
   return b;
 }
 
+LabelledBatch TextEncoder::encode(std::span<const LabelledText> examples) const {
+  const auto B = int64_t(examples.size());
+  std::vector<std::string> texts;
+  texts.reserve(examples.size());
+  for (const LabelledText& e : examples) texts.push_back(e.text);
+  LabelledBatch b{encode(texts), Tensor::empty({B}, DType::i64), Tensor::empty({B})};
+  for (int64_t i = 0; i < B; ++i) {
+    b.labels.data<int64_t>()[i] = examples[size_t(i)].label;
+    b.targets.data<float>()[i] = examples[size_t(i)].target;
+  }
+  return b;
+}
+
+std::vector<int64_t> labels_of(std::span<const LabelledText> ex) {
+  std::vector<int64_t> out;
+  for (const LabelledText& e : ex) out.push_back(e.label);
+  return out;
+}
+
+std::vector<float> targets_of(std::span<const LabelledText> ex) {
+  std::vector<float> out;
+  for (const LabelledText& e : ex) out.push_back(e.target);
+  return out;
+}
+
 }  // namespace redco::data

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "redco/core/tensor.hpp"
 #include "redco/data/tokenizer.hpp"
@@ -20,6 +21,21 @@ struct TextBatch {
   Tensor ids;   // i64 [B, T], T = the longest encoding of the batch (<= max_length)
   Tensor mask;  // i64 [B, T]: 1 for a token, 0 for padding (Hugging Face's attention_mask)
 };
+
+// A text with its class (classification) or its value (regression), and a
+// batch of them as a classifier or regressor trains on it.
+struct LabelledText {
+  std::string text;
+  int64_t label = 0;  // the class
+  float target = 0;   // the value
+};
+struct LabelledBatch {
+  TextBatch x;     // ids, mask: i64 [B, T]
+  Tensor labels;   // i64 [B]
+  Tensor targets;  // f32 [B]
+};
+std::vector<int64_t> labels_of(std::span<const LabelledText> ex);
+std::vector<float> targets_of(std::span<const LabelledText> ex);
 
 class TextEncoder {
  public:
@@ -35,6 +51,8 @@ class TextEncoder {
 
   // Encodes on the oneTBB pool; every text gives at least its [CLS].
   TextBatch encode(std::span<const std::string> texts) const;
+  // The texts encoded as above, with their labels and targets.
+  LabelledBatch encode(std::span<const LabelledText> examples) const;
   int64_t vocab_size() const { return vocab_; }
   int32_t pad_id() const { return pad_; }
   int64_t max_length() const { return max_length_; }

@@ -1,10 +1,9 @@
-// Text classification and regression with a BERT encoder. Classification:
-// Debian's fortunes by category (the file each comes from), scored by
-// accuracy and macro-F1 on every 10th fortune of each category. --regression:
-// where a KJV verse stands in the Bible (0 Genesis 1:1, 1 Revelation 22:21),
-// scored by mean squared error on every 10th verse. From scratch with a byte-level BPE learned
-// from the training text, or fine-tuned from a Hugging Face BERT/RoBERTa
-// folder (--init-from: config.json, safetensors, tokenizer.json).
+// Text classification and regression with a BERT encoder. Classification: Debian's fortunes by
+// category (the file each comes from), scored by accuracy and macro-F1 on every 10th fortune of
+// each category. --regression: where a KJV verse stands in the Bible (0 Genesis 1:1, 1 Revelation
+// 22:21), scored by mean squared error on every 10th verse. From scratch with a byte-level BPE
+// learned from the training text, or fine-tuned from a Hugging Face BERT/RoBERTa folder
+// (--init-from: config.json, safetensors, tokenizer.json).
 //   build/samples/classification_regression/classification_regression --epochs 3
 //   build/samples/classification_regression/classification_regression --regression
 #include <fmt/core.h>
@@ -23,16 +22,9 @@
 
 using namespace redco;
 
-struct Example {
-  std::string text;
-  int64_t label = 0;  // the category (classification)
-  float target = 0;   // the value (regression)
-};
-struct Batch {
-  data::TextBatch x;  // ids, mask: i64 [B, T]
-  Tensor labels;      // i64 [B]
-  Tensor targets;     // f32 [B]
-};
+using Example = data::LabelledText;  // text, label (classification), target (regression)
+using Batch = data::LabelledBatch;   // x (ids, mask: i64 [B, T]), labels i64 [B], targets f32 [B]
+using data::labels_of, data::targets_of;
 struct Task {
   std::vector<Example> train, valid;
   int64_t labels = 1;  // 1: regression
@@ -68,33 +60,10 @@ Task verse_positions() {
   return t;
 }
 
-std::vector<int64_t> labels_of(std::span<const Example> ex) {
-  std::vector<int64_t> out;
-  for (const Example& e : ex) out.push_back(e.label);
-  return out;
-}
-std::vector<float> targets_of(std::span<const Example> ex) {
-  std::vector<float> out;
-  for (const Example& e : ex) out.push_back(e.target);
-  return out;
-}
-
 template <typename Model>
 int run(const Options& o, train::Deployer& deployer, const Task& task, const Model& model,
         const data::TextEncoder& enc, std::optional<nn::ParamTree> init) {
-  auto collate = [&](std::span<const Example> ex) {
-    const auto B = int64_t(ex.size());
-    std::vector<std::string> texts;
-    texts.reserve(ex.size());
-    Batch b{{}, Tensor::empty({B}, DType::i64), Tensor::empty({B})};
-    for (int64_t i = 0; i < B; ++i) {
-      texts.push_back(ex[size_t(i)].text);
-      b.labels.data<int64_t>()[i] = ex[size_t(i)].label;
-      b.targets.data<float>()[i] = ex[size_t(i)].target;
-    }
-    b.x = enc.encode(texts);
-    return b;
-  };
+  auto collate = [&](std::span<const Example> ex) { return enc.encode(ex); };
   const bool regression = task.labels == 1;
   auto loss = [regression](auto& m, const Batch& b, train::Rng) {
     const Tensor out = m(b.x.ids, b.x.mask);  // [B, labels]
@@ -155,25 +124,24 @@ int main(int argc, char** argv) try {
                  "a Hugging Face BERT/RoBERTa folder (config.json, safetensors, tokenizer.json)");
   app.add_flag("--regression,--is-regression", o.regression,
                "predict where a KJV verse stands in the Bible, 0..1 (mean squared error)");
-  app.add_option("--epochs", o.epochs)->check(redco::cli::at_least(1));
+  app.add_option("--epochs", o.epochs)->check(cli::at_least(1));
   app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: all epochs)")
-      ->check(redco::cli::at_least(0));
-  app.add_option("--batch-size", o.batch, "global batch size")->check(redco::cli::at_least(1));
-  app.add_option("--lr", o.lr, "peak AdamW learning rate (cosine decay)")
-      ->check(redco::cli::positive());
+      ->check(cli::at_least(0));
+  app.add_option("--batch-size", o.batch, "global batch size")->check(cli::at_least(1));
+  app.add_option("--lr", o.lr, "peak AdamW learning rate (cosine decay)")->check(cli::positive());
   app.add_option("--max-length", o.max_length, "tokens per text, [CLS] included")
-      ->check(redco::cli::between(2, 4096));
+      ->check(cli::between(2, 4096));
   app.add_option("--vocab", o.vocab, "BPE vocabulary (from scratch)")
-      ->check(redco::cli::between(258, 65536));
-  app.add_option("--dim", o.cfg.dim)->check(redco::cli::at_least(1));
-  app.add_option("--layers", o.cfg.layers)->check(redco::cli::at_least(1));
-  app.add_option("--heads", o.cfg.heads)->check(redco::cli::at_least(1));
+      ->check(cli::between(258, 65536));
+  app.add_option("--dim", o.cfg.dim)->check(cli::at_least(1));
+  app.add_option("--layers", o.cfg.layers)->check(cli::at_least(1));
+  app.add_option("--heads", o.cfg.heads)->check(cli::at_least(1));
   app.add_option("--fortunes", o.fortunes, "folder of fortune files");
   app.add_option("--min-per-category", o.min_per_category, "leave out smaller categories")
-      ->check(redco::cli::at_least(2));
+      ->check(cli::at_least(2));
   app.add_option("--seed", o.seed);
   app.add_option("--n-model-shards", o.n_model_shards, "tensor-parallel shards of the model")
-      ->check(redco::cli::at_least(1));
+      ->check(cli::at_least(1));
   app.add_option("--workdir", o.workdir, "tokenizer, checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
 

@@ -29,7 +29,6 @@
 #include "redco/privacy/clipped_grads.hpp"
 #include "redco/privacy/per_example.hpp"
 #include "redco/rl/returns.hpp"
-#include "redco/rl/vector_env.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/train/adapt.hpp"
 #include "redco/train/trainer.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "redco/rl/vector_env.hpp"
+#include "envs/vector_env.hpp"
 
 namespace rl_golden {
 

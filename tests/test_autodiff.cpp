@@ -52,7 +52,7 @@ TEST_CASE("no-grad scopes and detach record nothing", "[autodiff]") {
     NoGradGuard off;
     Tensor y = w * 2.f;
     CHECK_FALSE(y.requires_grad());
-    CHECK_FALSE(bool(y.grad_fn()));
+    CHECK_FALSE(bool(grad_fn_of(y)));
   }
   Tensor y = w.detach() * 2.f;
   CHECK_FALSE(y.requires_grad());

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "redco/core/error.hpp"
-#include "redco/data/bibles.hpp"
+#include "datasets/bibles.hpp"
 #include "skip.hpp"
 
 using namespace redco;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Command-line conventions of the samples and tools (tools/cli/redco_cli.hpp):
+# Command-line conventions of the samples and tools (samples/common/redco_cli.hpp):
 # dashed flags with the underscore spelling as an alias, range errors that
 # print readable bounds, and a program's own flags passed through redco-run
 # untouched.

@@ -11,7 +11,7 @@
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
 #include "redco/models/opt.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 
 using namespace redco;
 using test::max_abs_diff;

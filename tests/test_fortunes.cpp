@@ -9,7 +9,7 @@
 #include <map>
 
 #include "redco/core/error.hpp"
-#include "redco/data/fortunes.hpp"
+#include "datasets/fortunes.hpp"
 #include "redco/data/utf8.hpp"
 #include "skip.hpp"
 

@@ -40,6 +40,13 @@ CPP
 "${cxx[@]}" -std=c++20 -fsyntax-only "$scratch/all_headers.cpp" $(pkg-config --cflags redco)
 "${cxx[@]}" -std=c++20 -O1 "$root/tests/consumer/main.cpp" -o "$scratch/consumer_pkgconfig" "${flags[@]}"
 "$scratch/consumer_pkgconfig"
+# A consumer starts where no CUDA is installed: the CUDA runtime is linked
+# statically (redco/meson.build), so no libcudart.so is needed, and no RUNPATH
+# into a toolkit is written.
+if readelf -d "$scratch/consumer_pkgconfig" | grep -E "libcudart|RUNPATH|RPATH"; then
+  echo "FAIL: the consumer needs the CUDA runtime or a toolkit path to start (above)"
+  exit 1
+fi
 
 # 2. CMake: find_package(redco) through CMAKE_PREFIX_PATH.
 rm -rf "$scratch/cmake"

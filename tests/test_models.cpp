@@ -15,7 +15,7 @@
 #include "redco/models/t5.hpp"
 #include "redco/models/vision.hpp"
 #include "redco/optim/optimizer.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 
 using namespace redco;
 using nn::Collective;

@@ -2,7 +2,7 @@
 // static_assert on the model types themselves.
 #include <catch2/catch.hpp>
 
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 
 using namespace redco;
 using shard::Role;

@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "redco/core/error.hpp"
-#include "redco/data/render.hpp"
+#include "datasets/render.hpp"
 #include "skip.hpp"
 
 using namespace redco;

@@ -22,8 +22,8 @@
 
 #include "redco/core/error.hpp"
 #include "redco/core/philox.hpp"
-#include "redco/rl/classic_control.hpp"
-#include "redco/rl/vector_env.hpp"
+#include "envs/classic_control.hpp"
+#include "envs/vector_env.hpp"
 #include "rl_golden.hpp"
 
 using namespace redco;

@@ -99,7 +99,7 @@ TEST_CASE("seq2seq_logits and seq2seq_generate: a padded batch gives each row wh
       tgt{"el gato y el perro", "the dog"};
   NoGradGuard off;
   auto bound = [&] { return train::BoundModel(model, params, nn::Ctx{.train = false}); };
-  generation::GenerationConfig how = enc.generation_ids();
+  generation::GenerationConfig how = train::generation_ids(enc);
   how.max_new_tokens = 8, how.num_beams = 4;
   auto both = bound();
   const data::Seq2SeqBatch b = enc.encode(src, tgt);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
-#include "redco/io/svg_plot.hpp"
+#include "svg_plot.hpp"
 
 using namespace redco;
 

@@ -7,7 +7,7 @@
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/comm/threads_comm.hpp"
 #include "redco/models/unet.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/train/parallel.hpp"
 
 using namespace redco;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "redco/autodiff/autograd_meta.hpp"
 #include "redco/autodiff/checkpoint.hpp"
 #include "redco/autodiff/recording.hpp"
 
@@ -13,6 +14,21 @@ thread_local bool grad_mode_enabled = true;
 std::atomic<uint64_t> next_sequence{1};
 thread_local detail::CaptureScope* t_capture = nullptr;
 thread_local detail::Substitution* t_substitution = nullptr;
+
+std::unique_ptr<AutogradMetaInterface> make_autograd_meta() {
+  return std::make_unique<AutogradMeta>();
+}
+// Core's Tensor::set_requires_grad makes autograd state through this factory.
+[[maybe_unused]] const bool factory_installed =
+    (set_autograd_meta_factory(&make_autograd_meta), true);
+
+// Marks `t` as output `slot` of `node` (it requires a gradient from now on).
+void attach(const Tensor& t, std::shared_ptr<Node> node, int slot) {
+  AutogradMeta& m = ensure_autograd_meta(t);
+  m.grad_fn = std::move(node);
+  m.output_nr = slot;
+  m.set_requires_grad(true);
+}
 }  // namespace
 
 bool GradMode::enabled() { return grad_mode_enabled; }
@@ -36,8 +52,15 @@ bool needs_graph(const TensorList& inputs) {
 
 Edge edge_of(const Tensor& t) {
   if (!t.requires_grad()) return {};
-  if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
-  return {t.leaf_node(), 0};
+  AutogradMeta& m = *autograd_meta(t);
+  if (m.grad_fn) return {m.grad_fn, m.output_nr};
+  if (!m.leaf_node) m.leaf_node = Node::make_leaf(t.impl_ptr());
+  return {m.leaf_node, 0};
+}
+
+std::shared_ptr<Node> grad_fn_of(const Tensor& t) {
+  const AutogradMeta* m = autograd_meta(t);
+  return m ? m->grad_fn : nullptr;
 }
 
 TensorList record(const char* name, const TensorList& inputs, TensorList outputs,
@@ -53,13 +76,12 @@ TensorList record(const char* name, const TensorList& inputs, TensorList outputs
                                              : TensorMeta{Shape{}, DType::f32, Device::cpu()});
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
-    TensorImpl& impl = outputs[i].impl();
-    REDCO_CHECK(!impl.grad_fn && !impl.requires_grad,
+    const Tensor& out = outputs[i];
+    REDCO_CHECK(!out.requires_grad() && out.is_leaf(),
                 "op '{}' returned a tensor that already has autograd history", name);
-    impl.grad_fn = node;
-    impl.output_nr = int(i);
-    impl.requires_grad = is_floating(impl.dtype);
-    node->output_meta_.push_back({impl.shape, impl.dtype, impl.storage->device});
+    attach(out, node, int(i));
+    ensure_autograd_meta(out).set_requires_grad(is_floating(out.dtype()));
+    node->output_meta_.push_back({out.shape(), out.dtype(), out.device()});
   }
   return outputs;
 }
@@ -68,18 +90,18 @@ Tensor record(const char* name, const TensorList& inputs, Tensor output, Node::B
   return record(name, inputs, TensorList{std::move(output)}, std::move(backward))[0];
 }
 
-SavedOutput::SavedOutput(const Tensor& out)
-    : data_(out.detach()),
-      node_(out.defined() ? out.grad_fn() : nullptr),
-      slot_(out.defined() ? out.output_nr() : 0) {}
+SavedOutput::SavedOutput(const Tensor& out) : data_(out.detach()) {
+  if (const AutogradMeta* m = autograd_meta(out)) {
+    node_ = m->grad_fn;
+    slot_ = m->output_nr;
+  }
+}
 
 Tensor SavedOutput::get() const {
   auto node = node_.lock();
   if (!node || !GradMode::enabled()) return data_;
   Tensor t = data_.detach();
-  t.impl().grad_fn = node;
-  t.impl().output_nr = slot_;
-  t.impl().requires_grad = true;
+  attach(t, std::move(node), slot_);
   return t;
 }
 
@@ -118,10 +140,11 @@ const Tensor& Substitution::of(const Tensor& t) {
 }
 
 SavedInput::SavedInput(const Tensor& x) {
-  if (x.defined() && x.impl().recompute && x.grad_fn()) {
-    recompute_ = x.impl().recompute;
-    node_ = x.grad_fn();
-    slot_ = x.output_nr();
+  const AutogradMeta* m = autograd_meta(x);
+  if (m && m->recompute && m->grad_fn) {
+    recompute_ = m->recompute;
+    node_ = m->grad_fn;
+    slot_ = m->output_nr;
   } else {
     value_ = x;
   }
@@ -135,11 +158,7 @@ Tensor SavedInput::get() const {
     t = recompute_().detach();
   }
   auto node = node_.lock();
-  if (node && GradMode::enabled()) {
-    t.impl().grad_fn = node;
-    t.impl().output_nr = slot_;
-    t.impl().requires_grad = true;
-  }
+  if (node && GradMode::enabled()) attach(t, std::move(node), slot_);
   return t;
 }
 

@@ -13,6 +13,8 @@
 
 namespace redco {
 
+class Node;
+
 // Grad mode is per thread; ops record nodes only while it is on.
 class GradMode {
  public:
@@ -76,6 +78,8 @@ class Node {
 
 // The edge through which a gradient for `t` flows (null node: none needed).
 Edge edge_of(const Tensor& t);
+// The node that produced `t`; null for a leaf or a tensor outside any graph.
+std::shared_ptr<Node> grad_fn_of(const Tensor& t);
 
 // True when grad mode is on and some input requires a gradient.
 bool needs_graph(const TensorList& inputs);

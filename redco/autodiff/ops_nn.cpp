@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "redco/autodiff/autograd_meta.hpp"
 #include "redco/autodiff/recording.hpp"
 #include "redco/ops/backend.hpp"
 
@@ -89,7 +90,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
              });
   // The node keeps x anyway: a consumer that saves y keeps this instead.
   if (y.requires_grad())
-    y.impl().recompute = [x, gamma, beta, eps] {
+    autograd_meta(y)->recompute = [x, gamma, beta, eps] {
       LayerNormSaved again;
       return kernels::layer_norm(x, gamma, beta, eps, again);
     };
@@ -108,7 +109,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
                return kernels::rms_norm_backward(g[0], x, gamma, *saved);
              });
   if (y.requires_grad())  // as for layer_norm
-    y.impl().recompute = [x, gamma, eps] {
+    autograd_meta(y)->recompute = [x, gamma, eps] {
       LayerNormSaved again;
       return kernels::rms_norm(x, gamma, eps, again);
     };

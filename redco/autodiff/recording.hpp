@@ -26,7 +26,7 @@ Tensor record_with_output(const char* name, const TensorList& inputs, Tensor out
 
 // An op's input, captured for its backward rule. An input that its producer
 // can compute again from tensors it keeps anyway (a norm's output, see
-// TensorImpl::recompute) is held as that recipe instead of its values: the
+// AutogradMeta::recompute) is held as that recipe instead of its values: the
 // activation is freed after forward and recomputed in backward (one cheap
 // pass; on GPT-2 the two norms of each block keep 12.6 MB less each).
 class SavedInput {

@@ -9,10 +9,9 @@
 #include <utility>
 
 #include "redco/autodiff/node.hpp"
+#include "redco/core/param_tree.hpp"
 
 namespace redco {
-
-using ParamTree = std::map<std::string, Tensor>;
 
 // f(params) -> scalar loss; returns {loss, d loss / d params} with the same keys.
 template <typename F>

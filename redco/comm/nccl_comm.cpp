@@ -25,6 +25,12 @@
 #include "redco/ops/cuda/cuda_util.hpp"
 #include "redco/sched/event.hpp"
 
+// Referenced through the linker (-u) so that a static libredco keeps this
+// object, and with it the registration below.
+extern "C" {
+int redco_nccl_anchor = 0;
+}
+
 namespace redco::comm {
 namespace {
 
@@ -472,6 +478,13 @@ bool nccl_usable(std::string* why) {
   }
   return nccl_api(why) != nullptr;
 }
+
+// Collectives on GPU tensors go over NCCL in every program that links this
+// object: a static libredco keeps it through the linker's -u redco_nccl_anchor
+// (redco/meson.build, redco.pc), as the CUDA backend keeps its own.
+struct Registrar {
+  Registrar() { register_nccl_comm(); }
+} registrar;
 
 }  // namespace
 

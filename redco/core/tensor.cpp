@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "redco/autodiff/node.hpp"
 #include "redco/core/allocator.hpp"
 #include "redco/core/device_memory.hpp"
 #include "redco/core/heartbeat.hpp"
@@ -428,22 +427,48 @@ std::string Tensor::str(int max_elems) const {
   return s + "}";
 }
 
+namespace {
+AutogradMetaFactory g_autograd_meta_factory = nullptr;
+}  // namespace
+
+void set_autograd_meta_factory(AutogradMetaFactory factory) { g_autograd_meta_factory = factory; }
+AutogradMetaFactory autograd_meta_factory() { return g_autograd_meta_factory; }
+
 Tensor& Tensor::set_requires_grad(bool r) {
   REDCO_CHECK(!r || is_floating(dtype()), "only floating-point tensors can require gradients ({})",
               dtype_name(dtype()));
   REDCO_CHECK(is_leaf() || r, "cannot clear requires_grad of a non-leaf tensor; use detach()");
-  impl().requires_grad = r;
+  TensorImpl& i = impl();
+  if (!i.autograd) {
+    if (!r) return *this;
+    REDCO_CHECK(g_autograd_meta_factory,
+                "set_requires_grad: redco's autograd is not linked into this program (link "
+                "the whole redco library, or redco_autograd, and call its differentiable ops)");
+    i.autograd = g_autograd_meta_factory();
+  }
+  i.autograd->set_requires_grad(r);
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl().grad ? *impl().grad : Tensor(); }
-void Tensor::set_grad(const Tensor& g) {
-  if (g.defined())
-    impl().grad = std::make_unique<Tensor>(g);
-  else
-    impl().grad.reset();
+Tensor Tensor::grad() const {
+  const TensorImpl& i = impl();
+  const Tensor* g = i.autograd ? i.autograd->grad() : nullptr;
+  return g ? *g : Tensor();
 }
-void Tensor::zero_grad() { impl().grad.reset(); }
+void Tensor::set_grad(const Tensor& g) {
+  TensorImpl& i = impl();
+  if (!i.autograd) {
+    if (!g.defined()) return;
+    REDCO_CHECK(g_autograd_meta_factory,
+                "set_grad: redco's autograd is not linked into this program (link the whole "
+                "redco library, or redco_autograd)");
+    i.autograd = g_autograd_meta_factory();
+  }
+  i.autograd->set_grad(g);
+}
+void Tensor::zero_grad() {
+  if (impl().autograd) impl().autograd->set_grad(Tensor());
+}
 
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
@@ -455,12 +480,6 @@ Tensor Tensor::detach() const {
   impl->row_scales = impl_->row_scales;
   impl->panels = impl_->panels;
   return Tensor(std::move(impl));
-}
-
-const std::shared_ptr<Node>& Tensor::leaf_node() const {
-  auto& i = impl();
-  if (!i.leaf_node) i.leaf_node = Node::make_leaf(impl_);
-  return i.leaf_node;
 }
 
 void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {

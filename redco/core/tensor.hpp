@@ -5,22 +5,22 @@
 // are free. Every tensor is contiguous: transposes are explicit copies, which
 // keeps every kernel simple and fast.
 //
-// Autograd state lives here too (requires_grad, the node that produced the
-// tensor, the accumulated gradient of a leaf); the differentiable functions
-// are in redco/autodiff.
+// Autograd hangs its state on a tensor through one opaque hook
+// (core/autograd_hook.hpp); the graph and the differentiable functions are in
+// redco/autodiff, which core does not include.
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "redco/core/autograd_hook.hpp"
 #include "redco/core/device.hpp"
 #include "redco/core/dtype.hpp"
 #include "redco/core/shape.hpp"
 
 namespace redco {
 
-class Node;
 class Tensor;
 
 // Where a tensor's values live across a model-parallel group. A tensor with
@@ -67,18 +67,10 @@ struct TensorImpl {
   size_t offset = 0;  // bytes from storage->data
   Shape shape;
   DType dtype = DType::f32;
-  // autograd
-  bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;               // null for leaves
-  int output_nr = 0;                           // which output of grad_fn this is
-  std::shared_ptr<Node> leaf_node;             // a leaf's gradient sink, created on demand
-  std::unique_ptr<Tensor> grad;                // a leaf's accumulated gradient
+  // Null until the tensor requires a gradient; owned here, defined by redco/autodiff.
+  std::unique_ptr<AutogradMetaInterface> autograd;
   std::string name;                            // optional, used in error messages
   std::shared_ptr<const Placement> placement;  // null: whole on this rank
-  // Computes these values again from tensors the producing op keeps anyway
-  // (a norm's output from its input): ops that save this tensor for backward
-  // keep the recipe instead and free the activation (autodiff's SavedInput).
-  std::function<Tensor()> recompute;
   // An i8 weight quantized by rows: row n stands for its values x row_scales[n]
   // (f32 [rows]). Views that keep the rows keep it; conversions apply it.
   std::shared_ptr<const Tensor> row_scales;
@@ -213,19 +205,18 @@ class Tensor {
   const Placement* placement() const { return defined() ? impl_->placement.get() : nullptr; }
 
   // ---- autograd -------------------------------------------------------------
-  bool requires_grad() const { return defined() && impl_->requires_grad; }
+  // The graph (the node that produced a tensor) is autodiff's: redco/autodiff/node.hpp.
+  bool requires_grad() const {
+    return defined() && impl_->autograd && impl_->autograd->requires_grad();
+  }
   Tensor& set_requires_grad(bool r = true);
-  bool is_leaf() const { return !impl().grad_fn; }
-  const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
-  int output_nr() const { return impl().output_nr; }
+  bool is_leaf() const { return !impl().autograd || impl().autograd->is_leaf(); }
   // The gradient accumulated into a leaf by backward(); undefined before.
   Tensor grad() const;
   void set_grad(const Tensor& g);
   void zero_grad();  // drops the gradient (the buffer returns to the cache)
   // Same data, no history, requires_grad = false.
   Tensor detach() const;
-  // internal: the gradient sink of a leaf (created on demand).
-  const std::shared_ptr<Node>& leaf_node() const;
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}

@@ -41,16 +41,14 @@ Seq2SeqEncoder Seq2SeqEncoder::with_eos(Tokenizer tok, int64_t max_length) {
   e.tok_.set_truncation(Truncation{.max_length = max_length - 1});  // room for eos
   const int64_t v = e.tok_.vocab_size();
   e.append_eos_ = true;
-  e.ids_.pad_token_id = v;
-  e.ids_.decoder_start_token_id = v;
-  e.ids_.eos_token_ids = {v + 1};
+  e.ids_ = {.pad = v, .eos = {v + 1}, .decoder_start = v};
   e.vocab_ = (v + 2 + 63) / 64 * 64;
   return e;
 }
 
 Seq2SeqEncoder Seq2SeqEncoder::pretrained(Tokenizer tok, int64_t max_length,
-                                          const generation::GenerationConfig& ids) {
-  REDCO_CHECK(!ids.eos_token_ids.empty() && ids.decoder_start_token_id >= 0,
+                                          const Seq2SeqIds& ids) {
+  REDCO_CHECK(!ids.eos.empty() && ids.decoder_start >= 0,
               "Seq2SeqEncoder::pretrained: the checkpoint names no eos_token_id or "
               "decoder_start_token_id (config.json or generation_config.json)");
   Seq2SeqEncoder e(std::move(tok), max_length);
@@ -107,7 +105,7 @@ Seq2SeqBatch Seq2SeqEncoder::encode(std::span<const std::string> sources,
 }
 
 std::string Seq2SeqEncoder::decode(std::span<const int64_t> ids) const {
-  const auto& eos = ids_.eos_token_ids;
+  const auto& eos = ids_.eos;
   const auto end = std::find_first_of(ids.begin(), ids.end(), eos.begin(), eos.end());
   std::vector<int64_t> kept;
   const int64_t v = tok_.vocab_size();

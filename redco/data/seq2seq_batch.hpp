@@ -19,7 +19,6 @@
 
 #include "redco/core/tensor.hpp"
 #include "redco/data/tokenizer.hpp"
-#include "redco/generation/generation_config.hpp"
 
 namespace redco::data {
 
@@ -39,6 +38,15 @@ struct Seq2SeqBatch {
   std::vector<std::vector<int64_t>> source_rows() const;
 };
 
+// The ids that frame a model's texts: padding, the end-of-sequence ids (the
+// first one is appended), the decoder's first input. A checkpoint's come from
+// its generation settings (train::seq2seq_ids of models::generation_config).
+struct Seq2SeqIds {
+  int64_t pad = 0;
+  std::vector<int64_t> eos{};
+  int64_t decoder_start = -1;
+};
+
 class Seq2SeqEncoder {
  public:
   // A tokenizer without special tokens (data::Bpe's): id V (its vocabulary
@@ -48,9 +56,8 @@ class Seq2SeqEncoder {
   static Seq2SeqEncoder with_eos(Tokenizer tok, int64_t max_length);
   // A checkpoint's tokenizer.json, whose post-processor adds the model's
   // special tokens (T5: "… </s>", BART: "<s> … </s>"), with the ids of its
-  // generation settings (models::generation_config: pad, eos, decoder start).
-  static Seq2SeqEncoder pretrained(Tokenizer tok, int64_t max_length,
-                                   const generation::GenerationConfig& ids);
+  // generation settings (train::seq2seq_ids(models::generation_config(dir))).
+  static Seq2SeqEncoder pretrained(Tokenizer tok, int64_t max_length, const Seq2SeqIds& ids);
 
   // Sources and targets of one batch, each truncated to max_length tokens.
   Seq2SeqBatch encode(std::span<const std::string> sources,
@@ -62,14 +69,14 @@ class Seq2SeqEncoder {
   std::vector<std::vector<int64_t>> ids(std::span<const std::string> texts) const;
   // Generated ids as text: up to the first end-of-sequence id, special tokens left out.
   std::string decode(std::span<const int64_t> ids) const;
-  // What generate_seq2seq needs besides the decoding choices: the pad,
-  // end-of-sequence and decoder start ids (and a checkpoint's forced ids).
-  generation::GenerationConfig generation_ids() const { return ids_; }
+  // The pad, end-of-sequence and decoder start ids (train::generation_ids
+  // makes them the start of a generation config).
+  const Seq2SeqIds& special_ids() const { return ids_; }
 
   int64_t vocab_size() const { return vocab_; }
-  int64_t pad_id() const { return ids_.pad_token_id; }
-  int64_t eos_id() const { return ids_.eos_token_ids.front(); }
-  int64_t decoder_start() const { return ids_.decoder_start_token_id; }
+  int64_t pad_id() const { return ids_.pad; }
+  int64_t eos_id() const { return ids_.eos.front(); }
+  int64_t decoder_start() const { return ids_.decoder_start; }
   int64_t max_length() const { return max_length_; }
   const Tokenizer& tokenizer() const { return tok_; }
 
@@ -78,7 +85,7 @@ class Seq2SeqEncoder {
   Tokenizer tok_;
   int64_t max_length_ = 0, vocab_ = 0;
   bool append_eos_ = false;  // with_eos: the tokenizer adds no special tokens
-  generation::GenerationConfig ids_;
+  Seq2SeqIds ids_;
 };
 
 }  // namespace redco::data

@@ -34,7 +34,7 @@
 #include <string_view>
 #include <vector>
 
-#include "redco/autodiff/value_and_grad.hpp"
+#include "redco/core/param_tree.hpp"
 
 namespace redco::io {
 

@@ -26,7 +26,7 @@
 #include "redco/models/t5.hpp"
 #include "redco/models/vision_encoder_decoder.hpp"
 #include "redco/models/vit.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 
 namespace redco::models {
 

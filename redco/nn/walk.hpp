@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "redco/core/param_tree.hpp"
 #include "redco/core/tensor.hpp"
 #include "redco/nn/name.hpp"
 #include "redco/shard/spec.hpp"
@@ -277,7 +278,7 @@ struct Ctx {
   LayerTaps* taps = nullptr;
 };
 
-using ParamTree = std::map<std::string, Tensor>;
+using redco::ParamTree;  // core/param_tree.hpp; nn::ParamTree names the same type
 
 class Params {
  public:

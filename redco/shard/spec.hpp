@@ -1,7 +1,7 @@
 #pragma once
 // What a shard plan says about one parameter: which dimension is split across
 // the model shards (or none), and why. Shared by the compile-time plans of
-// typed models (redco/shard/plan.hpp) and the name-based rules for parameter
+// typed models (redco/nn/shard_plan.hpp) and the name-based rules for parameter
 // trees that come from elsewhere (redco/shard/name_rules.hpp).
 #include <cstdint>
 #include <string_view>

@@ -17,7 +17,7 @@
 
 #include "redco/comm/comm.hpp"
 #include "redco/nn/tensor_parallel.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/train/data_parallel.hpp"
 
 namespace redco::train {

@@ -30,7 +30,7 @@
 
 #include "redco/comm/mesh.hpp"
 #include "redco/core/error.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/gather_outputs.hpp"

@@ -16,6 +16,21 @@
 
 namespace redco::train {
 
+// An encoder's framing ids as the start of a generation config: the pad,
+// end-of-sequence and decoder start ids generate_seq2seq needs besides the
+// decoding choices.
+inline generation::GenerationConfig generation_ids(const data::Seq2SeqEncoder& enc) {
+  const data::Seq2SeqIds& ids = enc.special_ids();
+  generation::GenerationConfig c;
+  c.eos_token_ids = ids.eos, c.pad_token_id = ids.pad, c.decoder_start_token_id = ids.decoder_start;
+  return c;
+}
+// A checkpoint's generation settings (models::generation_config) as the ids
+// data::Seq2SeqEncoder::pretrained frames texts with.
+inline data::Seq2SeqIds seq2seq_ids(const generation::GenerationConfig& c) {
+  return {.pad = c.pad_token_id, .eos = c.eos_token_ids, .decoder_start = c.decoder_start_token_id};
+}
+
 // The decoder's logits [B, Tt, V] for b.decoder_in, the encoder reading b.source.
 template <nn::Layer L>
 Tensor seq2seq_logits(BoundModel<L>& model, const data::Seq2SeqBatch& b) {

@@ -66,7 +66,7 @@
 #include "redco/comm/mesh.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/custom_step.hpp"
 #include "redco/train/data_parallel.hpp"

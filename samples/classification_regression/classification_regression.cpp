@@ -10,8 +10,8 @@
 
 #include <numeric>
 
-#include "redco/data/bibles.hpp"
-#include "redco/data/fortunes.hpp"
+#include "datasets/bibles.hpp"
+#include "datasets/fortunes.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/data/text_batch.hpp"
 #include "redco/models/encoder_classifier.hpp"

@@ -4,7 +4,7 @@
 // held-out books' lines must fall under half the untrained model's (from a folder: not rise).
 //   build/samples/image_to_text/image_to_text --workdir ocr_workdir
 
-#include "redco/data/render.hpp"
+#include "datasets/render.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/export_pretrained.hpp"
 #include "redco/train/text_metrics.hpp"

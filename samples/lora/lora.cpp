@@ -8,7 +8,7 @@
 
 #include <fmt/core.h>
 
-#include "redco/data/bibles.hpp"
+#include "datasets/bibles.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/redco.hpp"
 #include "redco_cli.hpp"

@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "redco/io/svg_plot.hpp"
+#include "envs/vector_env.hpp"
+#include "svg_plot.hpp"
 #include "redco/redco.hpp"
 
 namespace rl_sample {

@@ -11,7 +11,7 @@
 #include <fmt/core.h>
 
 #include "redco/data/lm_data.hpp"
-#include "redco/data/verse_pairs.hpp"
+#include "datasets/verse_pairs.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/export_pretrained.hpp"
 #include "redco/train/seq2seq.hpp"
@@ -36,12 +36,12 @@ io::Metrics score(std::span<const data::TextPair> ex, std::span<const std::strin
 
 template <typename M>
 int run(train::Deployer& deployer, const data::PairSplit& data, models::Pretrained<M> init,
-        const data::Seq2SeqEncoder& enc, const std::filesystem::path& tokenizer, const Options& o) {
+        const data::Seq2SeqEncoder& enc, generation::GenerationConfig how,
+        const std::filesystem::path& tokenizer, const Options& o) {
   auto collate = [&](std::span<const data::TextPair> ex) { return enc.encode(ex); };
   auto loss = [](auto& model, const data::Seq2SeqBatch& b, train::Rng) {
     return cross_entropy(train::seq2seq_logits(model, b), b.labels);
   };
-  generation::GenerationConfig how = enc.generation_ids();
   how.max_new_tokens = o.max_length, how.num_beams = o.beams,
   how.no_repeat_ngram_size = o.no_repeat;
   auto predict = [&](auto& model, const data::Seq2SeqBatch& b, train::Rng) {
@@ -152,10 +152,10 @@ int main(int argc, char** argv) try {
                                     data.test.size());
   if (!o.init_from.empty()) {
     return models::with_family<models::T5, models::Bart>(o.init_from, [&]<typename M>() {
-      const auto enc =
-          data::Seq2SeqEncoder::pretrained(data::Tokenizer::from_file(o.init_from), o.max_length,
-                                           models::generation_config(o.init_from));
-      return run(deployer, data, models::from_pretrained<M>(o.init_from), enc, o.init_from, o);
+      const auto how = models::generation_config(o.init_from);
+      const auto enc = data::Seq2SeqEncoder::pretrained(data::Tokenizer::from_file(o.init_from),
+                                                        o.max_length, train::seq2seq_ids(how));
+      return run(deployer, data, models::from_pretrained<M>(o.init_from), enc, how, o.init_from, o);
     });
   }
   std::string text;  // both sides: one vocabulary for the shared embedding
@@ -167,7 +167,7 @@ int main(int argc, char** argv) try {
   cfg.decoder_start = enc.decoder_start();
   auto init = models::untrained<models::T5>(cfg);
   init.hf_config["pad_token_id"] = enc.pad_id(), init.hf_config["eos_token_id"] = enc.eos_id();
-  return run(deployer, data, std::move(init), enc, tok, o);
+  return run(deployer, data, std::move(init), enc, train::generation_ids(enc), tok, o);
 } catch (const std::exception& e) {
   fmt::print(stderr, "text_to_text: {}\n", e.what());
   return 1;

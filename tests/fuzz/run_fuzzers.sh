@@ -44,7 +44,7 @@ export UBSAN_OPTIONS="suppressions=$root/tests/fuzz/ubsan.supp:halt_on_error=1:p
 # and the tokenizer pipeline.
 srcs=(core/dtype.cpp core/allocator.cpp core/device_memory.cpp core/tensor.cpp core/profile.cpp
   core/quantize_rows.cpp core/bf16_panels.cpp
-  core/random.cpp autodiff/node.cpp io/safetensors.cpp io/json.cpp io/checkpoint.cpp data/idx.cpp
+  core/random.cpp io/safetensors.cpp io/json.cpp io/checkpoint.cpp data/idx.cpp
   comm/launch_env.cpp data/regex.cpp data/tokenizer.cpp data/tokenizer_batch.cpp
   data/tokenizer_config.cpp data/tokenizer_unicode.cpp data/tokenizer_normalizers.cpp
   data/tokenizer_pre_tokenizers.cpp data/tokenizer_models.cpp data/tokenizer_unigram.cpp

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "redco/core/philox.hpp"
-#include "redco/rl/vector_env.hpp"
+#include "envs/vector_env.hpp"
 
 using namespace redco;
 

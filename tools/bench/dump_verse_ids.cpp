@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "redco/data/lm_data.hpp"
-#include "redco/data/verse_pairs.hpp"
+#include "datasets/verse_pairs.hpp"
 #include "redco/redco.hpp"
 
 using namespace redco;

@@ -21,9 +21,6 @@
 #include "redco/ops/cuda/backend_cuda.hpp"
 #include "redco/ops/cuda/cuda_backend.hpp"
 #include "redco/ops/cuda/cuda_util.hpp"
-#ifdef REDCO_HAVE_NCCL
-#include "redco/comm/nccl_comm.hpp"
-#endif
 
 // Referenced through the linker (-u) so that a static libredco keeps this
 // object, and with it the registration below.
@@ -166,9 +163,6 @@ struct Registrar {
   Registrar() {
     register_device_memory(DeviceKind::cuda, &memory());
     register_backend(DeviceKind::cuda, &CudaBackend::instance());
-#ifdef REDCO_HAVE_NCCL
-    comm::register_nccl_comm();  // collectives on GPU tensors over NCCL
-#endif
   }
 } registrar;
 

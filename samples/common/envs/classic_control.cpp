@@ -2,7 +2,7 @@
 // grouping of Gymnasium 1.0's Python (left-to-right evaluation of NumPy
 // float64 scalars), and this file is built with -ffp-contract=off, so each
 // step rounds exactly as Gymnasium's does up to the last bit of sin/cos.
-#include "redco/rl/classic_control.hpp"
+#include "envs/classic_control.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "redco/data/bibles.hpp"
+#include "datasets/bibles.hpp"
 #include "redco/data/seq2seq_batch.hpp"
 
 namespace redco::data {

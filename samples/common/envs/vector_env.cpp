@@ -1,7 +1,7 @@
 // VectorEnv: one type-erased table per task, whose loops are instantiated for
 // that task's struct, so the per-env work is direct calls the compiler can
 // inline; the only indirect call is one per chunk of envs.
-#include "redco/rl/vector_env.hpp"
+#include "envs/vector_env.hpp"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -10,7 +10,7 @@
 
 #include "redco/core/error.hpp"
 #include "redco/core/philox.hpp"
-#include "redco/rl/classic_control.hpp"
+#include "envs/classic_control.hpp"
 
 namespace redco::rl {
 

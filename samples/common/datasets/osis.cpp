@@ -3,7 +3,7 @@
 #include <string>
 #include <string_view>
 
-#include "redco/data/bibles.hpp"
+#include "datasets/bibles.hpp"
 #include "redco/data/utf8.hpp"
 
 namespace redco::data {

@@ -1,5 +1,5 @@
 // Fortune files: one category per file, entries separated by "%" lines.
-#include "redco/data/fortunes.hpp"
+#include "datasets/fortunes.hpp"
 
 #include <algorithm>
 #include <fstream>

@@ -1,5 +1,5 @@
 // Applying a typed model's plan to its run-time sizes.
-#include "redco/shard/plan.hpp"
+#include "redco/nn/shard_plan.hpp"
 
 #include <fmt/format.h>
 

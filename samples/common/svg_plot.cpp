@@ -1,5 +1,5 @@
 // SVG line plots: axis ranges, ticks, one polyline per series, a legend.
-#include "redco/io/svg_plot.hpp"
+#include "svg_plot.hpp"
 
 #include <fmt/core.h>
 

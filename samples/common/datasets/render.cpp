@@ -2,7 +2,7 @@
 // anti-aliased at the requested pixel size and blended (max) into the image at
 // its bitmap offset from the pen, the pen moved by the glyph's advance plus
 // kerning, in FreeType's 26.6 fixed point so that sub-pixel advances add up.
-#include "redco/data/render.hpp"
+#include "datasets/render.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // libsword's own plain rendering (stripText) takes 7-9 s and
 // `diatheke -b KJV -f plain -k Gen-Rev` 7 s, and both keep speaker labels,
 // WEB's glossary, or Strong's numbers, or glue words where a note was.
-#include "redco/data/bibles.hpp"
+#include "datasets/bibles.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

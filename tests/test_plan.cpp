@@ -2,6 +2,8 @@
 // static_assert on the model types themselves.
 #include <catch2/catch.hpp>
 
+#include "redco/models/llama.hpp"
+#include "redco/models/t5.hpp"
 #include "redco/nn/shard_plan.hpp"
 
 using namespace redco;
@@ -78,4 +80,75 @@ TEST_CASE("GPT-2 parameters are named as the plan says, with run-time shapes", "
     if (pattern.rfind("h.", 0) == 0) pattern = "h.*" + pattern.substr(pattern.find('.', 2));
     CHECK(s.split_dim == gpt2_plan.split(pattern));
   }
+}
+
+namespace {
+const shard::ParamSplit& entry(const std::vector<shard::ParamSplit>& plan, std::string_view name) {
+  for (const auto& s : plan)
+    if (s.name == name) return s;
+  FAIL("no plan entry " << name);
+  throw;
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention with 2 key/value heads stays whole over 4 shards", "[plan]") {
+  const auto model =
+      models::llama({.vocab = 64, .dim = 64, .layers = 1, .heads = 8, .kv_heads = 2, .hidden = 96});
+  const auto two = shard::resolve(model, 2), four = shard::resolve(model, 4);
+  for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
+    const std::string name = std::string("layers.0.self_attn.") + p + ".weight";
+    CHECK(entry(two, name).split_dim == 0);
+    CHECK(entry(four, name).split_dim == -1);
+    CHECK_THAT(entry(four, name).note, Catch::Contains("whole 8-wide heads"));
+  }
+  CHECK(entry(four, "layers.0.self_attn.o_proj.weight").split_dim == -1);
+  // The MLP is its own group: it still splits.
+  CHECK(entry(four, "layers.0.mlp.gate_proj.weight").split_dim == 0);
+  CHECK(entry(four, "layers.0.mlp.down_proj.weight").split_dim == 1);
+  CHECK(entry(four, "embed_tokens.weight").split_dim == 0);
+}
+
+TEST_CASE("T5 with 6 heads splits its attention and bias table 2 ways but not 4", "[plan]") {
+  const auto model = models::t5({.vocab = 64,
+                                 .dim = 48,
+                                 .heads = 6,
+                                 .hidden = 64,
+                                 .encoder_layers = 1,
+                                 .decoder_layers = 1,
+                                 .head_dim = 8});
+  const auto two = shard::resolve(model, 2), four = shard::resolve(model, 4);
+  const std::string q = "encoder.block.0.SelfAttention.q_proj.weight";
+  const std::string table = "encoder.relative_attention_bias.weight";
+  CHECK(entry(two, q).split_dim == 0);
+  CHECK(entry(four, q).split_dim == -1);
+  CHECK(entry(two, table).split_dim == 1);
+  CHECK(entry(four, table).split_dim == -1);
+}
+
+TEST_CASE("describe prints a row per parameter with f32 bytes per shard", "[plan]") {
+  const auto model = gpt2(50257, 1024, 768, 12, 1);
+  const std::string text = shard::describe(shard::resolve(model, 2), 2);
+  const auto line_of = [&](std::string_view name) {
+    const size_t at = text.find(std::string(name) + " ");
+    REQUIRE(at != std::string::npos);
+    return text.substr(at, text.find('\n', at) - at);
+  };
+  const auto row_has = [&](std::string_view name, std::vector<std::string_view> fields) {
+    std::string line = line_of(name);
+    INFO(line);
+    for (std::string_view f : fields) {
+      const size_t at = line.find(f);
+      CHECK(at != std::string::npos);
+      if (at != std::string::npos) line = line.substr(at + f.size());  // fields in order
+    }
+  };
+  CHECK(text.substr(0, text.find('\n')).find("bytes/shard (f32)") != std::string::npos);
+  row_has("h.0.attn.q_proj.weight", {"[768, 768]", "attention q", "dim 0", "1179648"});
+  row_has("h.0.mlp.fc2.weight", {"[768, 3072]", "row", "dim 1", "4718592"});
+  row_has("h.0.mlp.fc2.bias", {"[768]", "row bias", " - ", "3072"});
+  // 50257 rows do not divide by 2: the vocabulary stays whole, and the note says why.
+  row_has("wte.weight", {"[50257, 768]", "vocab", " - ", "154389504"});
+  CHECK(text.find("total: ") != std::string::npos);
+  CHECK(text.find("note: replicated: wte.weight dim 0 = 50257 is not divisible by 2 shards") !=
+        std::string::npos);
 }

@@ -524,25 +524,50 @@ TEST_CASE("shards without their group, or cut for another group size, are refuse
   for (const std::string& e : errors)
     CHECK_THAT(e, Catch::Contains("fc_1.weight") && Catch::Contains("[4, 12]") &&
                       Catch::Contains("train::shard_params"));
-  // A tied head built without the vocabulary size cannot tell a split table.
+  // A tied head built without the vocabulary size reads the table's split
+  // from the plan, as the one told the size does: the same logits.
   const auto untold = nn::embedding(16, 8) | nn::tied_lm_head();
   const auto told = nn::embedding(16, 8) | nn::tied_lm_head(16);
   const ParamTree table =
       train::shard_params(nn::init_params(told, 5), shard::resolve(told, 2), 0, 2);
-  std::vector<std::string> head_errors(2);
+  CHECK(table.at("wte.weight").shape() == Shape{8, 8});
+  std::vector<Tensor> untold_logits(2), told_logits(2);
   comm::ThreadsWorld(2).run([&](comm::Comm& comm) {
     const ParamTree mine =
         train::init_shard(nn::param_entries(told), shard::resolve(told, 2), 5, comm.rank(), 2);
     nn::Ctx ctx{.mp = &comm};
+    untold_logits[size_t(comm.rank())] = nn::apply(untold, mine, tokens(1, 3, 16, 15), ctx);
+    told_logits[size_t(comm.rank())] = nn::apply(told, mine, tokens(1, 3, 16, 15), ctx);
+  });
+  const Tensor one_rank = nn::apply(told, nn::init_params(told, 5), tokens(1, 3, 16, 15));
+  for (size_t r = 0; r < 2; ++r) {
+    CHECK(untold_logits[r].values<float>() == told_logits[r].values<float>());
+    CHECK(max_abs_diff(told_logits[r], one_rank) < 1e-5f);
+  }
+}
+
+TEST_CASE("layers read the split from the plan, not from the shards' shapes", "[tensor_parallel]") {
+  // 6 heads over 4 shards do not divide: the plan replicates the attention
+  // block. Q/K/V/O cut in quarters anyway have the shapes a split would have,
+  // and are refused by name instead of being run as a split.
+  const auto model = models::gpt2({.vocab = 16, .context = 8, .dim = 24, .layers = 1, .heads = 6});
+  const ParamTree full = nn::init_params(model, 3);
+  const auto plan = shard::resolve(model, 4);
+  std::vector<std::string> errors(4);
+  comm::ThreadsWorld(4).run([&](comm::Comm& comm) {
+    ParamTree mine = train::shard_params(full, plan, comm.rank(), 4);
+    REQUIRE(mine.at("h.0.attn.q_proj.weight").shape() == Shape{24, 24});  // replicated
+    mine["h.0.attn.q_proj.weight"] = slice(full.at("h.0.attn.q_proj.weight"), 0, 0, 6);
+    nn::Ctx ctx{.mp = &comm};
     try {
-      nn::apply(untold, mine, tokens(1, 3, 16, 15), ctx);
+      nn::apply(model, mine, tokens(1, 3, 16, 4), ctx);
     } catch (const Error& e) {
-      head_errors[size_t(comm.rank())] = e.what();
+      errors[size_t(comm.rank())] = e.what();
     }
   });
-  CHECK(table.at("wte.weight").shape() == Shape{8, 8});
-  for (const std::string& e : head_errors)
-    CHECK_THAT(e, Catch::Contains("nn::tied_lm_head(vocab)"));
+  for (const std::string& e : errors)
+    CHECK_THAT(e, Catch::Contains("h.0.attn.q_proj.weight") && Catch::Contains("replicated") &&
+                      Catch::Contains("[24, 24]"));
 }
 
 TEST_CASE("an LM head's logits are deferred in training and the loss and gradients are the same",

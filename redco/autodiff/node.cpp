@@ -22,12 +22,12 @@ std::unique_ptr<AutogradMetaInterface> make_autograd_meta() {
 [[maybe_unused]] const bool factory_installed =
     (set_autograd_meta_factory(&make_autograd_meta), true);
 
-// Marks `t` as output `slot` of `node` (it requires a gradient from now on).
-void attach(const Tensor& t, std::shared_ptr<Node> node, int slot) {
+// Marks `t` as output `slot` of `node`, requiring a gradient or not.
+void attach(const Tensor& t, std::shared_ptr<Node> node, int slot, bool requires_grad = true) {
   AutogradMeta& m = ensure_autograd_meta(t);
   m.grad_fn = std::move(node);
   m.output_nr = slot;
-  m.set_requires_grad(true);
+  m.set_requires_grad(requires_grad);
 }
 }  // namespace
 
@@ -79,8 +79,7 @@ TensorList record(const char* name, const TensorList& inputs, TensorList outputs
     const Tensor& out = outputs[i];
     REDCO_CHECK(!out.requires_grad() && out.is_leaf(),
                 "op '{}' returned a tensor that already has autograd history", name);
-    attach(out, node, int(i));
-    ensure_autograd_meta(out).set_requires_grad(is_floating(out.dtype()));
+    attach(out, node, int(i), is_floating(out.dtype()));
     node->output_meta_.push_back({out.shape(), out.dtype(), out.device()});
   }
   return outputs;

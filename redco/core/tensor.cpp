@@ -429,6 +429,18 @@ std::string Tensor::str(int max_elems) const {
 
 namespace {
 AutogradMetaFactory g_autograd_meta_factory = nullptr;
+
+// The tensor's autograd state, made through autodiff's factory when it has none.
+AutogradMetaInterface& ensure_autograd(TensorImpl& i, const char* op) {
+  if (!i.autograd) {
+    REDCO_CHECK(g_autograd_meta_factory,
+                "{}: redco's autograd is not linked into this program (link the whole redco "
+                "library, or redco_autograd, and call its differentiable ops)",
+                op);
+    i.autograd = g_autograd_meta_factory();
+  }
+  return *i.autograd;
+}
 }  // namespace
 
 void set_autograd_meta_factory(AutogradMetaFactory factory) { g_autograd_meta_factory = factory; }
@@ -438,15 +450,7 @@ Tensor& Tensor::set_requires_grad(bool r) {
   REDCO_CHECK(!r || is_floating(dtype()), "only floating-point tensors can require gradients ({})",
               dtype_name(dtype()));
   REDCO_CHECK(is_leaf() || r, "cannot clear requires_grad of a non-leaf tensor; use detach()");
-  TensorImpl& i = impl();
-  if (!i.autograd) {
-    if (!r) return *this;
-    REDCO_CHECK(g_autograd_meta_factory,
-                "set_requires_grad: redco's autograd is not linked into this program (link "
-                "the whole redco library, or redco_autograd, and call its differentiable ops)");
-    i.autograd = g_autograd_meta_factory();
-  }
-  i.autograd->set_requires_grad(r);
+  if (r || impl().autograd) ensure_autograd(impl(), "set_requires_grad").set_requires_grad(r);
   return *this;
 }
 
@@ -456,15 +460,7 @@ Tensor Tensor::grad() const {
   return g ? *g : Tensor();
 }
 void Tensor::set_grad(const Tensor& g) {
-  TensorImpl& i = impl();
-  if (!i.autograd) {
-    if (!g.defined()) return;
-    REDCO_CHECK(g_autograd_meta_factory,
-                "set_grad: redco's autograd is not linked into this program (link the whole "
-                "redco library, or redco_autograd)");
-    i.autograd = g_autograd_meta_factory();
-  }
-  i.autograd->set_grad(g);
+  if (g.defined() || impl().autograd) ensure_autograd(impl(), "set_grad").set_grad(g);
 }
 void Tensor::zero_grad() {
   if (impl().autograd) impl().autograd->set_grad(Tensor());

@@ -175,7 +175,7 @@ Tensor read_slice(const io::SafetensorsReader& file, const std::string& name, co
 bool multiplied_by_rows(const shard::ParamSplit& p) {
   using shard::Role;
   // A [vocab, 1] column is a bias added to the logits (BART's final_logits_bias).
-  if (p.in_out || p.shape.rank() != 2 || p.shape[1] == 1) return false;
+  if (p.shape.rank() != 2 || p.shape[1] == 1) return false;
   switch (p.role) {
     case Role::column:
     case Role::row:
@@ -234,18 +234,15 @@ nn::ParamTree load_weights(const fs::path& dir, const Layout& layout,
       const int64_t rows = shape[0], cols = shape.rank() == 2 ? shape[1] : 1;
       std::vector<int64_t> prow;
       int64_t c0 = 0, c1 = cols;
-      const auto ranges =
-          opts.n_shards > 1 && split.split_dim >= 0
-              ? shard::shard_ranges(split, opts.n_shards, opts.rank)
-              : std::vector<shard::IndexRange>{{0, split.split_dim == 1 ? cols : rows}};
-      if (split.split_dim == 1 && opts.n_shards > 1) {
-        REDCO_CHECK(ranges.size() == 1, "load_weights: '{}' splits dim 1 in fused blocks",
-                    split.name);
-        c0 = ranges[0].begin, c1 = ranges[0].end;
+      const bool split_here = opts.n_shards > 1 && split.split_dim >= 0;
+      const shard::IndexRange range = split_here
+                                          ? shard::shard_range(split, opts.n_shards, opts.rank)
+                                          : shard::IndexRange{0, rows};
+      if (split_here && split.split_dim == 1) {  // this shard's columns of every row
+        c0 = range.begin, c1 = range.end;
         for (int64_t r = 0; r < rows; ++r) prow.push_back(r);
       } else {
-        for (const shard::IndexRange& r : ranges)
-          for (int64_t i = r.begin; i < r.end; ++i) prow.push_back(i);
+        for (int64_t i = range.begin; i < range.end; ++i) prow.push_back(i);
       }
       t = read_slice(*w.where.at(name), name, s, prow, c0, c1);
     }

@@ -24,7 +24,7 @@
 
 #include "redco/io/json.hpp"
 #include "redco/nn/walk.hpp"
-#include "redco/shard/name_rules.hpp"
+#include "redco/shard/split.hpp"
 
 namespace redco::models::hf {
 

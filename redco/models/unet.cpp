@@ -24,11 +24,9 @@ Tensor timestep_sinusoid(const Tensor& t, int64_t dim) {
 }
 
 Tensor TimestepEmbedding::forward(const nn::Params& p, const Tensor& t, nn::Ctx& ctx) const {
-  const std::string at(p.path().view());
-  const Tensor h = parallel_linear(timestep_sinusoid(t, dim), p["linear_1.weight"],
-                                   p["linear_1.bias"], dim, out, ctx, at + ".linear_1.weight");
-  return parallel_linear(silu(h), p["linear_2.weight"], p["linear_2.bias"], out, out, ctx,
-                         at + ".linear_2.weight");
+  const Tensor h = parallel_linear(timestep_sinusoid(t, dim), p, "linear_1.weight",
+                                   p["linear_1.bias"], dim, out, ctx);
+  return parallel_linear(silu(h), p, "linear_2.weight", p["linear_2.bias"], out, out, ctx);
 }
 
 template <bool Shortcut>

@@ -67,9 +67,8 @@ Tensor RelativePositionBias::forward(const Params& p, const Tensor& x, Ctx& ctx)
               "{}: a bidirectional (encoder) relative position bias has no KV cache; the "
               "encoder runs on whole sources",
               p.path().view());
-  const Tensor& table = p["weight"];  // [buckets, heads] or this rank's heads of it
-  const Name name = p.path().dot("weight");
-  shard_dim(table, Shape{buckets, heads}, {1}, ctx, name.view());
+  const Tensor& table = p["weight"];                  // [buckets, heads] or this rank's heads of it
+  split_of(p, "weight", Shape{buckets, heads}, ctx);  // checks the shard: heads split or whole
   const int64_t t = x.dim(1);
   if (ctx.cache) {  // [B, heads here, Tq, capacity]: each row at its own positions
     REDCO_CHECK(x.dim(0) == ctx.cache->batch(), "{}: input {} for a KV cache of batch {}",
@@ -85,18 +84,14 @@ Tensor RelativePositionBias::forward(const Params& p, const Tensor& x, Ctx& ctx)
 }
 
 Tensor DenseActDense::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-  const std::string at(p.path().view());
-  const Tensor& wi = p[gated ? "wi_0.weight" : "wi.weight"];
+  const char* in_name = gated ? "wi_0.weight" : "wi.weight";
+  const Tensor& wi = p[in_name];
   const Tensor& wo = p["wo.weight"];
-  const int i = shard_dim(wi, Shape{hidden, dim}, {0}, ctx, at + (gated ? ".wi_0" : ".wi"));
-  const int o = shard_dim(wo, Shape{dim, hidden}, {1}, ctx, at + ".wo.weight");
-  const int g = gated ? shard_dim(p["wi_1.weight"], Shape{hidden, dim}, {0}, ctx, at + ".wi_1") : i;
-  REDCO_CHECK(i == g && (i == 0) == (o == 1),
-              "{}: wi/wo are split inconsistently (one split, another whole); cut them with "
-              "train::shard_params(full, shard::resolve(model, n), rank, n)",
-              at);
-  // Split: wi (and wi_1) column-parallel on one entered input, wo row-parallel.
-  const bool split = i == 0;
+  // One group in the plan: wi (and wi_1) column-parallel on one entered
+  // input, wo row-parallel, or all whole.
+  const bool split = split_of(p, in_name, Shape{hidden, dim}, ctx) == 0;
+  split_of(p, "wo.weight", Shape{dim, hidden}, ctx);
+  if (gated) split_of(p, "wi_1.weight", Shape{hidden, dim}, ctx);
   const Tensor in = split ? enter_parallel(x, ctx) : whole_features(x, ctx);
   Tensor h = activate(act, linear(in, wi));  // [B, T, hidden (/ n)]
   if (gated) h = h * linear(in, p["wi_1.weight"]);
@@ -141,7 +136,7 @@ Tensor PaddedPositions::forward(const Params& p, const Tensor& ids, Ctx& ctx) co
 Tensor LogitBias::forward(const Params& p, const Tensor& logits, Ctx& ctx) const {
   const Tensor& b = p["final_logits_bias"];  // [vocab, 1] or this rank's rows
   const Name name = p.path().dot("final_logits_bias");
-  const int split = shard_dim(b, Shape{vocab, 1}, {0}, ctx, name.view());
+  const int split = split_of(p, "final_logits_bias", Shape{vocab, 1}, ctx);
   REDCO_CHECK((split == 0) == ctx.split_features,
               "{}: the bias is {} but the logits are {}; the head and the bias must be split "
               "alike (cut both with train::shard_params and one plan)",

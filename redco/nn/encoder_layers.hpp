@@ -54,7 +54,8 @@ struct SharedEmbedding {
     w.add_collective(Collective::all_reduce);  // each shard looks up its slice of the vocabulary
   }
   Tensor forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
-    return parallel_embedding(p.at_root(table), ids, vocab, ctx, table);
+    // The owner of the table checked its shard's shape.
+    return parallel_embedding(p.at_root(table), p.split_at_root(table), ids, ctx);
   }
 };
 
@@ -158,7 +159,7 @@ Tensor encode(const EncoderDecoder<E, D>& m, const ParamTree& params, const Tens
   ctx.split_features = false;
   const Tensor mask = ctx.mask;
   ctx.mask = ctx.source_mask;
-  const Params root = Params(params).content<EncoderDecoder<E, D>>();
+  const Params root = Params(params, split_table(m, ctx)).content<EncoderDecoder<E, D>>();
   Tensor h = whole_features(apply_child(m.encoder, root, source, ctx), ctx);
   ctx.mask = mask;
   return h;

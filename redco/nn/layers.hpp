@@ -38,8 +38,7 @@ struct Linear {
               l ? Dims{l->out} : Dims{}, Init::zeros);
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    Tensor y = parallel_linear(x, p["weight"], Bias ? p["bias"] : Tensor(), in, out, ctx,
-                               p.path().dot("weight").view());
+    Tensor y = parallel_linear(x, p, "weight", Bias ? p["bias"] : Tensor(), in, out, ctx);
     if (ctx.taps) record_tap(ctx, p, x, y, Bias);
     return y;
   }
@@ -58,7 +57,7 @@ struct Embedding {  // ids [B, T] -> [B, T, d]; the vocabulary is split across s
     w.add_collective(Collective::all_reduce);  // each shard looks up its slice of the vocabulary
   }
   Tensor forward(const Params& p, const Tensor& ids, Ctx& ctx) const {
-    return parallel_embedding(p["weight"], ids, vocab, ctx, p.path().dot("weight").view());
+    return parallel_embedding(p["weight"], split_of(p, "weight", Shape{vocab, dim}, ctx), ids, ctx);
   }
 };
 
@@ -89,8 +88,9 @@ struct Positions {
 Tensor take_logit_rows(const Tensor& x, const Ctx& ctx);
 
 // Logits from the token embedding (GPT-2's tied head): [B, T, d] -> [B, T, vocab].
-// `vocab` tells a vocabulary-split table from a whole one under tensor
-// parallelism (0: unknown, enough on one rank).
+// Whether the table is split by vocabulary is the plan's word for the
+// embedding that owns it (which also checked its shape); `vocab` is kept for
+// the callers that name it.
 template <Literal Embedding = "wte.weight">
 struct TiedLMHead {
   static constexpr bool kTransparent = false;
@@ -102,8 +102,9 @@ struct TiedLMHead {
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
     const Tensor& table = p.at_root(Embedding.view());
-    const Tensor h = take_logit_rows(x, ctx);
-    return vocab_head_logits(enter_vocab_head(h, table, vocab, ctx, Embedding.view()), table, ctx);
+    const Tensor h =
+        enter_vocab_head(take_logit_rows(x, ctx), p.split_at_root(Embedding.view()), ctx);
+    return vocab_head_logits(h, table, ctx);
   }
 };
 
@@ -272,18 +273,16 @@ struct MLP {
     }
   }
   Tensor forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-    const Name fc1 = p.path().dot("fc1.weight"), fc2 = p.path().dot("fc2.weight");
     const Tensor b1 = Bias ? p["fc1.bias"] : Tensor(), b2 = Bias ? p["fc2.bias"] : Tensor();
     const Tensor& w2 = p["fc2.weight"];
     if (act != Act::gelu && act != Act::gelu_erf) {
-      const Tensor h =
-          activate(act, parallel_linear(x, p["fc1.weight"], b1, dim, hidden, ctx, fc1.view()));
-      return parallel_linear(h, w2, b2, hidden, dim, ctx, fc2.view());
+      const Tensor h = activate(act, parallel_linear(x, p, "fc1.weight", b1, dim, hidden, ctx));
+      return parallel_linear(h, p, "fc2.weight", b2, hidden, dim, ctx);
     }
     // GELU: fc1's bias, the GELU and fc2 run as one op that keeps only fc1's
     // output for backward (bias_gelu_linear); fc2's bias follows its reduction.
-    const Tensor y = parallel_linear(x, p["fc1.weight"], Tensor(), dim, hidden, ctx, fc1.view());
-    const int split2 = shard_dim(w2, Shape{dim, hidden}, {0, 1}, ctx, fc2.view());
+    const Tensor y = parallel_linear(x, p, "fc1.weight", Tensor(), dim, hidden, ctx);
+    const int split2 = split_of(p, "fc2.weight", Shape{dim, hidden}, ctx);
     if (split2 == 1 && ctx.split_features)  // column fc1 -> row fc2
       return leave_parallel(bias_gelu_linear(y, b1, w2, act == Act::gelu), b2, ctx);
     if (split2 == -1 && !ctx.split_features) {  // both whole
@@ -291,7 +290,7 @@ struct MLP {
       return b2.defined() ? add(z, b2) : z;
     }
     const Tensor h = activate(act, b1.defined() ? add(y, b1) : y);  // mixed layouts
-    return parallel_linear(h, w2, b2, hidden, dim, ctx, fc2.view());
+    return parallel_linear(h, p, "fc2.weight", b2, hidden, dim, ctx);
   }
 };
 

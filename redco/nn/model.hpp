@@ -33,6 +33,15 @@ int64_t count_parameters(const ParamTree& params);
 // shapes; the message names the first offender and what was expected.
 void check_params(const std::vector<ParamEntry>& expected, const ParamTree& params);
 
+// The plan's split of every parameter of a model with these entries over
+// `n_shards` model shards (shard::resolve, nn/shard_plan.cpp).
+std::shared_ptr<const SplitTable> split_table(const std::vector<ParamEntry>& entries, int n_shards);
+// The plan `model` runs under with ctx's model-parallel group; null without one.
+template <Layer L>
+std::shared_ptr<const SplitTable> split_table(const L& model, const Ctx& ctx) {
+  return tp_active(ctx) ? split_table(param_entries(model), tp_size(ctx)) : nullptr;
+}
+
 // With ctx.mp a model-parallel group, `params` are this rank's shards
 // (train::shard_params / train::init_shard with shard::resolve(model, n)),
 // and an output split by its last dim (vocabulary-split logits) is returned
@@ -41,7 +50,8 @@ void check_params(const std::vector<ParamEntry>& expected, const ParamTree& para
 template <Layer L>
 Tensor apply(const L& model, const ParamTree& params, const Tensor& x, Ctx& ctx) {
   ctx.split_features = false;  // the input is whole
-  return finish_output(model.forward(Params(params).content<L>(), x, ctx), ctx);
+  return finish_output(model.forward(Params(params, split_table(model, ctx)).content<L>(), x, ctx),
+                       ctx);
 }
 template <Layer L>
 Tensor apply(const L& model, const ParamTree& params, const Tensor& x) {

@@ -39,6 +39,26 @@ const Tensor& Params::at_root(std::string_view name) const {
   return root_.size() == 0 ? lookup(name) : lookup(root_.dot(name).view());
 }
 
+int Params::split(std::string_view leaf) const {
+  const Name full = path_.dot(leaf);
+  // The plan names parameters relative to the model, without its root.
+  std::string_view name = full.view();
+  if (root_.size()) name.remove_prefix(std::min(name.size(), root_.size() + 1));
+  return split_of(name);
+}
+
+int Params::split_at_root(std::string_view name) const { return split_of(name); }
+
+int Params::split_of(std::string_view model_name) const {
+  if (!splits_) return -1;
+  auto it = splits_->find(model_name);
+  REDCO_CHECK(it != splits_->end(),
+              "parameter '{}' is read by the forward pass but is not in the model's shard plan "
+              "(its layer's walk() must declare it with w.param)",
+              model_name);
+  return it->second;
+}
+
 ParamReadHook*& param_read_hook() {
   thread_local ParamReadHook* hook = nullptr;
   return hook;
@@ -195,9 +215,11 @@ AttentionExtras key_ranges(const Tensor& mask, int64_t batch, int64_t keys,
 
 template <bool Bias>
 Tensor LMHeadOf<Bias>::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
+  // A tied table's shape was checked by the embedding that owns it.
   const Tensor& table = tied_to ? p.at_root(tied_to) : p["weight"];
-  const Name name = tied_to ? Name(std::string_view(tied_to)) : p.path().dot("weight");
-  const Tensor h = enter_vocab_head(take_logit_rows(x, ctx), table, vocab, ctx, name.view());
+  const int split =
+      tied_to ? p.split_at_root(tied_to) : split_of(p, "weight", Shape{vocab, dim}, ctx);
+  const Tensor h = enter_vocab_head(take_logit_rows(x, ctx), split, ctx);
   if constexpr (!Bias) {
     return vocab_head_logits(h, table, ctx);
   } else {
@@ -215,22 +237,13 @@ template struct LMHeadOf<true>;
 
 template <bool Bias, bool Cross>
 bool Attention<Bias, Cross>::split_heads(const Params& p, const Ctx& ctx) const {
-  const std::string at(p.path().view());
+  // The plan splits the four projections together, by whole heads, or none
+  // of them (one group); reading each checks its shard's shape.
   const int64_t hd = head_dim(), kv = kv_heads * hd, qw = heads * hd;
-  const Tensor& wq = p["q_proj.weight"];
-  const Tensor& wk = p["k_proj.weight"];
-  const int q = shard_dim(wq, Shape{qw, dim}, {0}, ctx, at + ".q_proj.weight");
-  const int k = shard_dim(wk, Shape{kv, dim}, {0}, ctx, at + ".k_proj.weight");
-  const int v = shard_dim(p["v_proj.weight"], Shape{kv, dim}, {0}, ctx, at + ".v_proj.weight");
-  const int o = shard_dim(p["o_proj.weight"], Shape{dim, qw}, {1}, ctx, at + ".o_proj.weight");
-  REDCO_CHECK(q == k && k == v && (o == 1) == (q == 0),
-              "{}: q/k/v/o_proj are split inconsistently (one split, another whole); cut them "
-              "with train::shard_params(full, shard::resolve(model, n), rank, n)",
-              at);
-  REDCO_CHECK(q < 0 || (wq.dim(0) % hd == 0 && wk.dim(0) % hd == 0),
-              "{}: a shard of {} query and {} key rows splits a {}-wide head; {} heads and {} kv "
-              "heads must divide by the number of model shards",
-              at, wq.dim(0), wk.dim(0), hd, heads, kv_heads);
+  const int q = split_of(p, "q_proj.weight", Shape{qw, dim}, ctx);
+  split_of(p, "k_proj.weight", Shape{kv, dim}, ctx);
+  split_of(p, "v_proj.weight", Shape{kv, dim}, ctx);
+  split_of(p, "o_proj.weight", Shape{dim, qw}, ctx);
   return q == 0;
 }
 
@@ -412,19 +425,14 @@ template struct Attention<true, true>;
 template struct Attention<false, true>;
 
 Tensor GatedMLP::forward(const Params& p, const Tensor& x, Ctx& ctx) const {
-  const std::string at(p.path().view());
   const Tensor& gate = p["gate_proj.weight"];
   const Tensor& up = p["up_proj.weight"];
   const Tensor& down = p["down_proj.weight"];
-  const int g = shard_dim(gate, Shape{hidden, dim}, {0}, ctx, at + ".gate_proj.weight");
-  const int u = shard_dim(up, Shape{hidden, dim}, {0}, ctx, at + ".up_proj.weight");
-  const int d = shard_dim(down, Shape{dim, hidden}, {1}, ctx, at + ".down_proj.weight");
-  REDCO_CHECK(g == u && (g == 0) == (d == 1),
-              "{}: gate/up/down_proj are split inconsistently (one split, another whole); cut "
-              "them with train::shard_params(full, shard::resolve(model, n), rank, n)",
-              at);
-  // Split: gate and up column-parallel on one entered input, down row-parallel.
-  const bool split = g == 0;
+  // One group in the plan: gate and up column-parallel on one entered input,
+  // down row-parallel, or all three whole.
+  const bool split = split_of(p, "gate_proj.weight", Shape{hidden, dim}, ctx) == 0;
+  split_of(p, "up_proj.weight", Shape{hidden, dim}, ctx);
+  split_of(p, "down_proj.weight", Shape{dim, hidden}, ctx);
   const Tensor in = split ? enter_parallel(x, ctx) : whole_features(x, ctx);
   const Tensor h = silu(linear(in, gate)) * linear(in, up);  // [B, T, hidden (/ n)]
   return split ? leave_parallel(linear(h, down), Tensor(), ctx) : linear(h, down);

@@ -93,7 +93,8 @@ template <Layer L>
 Tensor apply_at(const L& model, const ParamTree& params, const Name& root, const Tensor& x,
                 Ctx& ctx) {
   ctx.split_features = false;
-  return finish_output(model.forward(Params(params, root).content<L>(), x, ctx), ctx);
+  const Params p(params, root, split_table(model, ctx));
+  return finish_output(model.forward(p.content<L>(), x, ctx), ctx);
 }
 
 // Runs part N of a collection on the collection's parameters.

@@ -70,3 +70,15 @@ std::string describe_collectives(std::span<const nn::CollectiveEntry> collective
 }
 
 }  // namespace redco::shard
+
+namespace redco::nn {
+
+std::shared_ptr<const SplitTable> split_table(const std::vector<ParamEntry>& entries,
+                                              int n_shards) {
+  auto table = std::make_shared<SplitTable>();
+  for (shard::ParamSplit& s : shard::resolve(entries, n_shards))
+    table->emplace(std::move(s.name), s.split_dim);
+  return table;
+}
+
+}  // namespace redco::nn

@@ -9,7 +9,7 @@
 #include <array>
 
 #include "redco/nn/model.hpp"
-#include "redco/shard/name_rules.hpp"
+#include "redco/shard/split.hpp"
 
 namespace redco::shard {
 

@@ -113,12 +113,13 @@ Tensor local(const Tensor& t) {
 // ---- layer helpers -----------------------------------------------------------------------
 
 bool tp_active(const Ctx& ctx) { return ctx.mp && ctx.mp->size() > 1; }
+int tp_size(const Ctx& ctx) { return ctx.mp ? ctx.mp->size() : 1; }
 
 namespace {
-// Whether `w` is `full` with one of `dims` cut by a whole factor > 1.
-bool looks_like_shard(const Tensor& w, const Shape& full, std::initializer_list<int> dims) {
+// Whether `w` is `full` with one dimension cut by a whole factor > 1.
+bool looks_like_shard(const Tensor& w, const Shape& full) {
   if (w.rank() != full.rank()) return false;
-  for (int d : dims)
+  for (int d = 0; d < full.rank(); ++d)
     if (w.shape().with(d, full[d]) == full && w.dim(d) > 0 && w.dim(d) < full[d] &&
         full[d] % w.dim(d) == 0)
       return true;
@@ -126,30 +127,28 @@ bool looks_like_shard(const Tensor& w, const Shape& full, std::initializer_list<
 }
 }  // namespace
 
-int shard_dim(const Tensor& w, const Shape& full, std::initializer_list<int> dims, const Ctx& ctx,
-              std::string_view what) {
-  if (w.shape() == full) return -1;
-  const int n = ctx.mp ? ctx.mp->size() : 1;
-  std::string shards;
-  for (int d : dims) {
-    if (full[d] % n) continue;
-    const Shape part = full.with(d, full[d] / n);
-    if (n > 1 && w.shape() == part) return d;
-    shards += (shards.empty() ? "" : " or ") + part.str();
-  }
-  REDCO_CHECK(n > 1 || !looks_like_shard(w, full, dims),
+int split_of(const Params& p, std::string_view leaf, const Shape& full, const Ctx& ctx) {
+  const int split = p.split(leaf);
+  const int n = tp_size(ctx);
+  const Shape expected = split < 0 ? full : full.with(split, full[split] / n);
+  const Tensor& w = p[leaf];
+  if (w.shape() == expected) return split;
+  const Name what = p.path().dot(leaf);
+  REDCO_CHECK(n > 1 || !looks_like_shard(w, full),
               "'{}' has shape {} but the model needs {}: it looks like a model-parallel shard; "
               "set nn::Ctx::mp to the model-parallel group it was cut for",
-              what, w.shape(), full);
+              what.view(), w.shape(), full);
   if (n == 1)
     fail(
         "'{}' has shape {} but the model needs {}; build the parameters with "
         "nn::init_params(model, seed) or load a checkpoint of this model",
-        what, w.shape(), full);
+        what.view(), w.shape(), full);
   fail(
-      "'{}' has shape {}, which is neither the whole {} nor one of {} model-parallel shards{}{}; "
-      "cut the parameters with train::shard_params(full, shard::resolve(model, {}), rank, {})",
-      what, w.shape(), full, n, shards.empty() ? "" : " ", shards, n, n);
+      "'{}' has shape {}, but the shard plan for {} model shards gives each rank {} of the "
+      "whole {} ({}); cut the parameters with train::shard_params(full, shard::resolve(model, "
+      "{}), rank, {})",
+      what.view(), w.shape(), n, expected, full,
+      split < 0 ? std::string("replicated") : fmt::format("split along dim {}", split), n, n);
 }
 
 Tensor whole_features(const Tensor& x, Ctx& ctx) {
@@ -172,9 +171,10 @@ Tensor leave_parallel(const Tensor& partial, const Tensor& bias, Ctx& ctx) {
   return bias.defined() ? y + bias : y;
 }
 
-Tensor parallel_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t in, int64_t out,
-                       Ctx& ctx, std::string_view what) {
-  switch (shard_dim(w, Shape{out, in}, {0, 1}, ctx, what)) {
+Tensor parallel_linear(const Tensor& x, const Params& p, std::string_view leaf, const Tensor& b,
+                       int64_t in, int64_t out, Ctx& ctx) {
+  const Tensor& w = p[leaf];
+  switch (split_of(p, leaf, Shape{out, in}, ctx)) {
     case 0: {  // column: this rank's output features
       const Tensor y = linear(enter_parallel(x, ctx), w, b);
       ctx.split_features = true;
@@ -186,8 +186,8 @@ Tensor parallel_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_
         const int64_t m = w.dim(1), begin = ctx.mp->rank() * m;
         part = slice(to_parallel(x, ctx), x.rank() - 1, begin, begin + m);
       }
-      REDCO_CHECK(part.dim(-1) == w.dim(1), "{}: input {} does not match the shard {}", what,
-                  part.shape(), w.shape());
+      REDCO_CHECK(part.dim(-1) == w.dim(1), "{}: input {} does not match the shard {}",
+                  p.path().dot(leaf).view(), part.shape(), w.shape());
       return leave_parallel(linear(part, w), b, ctx);
     }
     default:
@@ -195,25 +195,14 @@ Tensor parallel_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_
   }
 }
 
-Tensor parallel_embedding(const Tensor& table, const Tensor& ids, int64_t vocab, Ctx& ctx,
-                          std::string_view what) {
+Tensor parallel_embedding(const Tensor& table, int split, const Tensor& ids, Ctx& ctx) {
   ctx.split_features = false;  // the input is ids; the output is whole either way
-  if (shard_dim(table, table.shape().with(0, vocab), {0}, ctx, what) < 0)
-    return embedding(table, ids);
-  return vocab_parallel_embedding(table, ids, *ctx.mp);
+  return split == 0 ? vocab_parallel_embedding(table, ids, *ctx.mp) : embedding(table, ids);
 }
 
-Tensor enter_vocab_head(const Tensor& x, const Tensor& table, int64_t vocab, Ctx& ctx,
-                        std::string_view what) {
+Tensor enter_vocab_head(const Tensor& x, int split, Ctx& ctx) {
   Tensor h = whole_features(x, ctx);
-  if (vocab == 0) {  // a tied head built without the size: fine on one rank only
-    REDCO_CHECK(!tp_active(ctx),
-                "the LM head on '{}' needs the vocabulary size to tell whether the table is "
-                "split across model shards; build it with nn::tied_lm_head(vocab)",
-                what);
-    return h;
-  }
-  if (shard_dim(table, table.shape().with(0, vocab), {0}, ctx, what) < 0) return h;
+  if (split != 0) return h;
   ctx.split_features = true;  // the logits: this rank's rows of the vocabulary
   return to_parallel(h, ctx);
 }

@@ -3,14 +3,14 @@
 // x, ctx) run on this rank's parameter shards when ctx.mp is a group of more
 // than one rank.
 //
-// Layers tell from the shapes of the shards they receive whether they are
-// split: a parameter with its whole shape is replicated (shard::resolve
-// replicates a block whose sizes do not divide), one with a dimension cut
-// n-fold is this rank's part. So a forward pass needs no plan lookup, and
-// replicated fallbacks just work. The activations between a column- and a
-// row-parallel layer are split by features (their last dim): Ctx tracks it
-// (Ctx::split_features, the run-time twin of Walker::sharded), and layers that
-// need whole features gather first (the twin of Walker::need_whole).
+// Which parameters are split is the shard plan's decision (shard::resolve,
+// which replicates a block whose sizes do not divide), made once per run and
+// read by every layer through Params::split: no layer guesses a role from a
+// shape. Shapes are only checked against what the plan gives this rank. The
+// activations between a column- and a row-parallel layer are split by
+// features (their last dim): Ctx tracks it (Ctx::split_features, the run-time
+// twin of Walker::sharded), and layers that need whole features gather first
+// (the twin of Walker::need_whole).
 //
 // Placement. A model output that is still split (vocabulary-split logits,
 // classes split by a last column-parallel layer) is returned as this rank's
@@ -49,10 +49,13 @@ Tensor local(const Tensor& t);
 // ---- layer helpers (every rank calls them in the same order) ------------------------------
 // ctx.mp holds more than one rank.
 bool tp_active(const Ctx& ctx);
-// Which dimension of `w` is cut n-fold against its whole shape `full`, out of
-// `dims`; -1 when `w` is whole. A shape that is neither fails, naming `what`.
-int shard_dim(const Tensor& w, const Shape& full, std::initializer_list<int> dims, const Ctx& ctx,
-              std::string_view what);
+// The number of model shards ctx runs with (1 without a group).
+int tp_size(const Ctx& ctx);
+// The dimension of parameter `leaf` that the plan cuts across ctx.mp (-1:
+// whole here), after checking that this rank's tensor has the shape the plan
+// gives it: `full` (the whole parameter) with that dimension divided by the
+// shard count. Another shape fails, naming the parameter and the fix.
+int split_of(const Params& p, std::string_view leaf, const Shape& full, const Ctx& ctx);
 // x with whole features (gathered if ctx.split_features; the flag is cleared).
 Tensor whole_features(const Tensor& x, Ctx& ctx);
 // A whole activation entering column-parallel layers: identity forward, the
@@ -63,18 +66,18 @@ Tensor enter_parallel(const Tensor& x, Ctx& ctx);
 // Row-parallel partial sums reduced over ctx.mp, then the bias (once, after
 // the reduction; may be undefined). Clears ctx.split_features.
 Tensor leave_parallel(const Tensor& partial, const Tensor& bias, Ctx& ctx);
-// x W^T + b for a Linear of whole size [out, in] given this rank's W (and b):
-// column-split (output split), row-split (input split, output reduced) or
-// replicated, by W's shape.
-Tensor parallel_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t in, int64_t out,
-                       Ctx& ctx, std::string_view what);
-// Token ids [...] -> [..., d] from the table [vocab, d] or this rank's rows of it.
-Tensor parallel_embedding(const Tensor& table, const Tensor& ids, int64_t vocab, Ctx& ctx,
-                          std::string_view what);
-// Whether an LM head's table [vocab, d] is split by vocabulary; if so, x
+// x W^T + b for a Linear whose weight p[leaf] is [out, in] whole: column-split
+// (output split), row-split (input split, output reduced) or replicated, as
+// the plan says. `b` (this rank's part of the bias) may be undefined.
+Tensor parallel_linear(const Tensor& x, const Params& p, std::string_view leaf, const Tensor& b,
+                       int64_t in, int64_t out, Ctx& ctx);
+// Token ids [...] -> [..., d] from the table [vocab, d] or, when the plan
+// splits it (split == 0), this rank's rows of it.
+Tensor parallel_embedding(const Tensor& table, int split, const Tensor& ids, Ctx& ctx);
+// An LM head whose table the plan splits by vocabulary (split == 0): x
 // enters the parallel region (returned) and the logits will be split.
-Tensor enter_vocab_head(const Tensor& x, const Tensor& table, int64_t vocab, Ctx& ctx,
-                        std::string_view what);
+// Otherwise x with whole features.
+Tensor enter_vocab_head(const Tensor& x, int split, Ctx& ctx);
 // The logits h table^T of an LM head. In training (ctx.split_output), with a
 // gradient to record and the table whole here, they are deferred: a tensor of
 // the logits' shape with no values, which cross_entropy reads a chunk of rows

@@ -15,6 +15,7 @@
 #include <concepts>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -260,8 +261,8 @@ struct Ctx {
   Tensor logit_rows{};
   // The model-parallel group this rank computes with (nullptr or size 1: the
   // whole model here). Parameters are then this rank's shards (see
-  // train::shard_params), and each layer tells from the shapes of the shards
-  // it receives whether it is split, adding the collectives of the plan.
+  // train::shard_params), and each layer reads from the plan (Params::split)
+  // whether it is split, adding the collectives the plan puts there.
   comm::Comm* mp = nullptr;
   // Whether the current activation is split by features (its last dim) across
   // mp, as Walker::sharded() says at plan time; layers that need whole
@@ -280,14 +281,30 @@ struct Ctx {
 
 using redco::ParamTree;  // core/param_tree.hpp; nn::ParamTree names the same type
 
+// The plan's decision for every parameter of a model run with tensor
+// parallelism: its name (relative to the model) -> the dimension cut across
+// the model shards, -1 when every shard holds it whole. Made once from
+// shard::resolve (nn::split_table); layers read it through Params::split and
+// never guess it from a shape.
+using SplitTable = std::map<std::string, int, std::less<>>;
+
 class Params {
  public:
-  explicit Params(const ParamTree& tree) : tree_(&tree) {}
+  // `splits`: the model's plan when it runs split across model shards
+  // (null: every parameter is whole here). Shared, because a recomputed block
+  // replays its view during backward, after the forward call returned.
+  explicit Params(const ParamTree& tree, std::shared_ptr<const SplitTable> splits = {})
+      : tree_(&tree), splits_(std::move(splits)) {}
   // A model whose parameters sit under `root` in `tree` (a part of
   // nn::parts: "actor.0.weight"); at_root names resolve under it too.
-  Params(const ParamTree& tree, const Name& root) : tree_(&tree), path_(root), root_(root) {}
+  Params(const ParamTree& tree, const Name& root, std::shared_ptr<const SplitTable> splits = {})
+      : tree_(&tree), splits_(std::move(splits)), path_(root), root_(root) {}
   const Tensor& operator[](std::string_view leaf) const;
   const Tensor& at_root(std::string_view name) const;  // e.g. a tied embedding
+  // The dimension of parameter `leaf` (or of the root name `name`) that the
+  // plan cuts across the model shards; -1: whole here.
+  int split(std::string_view leaf) const;
+  int split_at_root(std::string_view name) const;
   const Name& path() const { return path_; }
   const ParamTree& tree() const { return *tree_; }
   // This view over `tree` (same path), naming the next layers from where this
@@ -339,7 +356,9 @@ class Params {
  private:
   Name next_scope_name() const;
   const Tensor& lookup(std::string_view full_name) const;
+  int split_of(std::string_view model_name) const;
   const ParamTree* tree_;
+  std::shared_ptr<const SplitTable> splits_;
   Name path_;
   Name root_;  // empty: the model is the whole tree
   const Name* scope_ = nullptr;

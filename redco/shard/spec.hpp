@@ -1,8 +1,15 @@
 #pragma once
-// What a shard plan says about one parameter: which dimension is split across
-// the model shards (or none), and why. Shared by the compile-time plans of
-// typed models (redco/nn/shard_plan.hpp) and the name-based rules for parameter
-// trees that come from elsewhere (redco/shard/name_rules.hpp).
+// The roles a parameter can play under the two sharding rules, and the
+// dimension each role splits. For weights stored (out, in):
+//  1. fully-connected layers alternate in execution order: column-parallel
+//     (dim 0), then row-parallel (dim 1), so the activations between them
+//     stay split and one all-reduce ends each pair;
+//  2. attention Q, K, V split dim 0 by whole heads; O splits dim 1.
+// Token embeddings and an untied LM head split the vocabulary (dim 0); norms,
+// positions and row-parallel biases are replicated; column-parallel biases
+// split with their weight. Layers declare their parameters' roles in walk()
+// (redco/nn/walk.hpp); shard::resolve turns them into the plan
+// (redco/nn/shard_plan.hpp, redco/shard/split.hpp).
 #include <cstdint>
 #include <string_view>
 

@@ -33,7 +33,7 @@
 #include "redco/io/checkpoint.hpp"
 #include "redco/io/events.hpp"
 #include "redco/optim/schedule.hpp"
-#include "redco/shard/name_rules.hpp"
+#include "redco/shard/split.hpp"
 #include "redco/train/rng.hpp"
 
 namespace redco::comm {

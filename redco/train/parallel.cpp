@@ -18,10 +18,8 @@ Tensor slice_shard(const Tensor& full, const shard::ParamSplit& split, int mp_ra
               split.name, full.shape(), split.shape);
   if (split.split_dim < 0 || mp_size == 1) return full;
   NoGradGuard no_grad;
-  TensorList parts;
-  for (const shard::IndexRange& r : shard::shard_ranges(split, mp_size, mp_rank))
-    parts.push_back(slice(full.detach(), split.split_dim, r.begin, r.end));
-  return parts.size() == 1 ? parts[0].clone() : concat(parts, split.split_dim);
+  const shard::IndexRange r = shard::shard_range(split, mp_size, mp_rank);
+  return slice(full.detach(), split.split_dim, r.begin, r.end).clone();
 }
 
 ParamTree shard_params(const ParamTree& full, const std::vector<shard::ParamSplit>& plan,
@@ -53,12 +51,12 @@ Tensor draw_normal_shard(const nn::ParamEntry& e, const shard::ParamSplit& s, ui
   Tensor out = Tensor::empty(shard::shard_shape(s, mp_size));
   float* dst = out.data<float>();
   const uint64_t stream = stream_of(e.name.view());
-  for (int64_t o = 0; o < outer; ++o)
-    for (const shard::IndexRange& r : shard::shard_ranges(s, mp_size, mp_rank)) {
-      const int64_t n = (r.end - r.begin) * inner;
-      philox_normal(dst, n, seed, stream, (o * full[d] + r.begin) * inner, 0.f, e.init_std);
-      dst += n;
-    }
+  const shard::IndexRange r = shard::shard_range(s, mp_size, mp_rank);
+  for (int64_t o = 0; o < outer; ++o) {
+    const int64_t n = (r.end - r.begin) * inner;
+    philox_normal(dst, n, seed, stream, (o * full[d] + r.begin) * inner, 0.f, e.init_std);
+    dst += n;
+  }
   return out;
 }
 
@@ -89,9 +87,6 @@ ParamTree init_shard(const std::vector<nn::ParamEntry>& entries,
 
 Tensor unshard(const Tensor& local, const shard::ParamSplit& split, comm::Comm& mp) {
   if (split.split_dim < 0 || mp.size() == 1) return local;
-  REDCO_CHECK(split.fused_blocks == 1,
-              "unshard: '{}' is split per fused block, which a plain gather does not undo",
-              split.name);
   NoGradGuard no_grad;
   return nn::gather_from_parallel(local.detach(), mp, split.split_dim);
 }

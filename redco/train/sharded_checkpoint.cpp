@@ -138,22 +138,7 @@ Tensor gather_whole(const Tensor& local, const shard::ParamSplit& split, comm::C
   NoGradGuard no_grad;
   const int d = split.split_dim;
   // [.., mp * local_len, ..]: rank r's shard at [r * local_len, (r + 1) * local_len).
-  const Tensor all = nn::gather_from_parallel(local.detach(), mp, d);
-  if (split.fused_blocks == 1) return all;
-  // Each shard is one run per fused block; put every run back at its place.
-  std::vector<std::pair<int64_t, Tensor>> runs;
-  for (int r = 0; r < mp.size(); ++r) {
-    int64_t at = int64_t(r) * local.dim(d);
-    for (const shard::IndexRange& range : shard::shard_ranges(split, mp.size(), r)) {
-      runs.emplace_back(range.begin, slice(all, d, at, at + range.end - range.begin));
-      at += range.end - range.begin;
-    }
-  }
-  std::sort(runs.begin(), runs.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  TensorList parts;
-  for (auto& run : runs) parts.push_back(std::move(run.second));
-  return concat(parts, d);
+  return nn::gather_from_parallel(local.detach(), mp, d);
 }
 
 void save_sharded_checkpoint(comm::Mesh& mesh, const fs::path& dir, const ParamTree& params,

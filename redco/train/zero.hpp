@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "redco/autodiff/value_and_grad.hpp"
-#include "redco/shard/name_rules.hpp"
+#include "redco/shard/split.hpp"
 
 namespace redco::comm {
 class Comm;

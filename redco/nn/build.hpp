@@ -11,7 +11,7 @@ inline Positions positions(int64_t max_len, int64_t dim, int64_t offset = 0) {
   return {.max_len = max_len, .dim = dim, .offset = offset};
 }
 inline Projection projection(int64_t in, int64_t out) { return {.in = in, .out = out}; }
-// `vocab` (the embedding's rows) is needed to run tensor-parallel.
+// `vocab` (the embedding's rows) is optional: the plan says whether the table is split.
 inline TiedLMHead<> tied_lm_head(int64_t vocab = 0) { return {.vocab = vocab}; }
 inline LMHead lm_head(int64_t dim, int64_t vocab) { return {.dim = dim, .vocab = vocab}; }
 inline BiasedLMHead biased_lm_head(int64_t dim, int64_t vocab) {

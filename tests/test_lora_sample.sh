@@ -3,11 +3,13 @@
 # held-out WEB loss by 0.15 nats on a frozen KJV-trained base, and their
 # checkpoint is under 10% of the model), then the adapter checkpoint (LoRA
 # tensors only) and the merged export; with the test venv, transformers loads
-# the export and its loss on held-out WEB verses matches the sample's.
+# the export and its loss on held-out WEB verses matches the sample's. Last, a
+# GPT-NeoX checkpoint saved by transformers (tests/fixtures/hf/gpt_neox_text)
+# adapted through --init-from (q_proj,v_proj) clears the same bar.
 # Exits 77 (SKIP) without the KJV and WEB SWORD modules or libsword.
-#   test_lora_sample.sh <lora>
+#   test_lora_sample.sh <lora> <tests/fixtures/hf>
 set -uo pipefail
-exe=$1
+exe=$1 fixtures=$2
 for m in engKJV2006eb engWEB2015eb; do
   [ -d "/usr/share/sword/modules/texts/ztext/$m" ] || {
     echo "SKIP: the $m SWORD module is not installed (apt-get install sword-text-kjv sword-text-web)"
@@ -46,4 +48,7 @@ print(f"transformers on the merged export: loss {loss:.3f} on a held-out WEB ver
 sys.exit(0 if loss < math.log(m.config.vocab_size) - 1 else 1)
 PY
 fi
+"$exe" --init-from "$fixtures/gpt_neox_text" --steps 100 --context 64 --workdir "$tmp/neox" \
+  >"$tmp/neox.log" 2>&1 || { echo "FAIL: --init-from gpt_neox_text"; cat "$tmp/neox.log"; exit 1; }
+grep "held-out WEB loss" "$tmp/neox.log"
 echo "PASS"

@@ -17,6 +17,7 @@
 
 #include "redco/models/bart.hpp"
 #include "redco/models/bert.hpp"
+#include "redco/models/causal_lm.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
@@ -170,6 +171,17 @@ struct HfFamily<VisionGpt2> {  // VisionEncoderDecoderModel: ViT encoder, GPT-2 
   static VisionGpt2 build(const Config& c) { return vision_gpt2(c); }
   static hf::Layout layout(const Config& c) { return vision_gpt2_layout(c); }
   static io::Json to_json(const Config& c, io::Json base) { return vision_gpt2_hf_config(c, base); }
+};
+
+// Any decoder-only family, chosen by config.json's model_type (models/causal_lm.hpp):
+// the model carries its family's config, so it is its own Config.
+template <>
+struct HfFamily<CausalLM> {
+  using Config = CausalLM;
+  static Config config(const hf::Config& f) { return causal_lm(f); }
+  static CausalLM build(const Config& c) { return c; }
+  static hf::Layout layout(const Config& c) { return c.layout(); }
+  static io::Json to_json(const Config& c, io::Json base) { return c.hf_config(std::move(base)); }
 };
 
 template <typename M>

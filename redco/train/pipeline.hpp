@@ -2,8 +2,6 @@
 // Batches are collated one step ahead on the oneTBB pool, so the CPU cores
 // that are not busy with the current step's kernels build the next batch and
 // the step never waits for data (unless collation is slower than compute).
-#include <tbb/task_group.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -16,22 +14,23 @@
 
 namespace redco::train::detail {
 
-// Waits for the task group however the scope is left: an exception from the
-// step must not destroy the group (or the batch slot) under a running task.
-class JoinOnExit {
+// One task at a time on the oneTBB pool (pipeline.cpp keeps TBB out of this
+// header, which every program using the Trainer compiles). The task is a
+// function pointer and its argument, so starting one allocates nothing here.
+// The destructor waits for a running task however the scope is left: an
+// exception from the step must not destroy the batch slot under it.
+class BackgroundTask {
  public:
-  explicit JoinOnExit(tbb::task_group& tg) : tg_(tg) {}
-  ~JoinOnExit() {
-    try {
-      tg_.wait();
-    } catch (...) {  // the step's exception is the one in flight; a collate error is secondary
-    }
-  }
-  JoinOnExit(const JoinOnExit&) = delete;
-  JoinOnExit& operator=(const JoinOnExit&) = delete;
+  BackgroundTask();
+  ~BackgroundTask();
+  BackgroundTask(const BackgroundTask&) = delete;
+  BackgroundTask& operator=(const BackgroundTask&) = delete;
+  void run(void (*fn)(void*), void* arg);
+  void wait();  // rethrows the task's exception
 
  private:
-  tbb::task_group& tg_;
+  struct Impl;
+  Impl* impl_;
 };
 
 // Calls use(i, batch) for i in [0, n) in order, with batch = make(i); make(i + 1)
@@ -40,21 +39,26 @@ class JoinOnExit {
 template <typename Batch, typename Make, typename Use>
 void pipelined(int64_t n, Make&& make, Use&& use) {
   if (n <= 0) return;
-  tbb::task_group tg;
   std::optional<Batch> next;
-  JoinOnExit join(tg);
+  int64_t next_index = 0;
   // Grad mode is per thread and the task may run on any thread, even this
   // one while it waits inside a kernel: collation never records history.
   auto build = [&](int64_t i) {
     NoGradGuard off;
     return make(i);
   };
+  auto build_next = [&] { next.emplace(build(next_index)); };
+  using BuildNext = decltype(build_next);
+  BackgroundTask task;  // declared after `next`: destroyed (joined) first
   std::optional<Batch> current(build(0));
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 1 < n) tg.run([&, i] { next.emplace(build(i + 1)); });
+    if (i + 1 < n) {
+      next_index = i + 1;
+      task.run([](void* f) { (*static_cast<BuildNext*>(f))(); }, &build_next);
+    }
     if (!use(i, *current)) return;
     if (i + 1 < n) {
-      tg.wait();  // rethrows a collate error here, in order
+      task.wait();  // rethrows a collate error here, in order
       current.emplace(std::move(*next));
       next.reset();
     }

@@ -17,7 +17,7 @@ struct Batch {
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Train a CNN on Fashion-MNIST"};
+  cli::App app{"Train a CNN on Fashion-MNIST"};
   int64_t epochs = 3, batch = 64, max_steps = 0, eval_size = 0;
   float lr = 0.05f;
   uint64_t seed = 42;

@@ -118,7 +118,7 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
 }
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Classify fortunes by category, or regress a verse's place in the Bible, with BERT"};
+  cli::App app{"Classify fortunes by category, or regress a verse's place in the Bible, with BERT"};
   Options o;
   app.add_option("--init-from", o.init_from,
                  "a Hugging Face BERT/RoBERTa folder (config.json, safetensors, tokenizer.json)");

@@ -30,7 +30,7 @@ struct Options {
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"DP-SGD training of a CNN on Fashion-MNIST at a given (epsilon, delta)"};
+  cli::App app{"DP-SGD training of a CNN on Fashion-MNIST at a given (epsilon, delta)"};
   Options o;
   app.add_option("--epsilon", o.epsilon, "privacy budget; 0 trains without privacy")
       ->check(redco::cli::non_negative());

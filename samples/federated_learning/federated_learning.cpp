@@ -71,7 +71,7 @@ std::vector<std::vector<int64_t>> partition(const Options& o, const data::Fashio
 }
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Federated averaging of a CNN over Fashion-MNIST clients"};
+  cli::App app{"Federated averaging of a CNN over Fashion-MNIST clients"};
   Options o;
   app.add_option("--clients", o.clients)->check(redco::cli::at_least(1));
   app.add_option("--clients-per-round", o.per_round)->check(redco::cli::at_least(1));

@@ -38,7 +38,7 @@ struct Options {
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Read KJV lines from rendered images with a ViT encoder and a GPT-2 decoder"};
+  cli::App app{"Read KJV lines from rendered images with a ViT encoder and a GPT-2 decoder"};
   Options o;
   models::VitConfig vit{.channels = 1, .patch = 8, .dim = 128, .layers = 3, .heads = 4};
   app.add_option("--init-from", o.init_from, "a VisionEncoderDecoder folder (from --export)");

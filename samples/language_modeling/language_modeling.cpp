@@ -1,8 +1,9 @@
 // A GPT on the King James Bible, from scratch with a byte-level BPE learned from the
-// training text (or --tokenizer FILE), or fine-tuned from a Hugging Face GPT-2 / LLaMA /
-// Mistral / Qwen2 folder with its tokenizer (--init-from DIR). It reports the validation loss
-// against the unigram entropy of the validation tokens (the best loss that ignores context),
-// exports a folder transformers loads (--export DIR) and continues a prompt with a KV cache.
+// training text (or --tokenizer FILE), or fine-tuned from a Hugging Face causal LM folder
+// with its tokenizer (--init-from DIR: GPT-2, LLaMA, Mistral, Qwen2, OPT, GPT-J, GPT-NeoX). It
+// reports the validation loss against the unigram entropy of the validation tokens (the best loss
+// that ignores context), exports a folder transformers loads (--export DIR) and continues a prompt
+// with a KV cache.
 //   build/samples/language_modeling/language_modeling --steps 800 --workdir lm_workdir
 #include <fmt/core.h>
 
@@ -29,10 +30,18 @@ struct Corpus : data::TokenizerFile {
   std::vector<int64_t> train{}, valid{};
 };
 
-// Trains `init` (its parameters, or fresh ones when it has none) and generates.
-template <typename M>
-bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv, models::Pretrained<M> init,
-                      Options o) {
+// Trains `init` (its parameters, or fresh ones when it has none) and generates. Every
+// family is one type, models::CausalLM, so this compiles once.
+bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv,
+                      models::Pretrained<models::CausalLM> init, Options o) {
+  const int64_t positions = init.model.max_positions(), vocab = init.model.vocab_size();
+  REDCO_CHECK(positions == 0 || o.context <= positions,
+              "--context {} is longer than the model's {} positions: give --context {}", o.context,
+              positions, positions);
+  REDCO_CHECK(kjv.tok.vocab_size() <= vocab,
+              "the tokenizer has {} ids but the model's vocabulary has {}: give --tokenizer the "
+              "checkpoint's tokenizer.json",
+              kjv.tok.vocab_size(), vocab);
   const std::vector<data::TokenWindow> train = data::token_windows(kjv.train, o.context);
   const std::vector<data::TokenWindow> valid = data::token_windows(kjv.valid, o.context);
   // The KV cache holds as many positions as the model learned: prompt and new tokens must fit.
@@ -85,7 +94,7 @@ bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv, models::Pret
 }
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Train or fine-tune a GPT on the KJV and generate text"};
+  cli::App app{"Train or fine-tune a GPT on the KJV and generate text"};
   models::Gpt2Config cfg{.vocab = 2048, .dim = 128, .layers = 4, .heads = 4};
   Options o;
   int n_model_shards = 1;
@@ -118,11 +127,11 @@ int main(int argc, char** argv) try {
                                     kjv.valid.size());
   if (init_from.empty()) {  // from scratch: the Trainer initialises the parameters
     cfg.vocab = kjv.tok.vocab_size(), cfg.context = o.context;
-    return fit_and_generate(deployer, kjv, models::untrained<models::Gpt2>(cfg), o) ? 0 : 1;
+    const models::CausalLM gpt2 = models::causal_lm(cfg);
+    return fit_and_generate(deployer, kjv, models::untrained<models::CausalLM>(gpt2), o) ? 0 : 1;
   }
-  return models::with_family<models::Gpt2, models::Llama>(init_from, [&]<typename M>() {
-    return fit_and_generate(deployer, kjv, models::from_pretrained<M>(init_from), o) ? 0 : 1;
-  });
+  auto init = models::from_pretrained<models::CausalLM>(init_from);
+  return fit_and_generate(deployer, kjv, std::move(init), o) ? 0 : 1;
 } catch (const std::exception& e) {
   fmt::print(stderr, "language_modeling: {}\n", e.what());
   return 1;

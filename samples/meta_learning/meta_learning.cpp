@@ -32,7 +32,7 @@ struct Batch {  // per task: x f32 [n, 1, 28, 28] or [n, 1], y i64 [n] or f32 [n
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"MAML on few-shot Fashion-MNIST classification or sinusoid regression"};
+  cli::App app{"MAML on few-shot Fashion-MNIST classification or sinusoid regression"};
   std::string task = "fashion", workdir = "maml_workdir", data_dir = data::kFashionMnistDir;
   int64_t ways = 5, queries = 5, inner_steps = 1, meta_batch = 16, epochs = 10, steps = 100,
           n_eval = 500;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) try {
   float meta_lr = 1e-3f;
   bool first_order = false;
   uint64_t seed = 42;
-  app.add_option("--task", task)->check(CLI::IsMember({"fashion", "sinusoid"}));
+  app.add_option("--task", task)->check(cli::one_of({"fashion", "sinusoid"}));
   app.add_option("--ways", ways, "classes per task")->check(cli::at_least(2));
   app.add_option("--shots", shots_opt, "per class or sinusoid (1, 10)")->check(cli::at_least(1));
   app.add_option("--queries", queries, "per class or sinusoid")->check(cli::at_least(1));

@@ -28,7 +28,7 @@ struct Batch {
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"DDPG on Pendulum-v1"};
+  cli::App app{"DDPG on Pendulum-v1"};
   std::string env_name = "Pendulum-v1", workdir = "ddpg_workdir";
   int64_t epochs = 100, n_envs = 4, horizon = 50, warmup = 2000, buffer = 100000, batch = 128;
   int64_t hidden = 64, eval_episodes = 100, print_every = 10;

@@ -25,7 +25,7 @@ struct Batch {
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"PPO on a discrete classic-control task"};
+  cli::App app{"PPO on a discrete classic-control task"};
   std::string env_name = "CartPole-v1", workdir = "ppo_workdir";
   int64_t epochs = 150, n_envs = 8, horizon = 128, passes = 4, batch = 256, hidden = 64;
   int64_t eval_episodes = 100, print_every = 10;

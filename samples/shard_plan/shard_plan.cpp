@@ -22,7 +22,7 @@ static_assert(plan.split("h.*.attn.q_proj.weight") == 0 &&
 static_assert(plan.split("h.*.mlp.fc1.weight") == 0 && plan.split("h.*.mlp.fc2.weight") == 1);
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Show GPT-2's tensor-parallel shard plan"};
+  cli::App app{"Show GPT-2's tensor-parallel shard plan"};
   int shards = 2;
   int64_t vocab = 50257, layers = 12;
   std::string from;

@@ -44,7 +44,7 @@ struct Batch {
 };
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Train a text-conditioned diffusion model on Fashion-MNIST"};
+  cli::App app{"Train a text-conditioned diffusion model on Fashion-MNIST"};
   int64_t epochs = 2, max_steps = 0, batch = 64, base = 16, per_class = 20, ddim = 25,
           classifier_epochs = 1, train_images = 0;
   float lr = 2e-3f, guidance = 3.f, bar = 0.3f;

@@ -10,8 +10,8 @@
 //   build/samples/text_to_text/text_to_text --target RV1909 --workdir t2t_es
 #include <fmt/core.h>
 
-#include "redco/data/lm_data.hpp"
 #include "datasets/verse_pairs.hpp"
+#include "redco/data/lm_data.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/export_pretrained.hpp"
 #include "redco/train/seq2seq.hpp"
@@ -102,7 +102,7 @@ int run(train::Deployer& deployer, const data::PairSplit& data, models::Pretrain
 }
 
 int main(int argc, char** argv) try {
-  CLI::App app{"Translate KJV verses into modern English or Spanish with an encoder-decoder"};
+  cli::App app{"Translate KJV verses into modern English or Spanish with an encoder-decoder"};
   models::T5Config cfg{.dim = 64,
                        .heads = 4,
                        .hidden = 128,

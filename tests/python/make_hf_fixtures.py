@@ -207,6 +207,15 @@ FIXTURES = {
     # The vocabulary of tests/data/tokenizers/gpt2 (2000 + one added token).
     "gpt2_text": (lambda: gpt2(vocab_size=2001, n_positions=64, bos_token_id=0, eos_token_id=0),
                   21, write_with_tokenizer("gpt2")),
+    # The same vocabulary for the families the language-modelling and LoRA
+    # samples fine-tune (--init-from): tests/test_lm_sample.sh.
+    "opt_text": (lambda: opt(vocab_size=2001, max_position_embeddings=64, bos_token_id=0,
+                             eos_token_id=0, pad_token_id=1), 22, write_with_tokenizer("gpt2")),
+    "gptj_text": (lambda: gptj(vocab_size=2001, n_positions=64, bos_token_id=0, eos_token_id=0),
+                  23, write_with_tokenizer("gpt2")),
+    "gpt_neox_text": (lambda: gpt_neox(vocab_size=2001, max_position_embeddings=64,
+                                       bos_token_id=0, eos_token_id=0), 24,
+                      write_with_tokenizer("gpt2")),
     "gpt2_variants": (lambda: gpt2(activation_function="gelu", layer_norm_epsilon=1e-3,
                                    scale_attn_by_inverse_layer_idx=True, n_layer=3), 2),
     "llama": (lambda: llama(), 3),

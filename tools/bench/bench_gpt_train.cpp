@@ -50,10 +50,10 @@
 #include <optional>
 #include <vector>
 
+#include "cli11_conventions.hpp"
 #include "redco/core/device_memory.hpp"
 #include "redco/ops/backend.hpp"  // profile::
 #include "redco/redco.hpp"
-#include "redco_cli.hpp"
 
 using namespace redco;
 
@@ -223,15 +223,15 @@ int main(int argc, char** argv) try {
          "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4; G: GPT-2 small, seq "
          "1024, batch 16; L: GPT-2 large, seq 512, batch 1 (per replica)")
       ->check(CLI::IsMember({"S", "M", "G", "L"}));
-  app.add_option("--steps", steps, "timed steps")->check(redco::cli::at_least(1));
-  app.add_option("--warmup", warmup, "untimed steps before them")->check(redco::cli::at_least(0));
+  app.add_option("--steps", steps, "timed steps")->check(redco::cli11::at_least(1));
+  app.add_option("--warmup", warmup, "untimed steps before them")->check(redco::cli11::at_least(0));
   app.add_option("--tokens", tokens_path, "little-endian int32 token ids")->required();
   app.add_option("--dtype", dtype, "f32, or bf16 mixed precision")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--init", init, "initial parameters (safetensors, redco's names)");
   app.add_option("--save-init", save_init, "write the initial parameters here");
   app.add_option("--losses", losses_path, "write 'step S loss L ms T' lines here");
-  app.add_option("--lr", lr, "constant AdamW learning rate")->check(redco::cli::positive());
+  app.add_option("--lr", lr, "constant AdamW learning rate")->check(redco::cli11::positive());
   app.add_flag("--profile", profiling, "print per-op time totals of the timed steps");
   app.add_flag("--formed-logits", formed_logits,
                "form the LM head's logits whole (the default defers them to the loss)");
@@ -241,7 +241,7 @@ int main(int argc, char** argv) try {
   app.add_option("--n-model-shards", n_model_shards,
                  "model shards (trainer path; the ranks of redco-run -n N split into N / K "
                  "replicas of K shards)")
-      ->check(redco::cli::at_least(1));
+      ->check(redco::cli11::at_least(1));
   app.add_option("--zero", zero_stage,
                  "ZeRO stage over the data-parallel replicas (trainer path): 0 off, 1 optimizer "
                  "state, 2 gradients too")
@@ -251,7 +251,7 @@ int main(int argc, char** argv) try {
                "their broadcast with the next forward)");
   app.add_option("--workdir", workdir,
                  "trainer path: write metrics.jsonl here (the first step's memory per rank)");
-  REDCO_CLI_PARSE(app, argc, argv);
+  REDCO_CLI11_PARSE(app, argc, argv);
 
   Deployer deployer({.n_model_shards = n_model_shards,
                      .seed = 0,

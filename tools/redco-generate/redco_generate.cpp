@@ -38,6 +38,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "cli11_conventions.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/core/philox.hpp"
 #include "redco/core/profile.hpp"
@@ -47,7 +48,6 @@
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/gather_outputs.hpp"
-#include "redco_cli.hpp"
 
 using namespace redco;
 using Prompts = std::vector<std::vector<int64_t>>;
@@ -301,8 +301,8 @@ void add_options(CLI::App& app, Options& o) {
                "prompts and output are token ids, e.g. 15496,11,995 (the default without a "
                "tokenizer.json in the model folder)");
   app.add_option("--stop", c.stop_strings, "stop strings (text mode; repeatable)");
-  app.add_option("--max-new-tokens", c.max_new_tokens)->check(redco::cli::at_least(0));
-  app.add_option("--min-new-tokens", c.min_new_tokens)->check(redco::cli::at_least(0));
+  app.add_option("--max-new-tokens", c.max_new_tokens)->check(redco::cli11::at_least(0));
+  app.add_option("--min-new-tokens", c.min_new_tokens)->check(redco::cli11::at_least(0));
   app.add_option("--eos", c.eos_token_ids, "end-of-sequence ids");
   app.add_option("--pad", c.pad_token_id);
   app.add_option("--decoder-start", c.decoder_start_token_id,
@@ -318,13 +318,13 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--presence-penalty", c.presence_penalty);
   app.add_option("--frequency-penalty", c.frequency_penalty);
   app.add_option("--no-repeat-ngram-size", c.no_repeat_ngram_size);
-  app.add_option("--num-beams", c.num_beams)->check(redco::cli::at_least(1));
+  app.add_option("--num-beams", c.num_beams)->check(redco::cli11::at_least(1));
   app.add_option("--length-penalty", c.length_penalty);
   app.add_flag("--early-stopping", c.early_stopping);
   app.add_option("--num-return-sequences", c.num_return_sequences);
   app.add_option("--seed", c.seed);
   app.add_option("--n-model-shards", o.shards, "tensor-parallel shards")
-      ->check(redco::cli::at_least(1));
+      ->check(redco::cli11::at_least(1));
   app.add_option("--dtype", o.dtype,
                  "weights in memory (bf16: decoding reads half the bytes; int8: matrices "
                  "quantized by rows, a quarter)")
@@ -337,9 +337,10 @@ void add_options(CLI::App& app, Options& o) {
                  "KV cache elements (auto: bf16 with bf16 or int8 weights, else f32)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_flag("--bench", o.bench, "time prefill and decode on random prompts (JSON line)");
-  app.add_option("--batch", o.batch, "--bench: prompts per batch")->check(redco::cli::at_least(1));
+  app.add_option("--batch", o.batch, "--bench: prompts per batch")
+      ->check(redco::cli11::at_least(1));
   app.add_option("--prompt-length", o.prompt_length, "--bench: tokens per prompt")
-      ->check(redco::cli::at_least(1));
+      ->check(redco::cli11::at_least(1));
   app.add_flag("--profile", o.profile, "--bench: per-op time of the decode steps (stderr)");
 }
 
@@ -349,7 +350,7 @@ int main(int argc, char** argv) try {
   CLI::App app{"redco-generate: stream completions from a Hugging Face checkpoint"};
   Options o;
   add_options(app, o);
-  REDCO_CLI_PARSE(app, argc, argv);
+  REDCO_CLI11_PARSE(app, argc, argv);
 
   train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
   const DType dtype = o.dtype == "bf16" ? DType::bf16 : o.dtype == "int8" ? DType::i8 : DType::f32;

@@ -34,10 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "cli11_conventions.hpp"
 #include "hang_watch.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/core/error.hpp"
-#include "redco_cli.hpp"
 
 namespace {
 
@@ -499,17 +499,17 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--output", o.output, "whose output to show: all (prefixed) or rank0")
       ->check(CLI::IsMember({"all", "rank0"}));
   app.add_option("--timeout", o.timeout_s, "seconds the ranks wait for each other to connect")
-      ->check(redco::cli::positive());
+      ->check(redco::cli11::positive());
   app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping")
-      ->check(redco::cli::non_negative());
+      ->check(redco::cli11::non_negative());
   app.add_option("--max-restarts", o.max_restarts,
                  "restart the whole job up to this many times after a rank fails or hangs "
                  "(it resumes from its latest checkpoint)")
-      ->check(redco::cli::at_least(0));
+      ->check(redco::cli11::at_least(0));
   app.add_option("--hang-timeout", o.hang_timeout_s,
                  "seconds a rank may go without progress in its training loop (or without "
                  "running at all) before it is called hung and the job is stopped; 0: off")
-      ->check(redco::cli::non_negative());
+      ->check(redco::cli11::non_negative());
   app.add_flag("--from-env", o.from_env,
                "take nnodes, node rank and host0 from Slurm/Open MPI (one redco-run per node)");
   // Everything from the program name on belongs to the program.
@@ -523,7 +523,7 @@ int main(int argc, char** argv) {
   Options o;
   add_options(app, o);
   app.footer("usage: redco-run -n N [options] [--] program [args...]");
-  REDCO_CLI_PARSE(app, argc, argv);
+  REDCO_CLI11_PARSE(app, argc, argv);
   o.command = app.remaining();
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   if (o.command.empty()) {

@@ -20,7 +20,6 @@
 #include "redco/models/t5.hpp"
 #include "redco/models/vision.hpp"
 #include "redco/generation/generate.hpp"
-#include "redco/nn/generate.hpp"
 #include "redco/nn/model.hpp"
 #include "redco/nn/lora.hpp"
 #include "redco/optim/optimizer.hpp"

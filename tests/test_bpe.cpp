@@ -12,7 +12,7 @@
 #include "redco/data/text.hpp"
 #include "redco/data/tokenizer.hpp"
 #include "redco/models/gpt2.hpp"
-#include "redco/nn/generate.hpp"
+#include "reference_generate.hpp"
 #include "skip.hpp"
 
 using namespace redco;
@@ -265,10 +265,10 @@ Tensor prompt_ids() {
 
 TEST_CASE("greedy generation is the argmax loop, cropped to the context", "[generate]") {
   const auto params = nn::init_params(tiny_gpt, 11);
-  const nn::GenerateOptions greedy{.max_new = 20, .greedy = true, .context = 16};
-  const Tensor out = nn::generate(tiny_gpt, params, prompt_ids(), greedy);
+  const test::GenerateOptions greedy{.max_new = 20, .greedy = true, .context = 16};
+  const Tensor out = test::generate(tiny_gpt, params, prompt_ids(), greedy);
   REQUIRE(out.shape() == Shape{2, 23});
-  CHECK(nn::generate(tiny_gpt, params, prompt_ids(), greedy, 99).values<int64_t>() ==
+  CHECK(test::generate(tiny_gpt, params, prompt_ids(), greedy, 99).values<int64_t>() ==
         out.values<int64_t>());
   // By hand: run the model on the last <= 16 tokens, append the argmax.
   std::vector<std::vector<int64_t>> rows = {{3, 1, 4}, {10, 20, 30}};
@@ -286,16 +286,16 @@ TEST_CASE("greedy generation is the argmax loop, cropped to the context", "[gene
   expected.insert(expected.end(), rows[1].begin(), rows[1].end());
   CHECK(out.values<int64_t>() == expected);
   // Without cropping, the learned positions run out.
-  CHECK_THROWS_WITH(nn::generate(tiny_gpt, params, prompt_ids(), {.max_new = 20, .greedy = true}),
+  CHECK_THROWS_WITH(test::generate(tiny_gpt, params, prompt_ids(), {.max_new = 20, .greedy = true}),
                     Contains("exceeds the model's maximum"));
 }
 
 TEST_CASE("sampling: reproducible by seed, top-p -> 0 is greedy", "[generate]") {
   const auto params = nn::init_params(tiny_gpt, 5);
-  auto run = [&](nn::GenerateOptions o, uint64_t seed) {
+  auto run = [&](test::GenerateOptions o, uint64_t seed) {
     o.max_new = 12;
     o.context = 16;
-    return nn::generate(tiny_gpt, params, prompt_ids(), o, seed).values<int64_t>();
+    return test::generate(tiny_gpt, params, prompt_ids(), o, seed).values<int64_t>();
   };
   const auto greedy = run({.greedy = true}, 0);
   CHECK(run({.top_p = 1e-6f}, 1) == greedy);
@@ -319,9 +319,9 @@ TEST_CASE("nucleus sampling draws from the renormalised top of the distribution"
   };
   const int64_t B = 4000;
   const Tensor prompt = Tensor::zeros({B, 1}, DType::i64);
-  auto freq = [&](nn::GenerateOptions o) {
+  auto freq = [&](test::GenerateOptions o) {
     o.max_new = 1;
-    const auto out = nn::generate(fn, prompt, o, 1).values<int64_t>();
+    const auto out = test::generate(fn, prompt, o, 1).values<int64_t>();
     std::vector<double> f(4);
     for (int64_t b = 0; b < B; ++b) f[size_t(out[size_t(2 * b + 1)])] += 1.0 / double(B);
     return f;
@@ -338,21 +338,21 @@ TEST_CASE("nucleus sampling draws from the renormalised top of the distribution"
 TEST_CASE("generation stops rows at eos and checks its inputs", "[generate]") {
   const auto params = nn::init_params(tiny_gpt, 11);
   const auto greedy =
-      nn::generate(tiny_gpt, params, prompt_ids(), {.max_new = 6, .greedy = true, .context = 16})
+      test::generate(tiny_gpt, params, prompt_ids(), {.max_new = 6, .greedy = true, .context = 16})
           .values<int64_t>();
   const int64_t eos = greedy[3];  // row 0's first new token
-  const auto out = nn::generate(tiny_gpt, params, prompt_ids(),
-                                {.max_new = 6, .greedy = true, .eos = eos, .context = 16})
+  const auto out = test::generate(tiny_gpt, params, prompt_ids(),
+                                  {.max_new = 6, .greedy = true, .eos = eos, .context = 16})
                        .values<int64_t>();
   for (size_t i = 3; i < 9; ++i) CHECK(out[i] == eos);
   const size_t first_eos =
       size_t(std::find(greedy.begin() + 12, greedy.end(), eos) - greedy.begin());
   for (size_t i = 12; i < 18; ++i) CHECK(out[i] == (i < first_eos ? greedy[i] : eos));
-  CHECK_THROWS_WITH(nn::generate(tiny_gpt, params, Tensor::zeros({2, 3}), {}),
+  CHECK_THROWS_WITH(test::generate(tiny_gpt, params, Tensor::zeros({2, 3}), {}),
                     Contains("must be i64"));
-  CHECK_THROWS_WITH(nn::generate(tiny_gpt, params, prompt_ids(), {.temperature = 0.f}),
+  CHECK_THROWS_WITH(test::generate(tiny_gpt, params, prompt_ids(), {.temperature = 0.f}),
                     Contains("temperature"));
-  CHECK_THROWS_WITH(nn::generate(
+  CHECK_THROWS_WITH(test::generate(
                         [](const Tensor& ids) {
                           return Tensor::zeros({ids.dim(0), 4});
                         },

@@ -14,7 +14,7 @@
 #include "redco/generation/generate.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/pretrained.hpp"
-#include "redco/nn/generate.hpp"
+#include "reference_generate.hpp"
 
 using namespace redco;
 namespace fs = std::filesystem;
@@ -71,7 +71,7 @@ TEST_CASE("cached greedy equals the uncached loop; batched equals one by one", "
     CHECK(alone.sequences[0] == batched.sequences[i]);
     const Tensor prompt = Tensor::from<int64_t>(std::span<const int64_t>(prompts[i]),
                                                 {1, int64_t(prompts[i].size())});
-    const Tensor full = nn::generate(p.model, p.params, prompt, {.max_new = 20, .greedy = true});
+    const Tensor full = test::generate(p.model, p.params, prompt, {.max_new = 20, .greedy = true});
     const std::vector<int64_t> all = full.values<int64_t>();
     CHECK(std::vector<int64_t>(all.begin() + int64_t(prompts[i].size()), all.end()) ==
           batched.sequences[i]);

@@ -10,7 +10,7 @@
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
-#include "redco/nn/generate.hpp"
+#include "reference_generate.hpp"
 
 using namespace redco;
 using generation::GenerationConfig;
@@ -66,13 +66,13 @@ std::vector<int64_t> uncached_greedy(const models::Pretrained<M>& p,
                                      const std::vector<int64_t>& source,
                                      const std::vector<int64_t>& prompt, int64_t max_new) {
   const Tensor src = ids_tensor(source);
-  const nn::LogitsFn logits = [&](const Tensor& ids) {
+  const test::LogitsFn logits = [&](const Tensor& ids) {
     nn::Ctx ctx;
     ctx.source = src;
     return nn::apply(p.model, p.params, ids, ctx);
   };
   const std::vector<int64_t> all =
-      nn::generate(logits, ids_tensor(prompt), {.max_new = max_new, .greedy = true})
+      test::generate(logits, ids_tensor(prompt), {.max_new = max_new, .greedy = true})
           .values<int64_t>();
   return {all.begin() + int64_t(prompt.size()), all.end()};
 }

@@ -117,6 +117,7 @@ void Tokenizer::Impl::load(const Json& j) {
   if (j.contains("normalizer")) normalizer_json = j.at("normalizer");
   if (j.contains("pre_tokenizer")) pre_tokenizer_json = j.at("pre_tokenizer");
   if (j.contains("post_processor")) post_processor_json = j.at("post_processor");
+  if (j.contains("decoder")) decoder_json = j.at("decoder");
   if (j.contains("added_tokens")) {
     for (const Json& t : j.at("added_tokens").as_array()) {
       check_keys(t, "added token",
@@ -343,24 +344,13 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer Tokenizer::from_json(std::string_view json, std::string_view source) {
   auto impl = std::make_unique<Impl>();
   const Json j = Json::parse(json, source);
+  impl->source = std::string(source);
   try {
     impl->load(j);
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());
   }
   return Tokenizer(std::move(impl));
-}
-
-Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
-  const fs::path file = fs::is_directory(path) ? path / "tokenizer.json" : path;
-  REDCO_CHECK(fs::exists(file),
-              "no tokenizer at {}: expected a tokenizer.json (the file Hugging Face's "
-              "tokenizers saves) or a folder holding one",
-              file.string());
-  Tokenizer t = from_json(read_file(file), file.string());
-  t.impl_->load_config(file.parent_path());
-  return t;
 }
 
 Encoding Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

@@ -113,8 +113,17 @@ class Tokenizer {
  public:
   // `path` is a tokenizer.json or a folder holding one (its
   // tokenizer_config.json / special_tokens_map.json are read when present,
-  // for the named special tokens). Errors name the file and the problem.
+  // for the named special tokens), or a folder of GPT2Tokenizer's slow
+  // files (vocab.json + merges.txt + tokenizer_config.json), built as
+  // transformers converts them. A folder with only another slow layout
+  // (tokenizer.model, spiece.model, vocab.txt, ...) is refused with an Error
+  // naming its files and the command that writes tokenizer.json. Errors name
+  // the file and the problem.
   static Tokenizer from_file(const std::filesystem::path& path);
+  // Whether `dir` holds a tokenizer from_file reads: false when it holds no
+  // tokenizer files at all; an Error (as from_file's) when it holds only a
+  // slow layout redco does not read.
+  static bool found_in(const std::filesystem::path& dir);
   static Tokenizer from_json(std::string_view json, std::string_view source = "tokenizer.json");
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;

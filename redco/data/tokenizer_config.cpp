@@ -70,6 +70,51 @@ const Json* find_option(const Json& stage, std::string_view key) {
   return nullptr;
 }
 
+// The first stage of type `type` in a pipeline stage or its Sequence members.
+const Json* find_stage(const Json& stage, std::string_view type) {
+  if (!stage.is_object()) return nullptr;
+  if (stage.contains("type") && stage.at("type") == Json(type)) return &stage;
+  for (const auto& [k, v] : stage.as_object())
+    if (v.is_array())
+      for (const Json& member : v.as_array())
+        if (const Json* found = find_stage(member, type)) return found;
+  return nullptr;
+}
+
+// When a Metaspace stage prepends "▁": its prepend_scheme, or what the older
+// add_prefix_space flag meant; "none" without a Metaspace stage.
+std::string metaspace_scheme(const Json* m) {
+  if (!m) return "none";
+  if (m->contains("prepend_scheme") && m->at("prepend_scheme").is_string())
+    return m->at("prepend_scheme").as_string();
+  const bool add = !m->contains("add_prefix_space") || m->at("add_prefix_space") == Json(true);
+  return add ? "always" : "never";
+}
+
+// What a tokenizer.json does about the "▁" before the first word, in the
+// terms in which transformers' SentencePiece conversion sets it
+// (convert_slow_tokenizer.py: LlamaConverter, SpmConverter).
+struct PrefixSetting {
+  bool prepend = false;   // a Prepend("▁") normalizer (LLaMA's legacy layout)
+  std::string metaspace;  // the Metaspace pre-tokenizer's scheme, or "none"
+  std::string decoder;    // how decoding drops the prefix space again
+  bool operator==(const PrefixSetting&) const = default;
+  std::string str() const {
+    return fmt::format("Prepend(\"▁\") normalizer: {}; Metaspace pre-tokenizer: {}; decoder: {}",
+                       prepend ? "yes" : "no", metaspace, decoder);
+  }
+};
+
+// LLaMA's converter strips the prefix space with Strip(" ", 1, 0); T5's with
+// its Metaspace decoder's scheme.
+std::string decoder_prefix(const Json& decoder, bool llama) {
+  if (!llama) return "Metaspace " + metaspace_scheme(find_stage(decoder, "Metaspace"));
+  const Json* strip = find_stage(decoder, "Strip");
+  const bool strips = strip && strip->contains("start") && strip->at("start") == Json(1) &&
+                      strip->contains("content") && strip->at("content") == Json(" ");
+  return strips ? "Strip(\" \", 1, 0)" : "no Strip";
+}
+
 }  // namespace
 
 void Tokenizer::Impl::load_config(const std::filesystem::path& folder) {
@@ -192,15 +237,8 @@ void Tokenizer::Impl::check_unapplied(const Json& cfg, const std::string& cls,
   for (std::string_view key : {"from_slow", "split_special_tokens"})
     if (cfg.contains(key) && cfg.at(key).is_bool() && cfg.at(key).as_bool())
       fail_option(key, "the reference then tokenizes differently from tokenizer.json");
-  const bool llama_like = std::any_of(std::begin(kRebuilds), std::end(kRebuilds),
-                                      [&](const Rebuild& r) { return r.cls == cls; });
-  if (cfg.contains("add_prefix_space") && !cfg.at("add_prefix_space").is_null()) {
-    const Json* have = find_option(pre_tokenizer_json, "add_prefix_space");
-    if (llama_like && cls != "GPTNeoXTokenizer")
-      fail_option("add_prefix_space", "the reference converts the slow tokenizer for it");
-    if (!have || !(*have == cfg.at("add_prefix_space")))
-      fail_option("add_prefix_space", "tokenizer.json's pre-tokenizer has another value");
-  }
+  if (cfg.contains("add_prefix_space") && !cfg.at("add_prefix_space").is_null())
+    check_prefix_space(cfg, cls, file);
   if (cfg.contains("trim_offsets") && !cfg.at("trim_offsets").is_null()) {
     const Json* have = find_option(post_processor_json, "trim_offsets");
     if (!have || !(*have == cfg.at("trim_offsets")))
@@ -225,6 +263,52 @@ void Tokenizer::Impl::check_unapplied(const Json& cfg, const std::string& cls,
     if (!(n_chinese == chinese))
       fail_option("tokenize_chinese_chars", "tokenizer.json's normalizer differs");
   }
+}
+
+// add_prefix_space: LlamaTokenizerFast and T5TokenizerFast rebuild the
+// whole tokenizer from the SentencePiece model when it is set; other classes
+// set the pre-tokenizer's own flag. Accepted where tokenizer.json already
+// is what that gives.
+void Tokenizer::Impl::check_prefix_space(const Json& cfg, const std::string& cls,
+                                         const std::string& file) const {
+  const Json& v = cfg.at("add_prefix_space");
+  REDCO_CHECK(v.is_bool(), "{}: add_prefix_space must be true or false", file);
+  const bool want = v.as_bool();
+  const std::string fix = resave_command(std::filesystem::path(file).parent_path());
+  if (cls != "LlamaTokenizer" && cls != "T5Tokenizer") {
+    // ByteLevel's flag, or a Metaspace that prepends (always / first) or not (never).
+    const Json* flag = find_option(pre_tokenizer_json, "add_prefix_space");
+    const Json* meta = find_stage(pre_tokenizer_json, "Metaspace");
+    const Json have = flag ? *flag : meta ? Json(metaspace_scheme(meta) != "never") : Json();
+    REDCO_CHECK(have == v,
+                "{}: add_prefix_space = {} is not what {}'s pre-tokenizer does ({}); redco "
+                "does not change tokenizer.json for it: remove the option, or set it in "
+                "tokenizer.json",
+                file, want, source, have.is_null() ? "no such option" : have.dump());
+    return;
+  }
+  // legacy: null or absent means true (with a warning) in both classes.
+  const bool legacy = !(cfg.contains("legacy") && cfg.at("legacy") == Json(false));
+  const bool llama = cls == "LlamaTokenizer";
+  const std::string scheme = !want ? "never" : legacy ? "always" : "first";
+  PrefixSetting expect;
+  if (llama) {  // LlamaConverter: normalizer (legacy) or pre-tokenizer, and a Strip
+    expect = {legacy && want, legacy ? "none" : (want ? "first" : "never"),
+              want ? "Strip(\" \", 1, 0)" : "no Strip"};
+  } else {  // SpmConverter: Metaspace pre-tokenizer and decoder
+    expect = {false, scheme, "Metaspace " + scheme};
+  }
+  const PrefixSetting have{find_stage(normalizer_json, "Prepend") &&
+                               find_stage(normalizer_json, "Prepend")->at("prepend") == Json("▁"),
+                           metaspace_scheme(find_stage(pre_tokenizer_json, "Metaspace")),
+                           decoder_prefix(decoder_json, llama)};
+  REDCO_CHECK(have == expect,
+              "{}: add_prefix_space = {} (legacy = {}) makes transformers rebuild the "
+              "tokenizer from the folder's {} as [{}], but {} has [{}]; redco reads "
+              "tokenizer.json as it is: remove add_prefix_space from {}, or let transformers "
+              "write tokenizer.json with it: {}",
+              file, want, legacy, llama ? "tokenizer.model" : "spiece.model", expect.str(), source,
+              have.str(), file, fix);
 }
 
 // ---- public ----------------------------------------------------------------------

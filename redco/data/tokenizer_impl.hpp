@@ -53,7 +53,9 @@ struct Tokenizer::Impl {
   std::optional<int64_t> model_max_length;
   Side padding_side = Side::right, truncation_side = Side::right;
   bool clean_up_spaces = false;
-  io::Json pre_tokenizer_json, normalizer_json, post_processor_json;  // to check options against
+  // To check options against.
+  io::Json pre_tokenizer_json, normalizer_json, post_processor_json, decoder_json;
+  std::string source = "tokenizer.json";  // the file, for messages
   Regex ws_start{"^[\\s\\x{85}]*"}, ws_end{"[\\s\\x{85}]*$"};
   Regex word_start{"^[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"};
   Regex word_end{"[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]$"};
@@ -73,9 +75,14 @@ struct Tokenizer::Impl {
                      const std::map<std::string, std::string, std::less<>>& names,
                      const std::string& file);
   void check_unapplied(const io::Json& cfg, const std::string& cls, const std::string& file) const;
+  void check_prefix_space(const io::Json& cfg, const std::string& cls,
+                          const std::string& file) const;
   int32_t token_id(std::string_view token) const;  // -1 when absent
 };
 
 std::string read_file(const std::filesystem::path& p);
+// The shell command with which transformers writes `dir`/tokenizer.json
+// (AutoTokenizer converts a slow tokenizer's files on loading).
+std::string resave_command(const std::filesystem::path& dir);
 
 }  // namespace redco::data

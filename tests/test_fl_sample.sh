@@ -4,10 +4,12 @@
 # sample's own exit status); under redco-run -n 2, with the clients of each
 # round split between the processes, the same within 2 points; more clients
 # than examples and more clients per round than clients are one clear error
-# each. Exits 77 (SKIP) without the data.
-#   test_fl_sample.sh <sample> [<redco-run>]
+# each. Exits 77 (SKIP) without the data, and after the rest where redco was
+# built without UCX (no 2 processes).
+#   test_fl_sample.sh <sample> <redco-run>
 set -uo pipefail
-exe=$1 run=${2:-}
+exe=$1 run=${2:?usage: test_fl_sample.sh <sample> <redco-run>}
+. "$(dirname "$0")/two_processes.sh"
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || {
   echo "SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"; exit 77; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/redco-fl-XXXXXX")
@@ -23,13 +25,6 @@ accuracy() {  # name, output, status -> the final test accuracy
 out=$("$exe" "${args[@]}" --workdir "$work/one" 2>&1)
 one=$(accuracy "1 process" "$out" $?) || exit 1
 echo "1 process: test accuracy $one"
-if [ -n "$run" ]; then
-  out=$("$run" -n 2 --output rank0 -- "$exe" "${args[@]}" --workdir "$work/two" 2>&1)
-  two=$(accuracy "2 processes" "$out" $?) || exit 1
-  echo "2 processes: test accuracy $two"
-  awk -v a="$one" -v b="$two" 'BEGIN { d = a - b; exit !(d <= 0.02 && d >= -0.02) }' || {
-    echo "FAIL: 2 processes ended at $two, 1 process at $one"; exit 1; }
-fi
 
 bad() {  # expected message, flags...
   local want=$1; shift
@@ -40,4 +35,12 @@ bad() {  # expected message, flags...
 }
 bad 'need at least as many training examples' --clients 200 --train-examples 100
 bad 'exceeds the 100 clients' --clients-per-round 101
+
+out=$("$run" -n 2 --output rank0 -- "$exe" "${args[@]}" --workdir "$work/two" 2>&1)
+status=$?
+[ $status -eq 0 ] || skip_without_ucx "$out"
+two=$(accuracy "2 processes" "$out" $status) || exit 1
+echo "2 processes: test accuracy $two"
+awk -v a="$one" -v b="$two" 'BEGIN { d = a - b; exit !(d <= 0.02 && d >= -0.02) }' || {
+  echo "FAIL: 2 processes ended at $two, 1 process at $one"; exit 1; }
 echo "PASS"

@@ -6,19 +6,20 @@
 #   2. the rank on "host" B is killed mid-run; the rank on "host" A must stop
 #      with an error naming rank 1, well before its communication timeout
 #      (a dead peer is detected, not waited out);
-#   3. (with restart_worker) redco-run --max-restarts: a random rank is
-#      killed after a random step, or hangs (SIGSTOP, an endless loop); both
-#      launchers restart the job, which resumes from its checkpoint in the
-#      shared workdir and ends bitwise equal to an uninterrupted run.
+#   3. redco-run --max-restarts: a random rank is killed after a random step,
+#      or hangs (SIGSTOP, an endless loop); both launchers restart the job,
+#      which resumes from its checkpoint in the shared workdir and ends
+#      bitwise equal to an uninterrupted run.
 # Needs root (CAP_NET_ADMIN); where network namespaces cannot be made it
 # says why and exits 77, Meson's "skipped".
 #
-#   tests/test_netns.sh build/tools/redco-run build/tests/dist_train_main [build/tests/restart_worker]
+#   tests/test_netns.sh build/tools/redco-run build/tests/dist_train_main build/tests/restart_worker
 set -euo pipefail
+[ $# -eq 3 ] || { echo "usage: $0 <redco-run> <dist_train_main> <restart_worker>" >&2; exit 2; }
 
 RUN=$(realpath "$1")
 PROG=$(realpath "$2")
-RESTART_WORKER=${3:+$(realpath "$3")}
+RESTART_WORKER=$(realpath "$3")
 ID="$$$RANDOM"  # unique per run: parallel runs must not share names
 NS_A="redco-a-$ID"
 NS_B="redco-b-$ID"
@@ -132,10 +133,6 @@ if ! awk -v s="$secs" -v t="$TIMEOUT_S" 'BEGIN { exit !(s < t) }'; then
 fi
 
 # --- 3. restarts across the two hosts -----------------------------------------------------
-if [ -z "$RESTART_WORKER" ]; then
-  echo "PASS (restarts not tested: no restart_worker given)"
-  exit 0
-fi
 STEPS=6
 final() { echo "$1/ckpt/step-$(printf %06d $STEPS)"; }
 # The reference: the same 2-rank job, uninterrupted (the collectives are

@@ -2,14 +2,15 @@
 # samples/reinforcement_learning learns in seconds:
 #   ppo   CartPole-v1, 30 epochs (31k env steps): the greedy policy's mean
 #         return over 100 episodes must reach 150 (a random policy: ~22);
-#         then the same on 2 data-parallel processes (redco-run -n 2), when
-#         redco-run is given; bad flags are one clear message.
+#         then the same on 2 data-parallel processes (redco-run -n 2; SKIP
+#         where redco was built without UCX); bad flags are one clear message.
 #   ddpg  Pendulum-v1, 25 epochs (7k env steps, 5k updates): the noise-free
 #         policy's mean return must reach -800 (a random policy: ~-1200; the
 #         bar leaves room for other CPUs' rounding, which changes the run).
-#   test_rl_sample.sh ppo|ddpg <sample> [<redco-run>]
+#   test_rl_sample.sh ppo|ddpg <sample> <redco-run>
 set -uo pipefail
-mode=$1 exe=$2 run=${3:-}
+mode=$1 exe=$2 run=${3:?usage: test_rl_sample.sh ppo|ddpg <sample> <redco-run>}
+. "$(dirname "$0")/two_processes.sh"
 work=$(mktemp -d "${TMPDIR:-/tmp}/redco-rl-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export UCX_TLS=${UCX_TLS:-tcp,self}
@@ -38,7 +39,6 @@ for f in metrics.jsonl returns.svg; do
   [ -s "$work/one/$f" ] || { echo "FAIL: no $f in the workdir"; exit 1; }
 done
 grep -q '"split": "rollout"' "$work/one/metrics.jsonl" || { echo "FAIL: no returns logged"; exit 1; }
-[ -z "$run" ] && exit 0
 two=$("$run" -n 2 --output rank0 -- "$exe" "${args[@]}" --workdir "$work/two" 2>&1) || {
-  echo "$two" | grep -v 'train' | tail; echo "FAIL: 2 processes did not learn"; exit 1; }
+  skip_without_ucx "$two"; echo "$two" | grep -v 'train' | tail; echo "FAIL: 2 processes did not learn"; exit 1; }
 echo "2 processes: $(echo "$two" | sed 's/^\[rank 0\] //' | grep '^evaluation')"

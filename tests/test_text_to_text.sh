@@ -5,10 +5,12 @@
 # search (4) returns well-formed translations of the test verses: text, no
 # empty output, BLEU and chrF printed. Then 2 processes with the model in 2
 # shards give the same validation loss and scores within fp32 noise.
-# Exits 77 (SKIP) without the KJV and WEB SWORD modules or without libsword.
-#   test_text_to_text.sh <sample> [<redco-run>]
+# Exits 77 (SKIP) without the KJV and WEB SWORD modules or without libsword,
+# and after the 1-process part where redco was built without UCX.
+#   test_text_to_text.sh <sample> <redco-run>
 set -uo pipefail
-exe=$1 run=${2:-}
+exe=$1 run=${2:?usage: test_text_to_text.sh <sample> <redco-run>}
+. "$(dirname "$0")/two_processes.sh"
 work=$(mktemp -d "${TMPDIR:-/tmp}/redco-t2t-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export UCX_TLS=${UCX_TLS:-tcp,self}
@@ -34,10 +36,9 @@ test_line=$(echo "$one" | grep -E '^test \(25 verses\): BLEU [0-9.]+, chrF [0-9.
 outs=$(echo "$one" | grep -c '^out: .*[[:alpha:]]')
 [ "$outs" -eq 3 ] || { echo "FAIL: $outs of 3 translations shown are text"; exit 1; }
 [ -f "$work/one/ckpt/best-chrF/params.safetensors" ] || { echo "FAIL: no best-chrF checkpoint"; exit 1; }
-[ -z "$run" ] && exit 0
 
 two=$("$run" -n 2 --output rank0 -- "$exe" "${args[@]}" --n-model-shards 2 \
-  --workdir "$work/two" 2>&1) || { echo "$two" | tail; echo "FAIL: 2 model shards"; exit 1; }
+  --workdir "$work/two" 2>&1) || { skip_without_ucx "$two"; echo "$two" | tail; echo "FAIL: 2 model shards"; exit 1; }
 two=$(echo "$two" | sed 's/^\[rank 0\] //')
 # The numbers of the test and validation lines, 1 process against 2 shards.
 nums() { echo "$1" | grep -E '^(test|validation loss)' | grep -oE '[0-9]+\.[0-9]+'; }

@@ -303,6 +303,14 @@ TEST_CASE("redco-run starts the ranks and prefixes their output", "[launch][redc
   Result only0 = run(launcher + " -n 2 --output rank0 /bin/sh -c 'echo hello from $REDCO_RANK'");
   CHECK(only0.code == 0);
   CHECK(only0.output == "hello from 0\n");
+  // One rank: its output as the program wrote it, unless --prefix always.
+  Result one = run(launcher + " -n 1 /bin/sh -c 'echo alone'");
+  CHECK(one.code == 0);
+  CHECK(one.output == "alone\n");
+  Result forced = run(launcher + " -n 1 --prefix always /bin/sh -c 'echo alone'");
+  CHECK(forced.output == "[rank 0] alone\n");
+  Result never = run(launcher + " -n 2 --output all --prefix never /bin/sh -c 'echo same'");
+  CHECK(never.output == "same\nsame\n");
 }
 
 TEST_CASE("redco-run stops every rank when one fails", "[launch][redco-run]") {
@@ -335,6 +343,24 @@ TEST_CASE("redco-run stops every rank when one fails", "[launch][redco-run]") {
   Result sig = run(launcher + " -n 2 -- /bin/sh -c '[ $REDCO_RANK = 1 ] && kill -9 $$; sleep 60'");
   CHECK(sig.code == 128 + SIGKILL);
   CHECK_THAT(sig.output, Contains("rank 1 was killed by signal 9"));
+
+  // The launcher stopped by the user (once both ranks run): the ranks are
+  // stopped, none is blamed, and the status is 128 + SIGTERM.
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream sh(dir / "term.sh");
+    sh << launcher << " -n 2 -- /bin/sh -c 'touch " << dir.string()
+       << "/up.$REDCO_RANK; exec sleep 60' &\n"
+       << "while [ ! -e " << dir.string() << "/up.0 ] || [ ! -e " << dir.string()
+       << "/up.1 ]; do sleep 0.05; done\n"
+       << "kill -TERM $!; wait $!; echo status $?\n";
+  }
+  Result term = run("/bin/sh " + (dir / "term.sh").string());
+  INFO(term.output);
+  CHECK_THAT(term.output, Contains("redco-run: received signal 15 (Terminated): stopped 2 ranks"));
+  CHECK_THAT(term.output, Contains("status 143"));
+  CHECK_THAT(term.output, !Contains("killed by signal"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("redco-run rejects a bad host0 with a clear error", "[launch][redco-run]") {

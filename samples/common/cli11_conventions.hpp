@@ -18,11 +18,14 @@
 //   REDCO_CLI11_PARSE(app, argc, argv);
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include "exit_status.hpp"
 
 namespace redco::cli11 {
 
@@ -124,8 +127,17 @@ inline CLI::Validator device_name() {
   return CLI::Validator(check, "cpu|cuda|cuda:N|test|auto");
 }
 
-// Parses with the underscore aliases, printing help or a parse error and
-// returning CLI11's exit code (nonzero) then; 0 when parsing succeeded.
+// The program's name for its messages: argv[0] without the directories.
+inline std::string program_name(const char* argv0) {
+  std::string name = argv0 ? argv0 : "";
+  const size_t slash = name.rfind('/');
+  return slash == std::string::npos ? name : name.substr(slash + 1);
+}
+
+// Parses with the underscore aliases. 0: parsed; -1: --help was printed (exit
+// 0); exit_status::usage_error (2) for any other ParseError, after one line
+// on stderr: "language_modeling: error: --context: must be ...". CLI11's own
+// codes (105 for a bad value, 109 for an unknown flag) do not leak out.
 inline int parse(CLI::App& app, int argc, const char* const* argv) {
   std::string device;
   if (!app.get_option_no_throw("--device"))
@@ -139,8 +151,13 @@ inline int parse(CLI::App& app, int argc, const char* const* argv) {
   try {
     app.parse(int(ptrs.size()), ptrs.data());
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? -1 : code;  // -1: --help was printed, exit 0
+    if (e.get_exit_code() == 0) {  // --help: printed, and not an error
+      app.exit(e);
+      return -1;
+    }
+    std::fprintf(stderr, "%s: error: %s (--help lists the options)\n",
+                 program_name(argc > 0 ? argv[0] : nullptr).c_str(), e.what());
+    return exit_status::usage_error;
   }
   if (!device.empty()) setenv("REDCO_DEVICE", device.c_str(), 1);  // read by the Deployer
   return 0;
@@ -148,7 +165,8 @@ inline int parse(CLI::App& app, int argc, const char* const* argv) {
 
 }  // namespace redco::cli11
 
-// Drop-in for CLI11_PARSE(app, argc, argv) with the underscore aliases.
+// Drop-in for CLI11_PARSE(app, argc, argv) with the underscore aliases,
+// returning from main with 0 after --help and 2 after a command-line error.
 #define REDCO_CLI11_PARSE(app, argc, argv)                                 \
   do {                                                                     \
     const int redco_cli_rc = ::redco::cli11::parse((app), (argc), (argv)); \

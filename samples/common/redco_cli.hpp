@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "exit_status.hpp"
+
 namespace redco::cli {
 
 // What a value must be (shown by --help after the option's type).
@@ -72,7 +74,8 @@ class App {
                      const std::string& help = "");
   Option* add_flag(const std::string& name, bool& value, const std::string& help = "");
 
-  // 0: parsed; -1: --help was printed (exit 0); > 0: the error was printed, exit with it.
+  // 0: parsed; -1: --help was printed (exit 0); exit_status::usage_error (2):
+  // a command-line error was printed on one line, exit with it.
   int parse(int argc, const char* const* argv);
 
  private:
@@ -82,7 +85,8 @@ class App {
 
 }  // namespace redco::cli
 
-// Parses, returning from main with the status when --help or an error was printed.
+// Parses, returning from main when --help (0) or a command-line error (2) was
+// printed (the exit statuses: exit_status.hpp).
 #define REDCO_CLI_PARSE(app, argc, argv)                               \
   do {                                                                 \
     const int redco_cli_rc = (app).parse((argc), (argv));              \

@@ -8,13 +8,13 @@
 // with busbw = algbw * 2(n-1)/n, the nccl-tests convention that makes the
 // number comparable with a link's bandwidth. tools/bench/comm_bench runs it
 // beside ucx_perftest and Gloo.
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cli11_conventions.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/comm/ucx_comm.hpp"
 #include "redco/core/error.hpp"
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed calls per size (default: ~256 MiB of traffic)");
   app.add_option("--small-kb", small_kb, "all-reduce up to this size directly (UcxOptions)");
   app.add_option("--segment-kb", segment_kb, "ring segment size (UcxOptions)");
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI11_PARSE(app, argc, argv);
   try {
     const comm::LaunchEnv env = comm::detect_launch_env();
     REDCO_CHECK(env.world_size >= 2,

@@ -17,12 +17,12 @@
 // overlapping removed from the step.
 #include <tbb/global_control.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
+#include "cli11_conventions.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/comm/ucx_comm.hpp"
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-kb", s.bucket_kb, "DataParallel bucket size");
   app.add_option("--steps", s.steps, "timed steps per mode");
   app.add_option("--threads", s.threads, "compute threads per rank");
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI11_PARSE(app, argc, argv);
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, size_t(s.threads));
   try {
     const comm::LaunchEnv env = comm::detect_launch_env();

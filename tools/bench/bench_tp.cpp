@@ -12,12 +12,12 @@
 // all ranks of the mp group work on the same batch).
 #include <tbb/global_control.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
+#include "cli11_conventions.hpp"
 #include "redco/autodiff/value_and_grad.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/comm/threads_comm.hpp"
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", s.batch, "rows per step");
   app.add_option("--steps", s.steps, "timed steps");
   app.add_option("--threads", s.threads, "compute threads per process");
-  CLI11_PARSE(app, argc, argv);
+  REDCO_CLI11_PARSE(app, argc, argv);
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, size_t(s.threads));
   try {
     const comm::LaunchEnv env = comm::detect_launch_env();

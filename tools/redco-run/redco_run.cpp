@@ -5,12 +5,17 @@
 //   srun --ntasks-per-node=1 redco-run -n 8 --from-env -- ./prog
 //
 // Each child gets the REDCO_* variables that comm::detect_launch_env() reads
-// (global rank = node_rank * n + local rank). Output is forwarded line by line
-// with a `[rank r] ` prefix, or rank 0's only. If any rank fails, the others
+// (global rank = node_rank * n + local rank). Output is forwarded line by line,
+// every rank's (with a `[rank r] ` prefix when there are several) or rank 0's
+// only (--output, --prefix; options.hpp). If any rank fails, the others
 // are stopped (SIGTERM, then SIGKILL after --grace seconds) and redco-run exits
 // with the failed rank's status (128 + signal for a signal), because a job
 // with a dead rank can only hang or fail later. A rank that hangs (see
-// hang_watch.hpp; --hang-timeout) is named and stopped the same way.
+// hang_watch.hpp; --hang-timeout) is named and stopped the same way. A
+// SIGINT or SIGTERM to redco-run (Ctrl-C) is passed on to the ranks and
+// reported as such, with status 128 + the signal (130 for Ctrl-C); no rank is
+// blamed for it. Errors of redco-run's own: 2 for the command line, 1 for the
+// rest (exit_status.hpp).
 //
 // Restarts (--max-restarts N, torchrun's semantics): after a failure the
 // whole job is started again, up to N times, each attempt with REDCO_RESTART
@@ -32,10 +37,12 @@
 #include <cstring>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "cli11_conventions.hpp"
+#include "exit_status.hpp"
 #include "hang_watch.hpp"
+#include "options.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/core/error.hpp"
 
@@ -43,20 +50,11 @@ namespace {
 
 using namespace redco;
 using Clock = std::chrono::steady_clock;
+using run::Options;
 
-struct Options {
-  int nprocs = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string host0;
-  std::string job_id = "default";
-  std::string output = "all";
-  double timeout_s = 300;
-  double grace_s = 10;
-  double hang_timeout_s = 60;
-  int max_restarts = 0;
-  bool from_env = false;
-  std::vector<std::string> command;
+// A failure the command line caused (a program that cannot be started): exit 2.
+struct UsageError : Error {
+  using Error::Error;
 };
 
 // Where the job's ranks meet, decided once per launcher.
@@ -190,7 +188,7 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   bool shown = true;
-  bool prefixed = true;  // only one rank shown: its lines need no prefix
+  bool prefixed = true;  // "[rank r] " before each line (run::prefixed)
   Stream out, err;
   std::deque<std::string> tail;  // last lines of a hidden rank, shown if it fails
 };
@@ -228,7 +226,9 @@ void spawn_child(Child& c, const std::vector<std::string>& argv,
   close(err[1]);
   c.out = {out[0], 1, {}};
   c.err = {err[0], 2, {}};
-  REDCO_CHECK(rc == 0, "cannot start '{}' for rank {}: {}", argv[0], c.rank, std::strerror(rc));
+  if (rc != 0)
+    throw UsageError(
+        fmt::format("cannot start '{}' for rank {}: {}", argv[0], c.rank, std::strerror(rc)));
   c.running = true;
 }
 
@@ -265,12 +265,15 @@ class Supervisor {
   void stop_all();
   void signal_all(int sig);
   void print_tail();
+  void report_interrupt();
   std::vector<pollfd> poll_set() const;
 
   std::vector<Child> kids_;
   double grace_;
   run::HangWatch& watch_;
-  int failed_ = -1;  // index of the first rank that failed
+  int failed_ = -1;            // index of the first rank that failed
+  int user_signal_ = 0;        // the first SIGINT/SIGTERM/SIGHUP redco-run received
+  int interrupted_ranks_ = 0;  // ranks running when it came
   Outcome out_;
   bool stopping_ = false, killed_ = false;
   Clock::time_point kill_at_{}, drain_until_{}, next_check_{};
@@ -332,7 +335,8 @@ void Supervisor::reap() {
       // The rank is gone; anything it left running in its group goes too.
       kill(-c.pid, SIGKILL);
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (!failed || failed_ >= 0) continue;
+      // A rank ending after the user's signal was stopped, not failed.
+      if (!failed || failed_ >= 0 || user_signal_ != 0) continue;
       failed_ = static_cast<int>(i);
       out_.code = exit_code_of(status);
       out_.failure = fmt::format("rank {} {}", c.rank, describe_status(status));
@@ -378,6 +382,10 @@ void Supervisor::on_signals() {
   while ((n = read(g_signal_pipe[0], sigs, sizeof sigs)) > 0) {
     for (ssize_t i = 0; i < n; ++i) {
       if (sigs[i] == SIGCHLD) continue;
+      if (user_signal_ == 0) {
+        user_signal_ = sigs[i];
+        for (const Child& c : kids_) interrupted_ranks_ += c.running ? 1 : 0;
+      }
       // Forward the user's signal; if the ranks ignore it, SIGKILL follows.
       signal_all(sigs[i]);
       out_.by_user = true;
@@ -435,8 +443,21 @@ Outcome Supervisor::run() {
     on_signals();
     check_hangs();
   }
+  if (user_signal_ != 0 && failed_ < 0) report_interrupt();
   print_tail();
   return out_;
+}
+
+// The job was stopped by the user, not by a rank: say so, and exit as a shell
+// reports a command stopped by that signal (130 for Ctrl-C).
+void Supervisor::report_interrupt() {
+  const std::string why =
+      user_signal_ == SIGINT
+          ? std::string("interrupted (Ctrl-C)")
+          : fmt::format("received signal {} ({})", user_signal_, strsignal(user_signal_));
+  write_all(2, fmt::format("redco-run: {}: stopped {} rank{}\n", why, interrupted_ranks_,
+                           interrupted_ranks_ == 1 ? "" : "s"));
+  out_.code = 128 + user_signal_;
 }
 
 void Supervisor::print_tail() {
@@ -454,7 +475,7 @@ Outcome run_job(const JobPlan& plan, const Options& o, int restart, run::HangWat
     c.rank = plan.node_rank * plan.nprocs + local;
     c.local = local;
     c.shown = o.output == "all" || c.rank == 0;
-    c.prefixed = o.output == "all";
+    c.prefixed = run::prefixed(o, plan.nnodes * plan.nprocs);
     try {
       spawn_child(c, o.command, child_environ(plan, o, local, restart, watch));
     } catch (const Error&) {
@@ -490,56 +511,26 @@ int run_with_restarts(JobPlan plan, const Options& o) {
   }
 }
 
-void add_options(CLI::App& app, Options& o) {
-  app.add_option("-n,--nproc-per-node", o.nprocs, "processes to start on this node")->required();
-  app.add_option("--nnodes", o.nnodes, "number of nodes (one redco-run on each)");
-  app.add_option("--node-rank", o.node_rank, "this node's index in [0, nnodes)");
-  app.add_option("--host0", o.host0, "ADDR:PORT of node 0, where rank 0 listens");
-  app.add_option("--job-id", o.job_id, "job name shared by all nodes; makes the job token");
-  app.add_option("--output", o.output, "whose output to show: all (prefixed) or rank0")
-      ->check(CLI::IsMember({"all", "rank0"}));
-  app.add_option("--timeout", o.timeout_s, "seconds the ranks wait for each other to connect")
-      ->check(redco::cli11::positive());
-  app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping")
-      ->check(redco::cli11::non_negative());
-  app.add_option("--max-restarts", o.max_restarts,
-                 "restart the whole job up to this many times after a rank fails or hangs "
-                 "(it resumes from its latest checkpoint)")
-      ->check(redco::cli11::at_least(0));
-  app.add_option("--hang-timeout", o.hang_timeout_s,
-                 "seconds a rank may go without progress in its training loop (or without "
-                 "running at all) before it is called hung and the job is stopped; 0: off")
-      ->check(redco::cli11::non_negative());
-  app.add_flag("--from-env", o.from_env,
-               "take nnodes, node rank and host0 from Slurm/Open MPI (one redco-run per node)");
-  // Everything from the program name on belongs to the program.
-  app.prefix_command();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"redco-run: start and supervise the ranks of a redco job"};
   Options o;
-  add_options(app, o);
-  app.footer("usage: redco-run -n N [options] [--] program [args...]");
-  REDCO_CLI11_PARSE(app, argc, argv);
-  o.command = app.remaining();
-  if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
-  if (o.command.empty()) {
-    std::fprintf(stderr, "redco-run: error: no program given: redco-run -n N -- program args\n");
-    return 2;
+  if (const int rc = run::parse_options(o, argc, argv); rc >= 0) return rc;
+  JobPlan plan;
+  try {
+    plan = make_plan(o);
+  } catch (const Error& e) {  // --host0, --node-rank, --from-env outside a job...
+    std::fprintf(stderr, "redco-run: error: %s\n", e.what());
+    return exit_status::usage_error;
   }
   try {
-    // Ten heartbeat ticks must fit in the timeout, and they come at most every 10 ms.
-    REDCO_CHECK(o.hang_timeout_s == 0 || o.hang_timeout_s >= 0.1,
-                "--hang-timeout {:g}: give at least 0.1 seconds, or 0 to turn hang detection off",
-                o.hang_timeout_s);
-    JobPlan plan = make_plan(o);
     install_signal_handlers();
     return run_with_restarts(plan, o);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "redco-run: error: %s\n", e.what());
+    return exit_status::usage_error;
   } catch (const Error& e) {
     std::fprintf(stderr, "redco-run: error: %s\n", e.what());
-    return 2;
+    return exit_status::runtime_error;
   }
 }

@@ -344,6 +344,19 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--profile", o.profile, "--bench: per-op time of the decode steps (stderr)");
 }
 
+// Whether prompts are text: the folder holds a tokenizer redco reads
+// (tokenizer.json, or GPT-2's slow vocab.json + merges.txt). A folder with
+// only another slow tokenizer's files (tokenizer.model, spiece.model,
+// vocab.txt) is an error naming the command that writes its tokenizer.json,
+// not a silent switch to token ids.
+bool text_mode(const std::string& dir) {
+  try {
+    return data::Tokenizer::found_in(dir);
+  } catch (const Error& e) {
+    fail("{}\n(or give --ids to prompt with token ids)", e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -371,9 +384,7 @@ int main(int argc, char** argv) try {
   if (seq2seq) seq2seq_defaults(o.c, app, o.dir, o.bench);
   auto any = models::from_pretrained_any(o.dir, load);
   std::optional<data::Tokenizer> tok;
-  if (!o.ids_mode && !o.bench &&
-      std::filesystem::exists(std::filesystem::path(o.dir) / "tokenizer.json"))
-    tok.emplace(data::Tokenizer::from_file(o.dir));
+  if (!o.ids_mode && !o.bench && text_mode(o.dir)) tok.emplace(data::Tokenizer::from_file(o.dir));
   REDCO_CHECK(tok || o.c.stop_strings.empty(),
               "redco-generate: --stop needs text mode (a tokenizer.json in {}, without --ids)",
               o.dir);

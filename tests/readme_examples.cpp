@@ -51,11 +51,17 @@ trainer.fit(train, fit);
 }
 
 [[maybe_unused]] void pretrained_checkpoints() {
+  const Tensor ids = Tensor::zeros({2, 3}, DType::i64), mask = Tensor::ones({2, 3});
   // clang-format off
   // ---- README.md "Pretrained checkpoints" ----
 auto llama = models::from_pretrained<models::Llama>("Llama-3.2-1B");  // config.json + safetensors
-auto out = generation::generate(llama.model, llama.params, {{128000, 791, 6460}},
-                                {.max_new_tokens = 64, .do_sample = true, .top_p = 0.9f});
+// ids [B, T] i64, mask [B, T]: transformers' attention_mask (1 a token, 0 padding)
+Tensor logits = nn::apply(llama.model, llama.params, ids, {.mask = mask});
+// generation_config.json's settings (end-of-sequence ids, sampling); ours where it has none:
+auto config = models::generation_config("Llama-3.2-1B", {.max_new_tokens = 64});
+auto out = generation::generate(llama.model, llama.params, {{128000, 791, 6460}}, config);
+// out.sequences[0]: the new tokens only, up to and including an end-of-sequence id
+// (transformers' generate returns the prompt and then these)
 models::save_pretrained("out", llama);  // transformers.AutoModelForCausalLM loads it back
 
   // clang-format on

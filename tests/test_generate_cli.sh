@@ -22,6 +22,22 @@ check t5 $'42 77 77 77 77 77 77 77 77 77 77 77\n20 20 20 20 20 20 20 20 20 20 20
 check bart $'41 41 41 41 41 41 41 41 41 41 41 2\n25 25 25 25 25 25 25 25 25 25 25 2\n13 13 13 62 62 62 88 88 88 88 88 2'
 # A flag overrides the checkpoint: no forced end id, and a forced first token.
 check bart $'7 41 41 41 41 41 41 41 41 41 41 41\n7 25 25 25 25 25 25 25 25 25 25 25\n7 62 62 62 62 62 62 62 62 62 62 62' --forced-eos -1 --forced-bos 7
+# A decoder-only checkpoint stops at its own end-of-sequence id, read from
+# generation_config.json (else config.json) as transformers reads it; --eos
+# overrides. Greedy from 5,17,33 the GPT-J fixture gives 390 1899 472 472 ...
+work=$(mktemp -d "${TMPDIR:-/tmp}/redco-gen-cli-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cp -r "$hf/gptj_text" "$work/gptj"
+eos() { sed -i -E "s/\"eos_token_id\": *[0-9]+/\"eos_token_id\": $2/" "$work/gptj/$1"; }
+ids() { "$gen" "$work/gptj" --ids --prompt 5,17,33 --max-new-tokens 8 "$@" 2>&1; }
+want=$'390 1899 472 472 472 472 1285 534'
+[[ $(ids) == "$want" ]] || { echo "FAIL: GPT-J fixture greedy: $(ids)"; bad=1; }
+eos generation_config.json 1899
+[[ $(ids) == "390 1899" ]] || { echo "FAIL: generation_config.json's eos ignored: $(ids)"; bad=1; }
+[[ $(ids --eos 472) == "390 1899 472" ]] || { echo "FAIL: --eos 472: $(ids --eos 472)"; bad=1; }
+rm "$work/gptj/generation_config.json"
+eos config.json 472
+[[ $(ids) == "390 1899 472" ]] || { echo "FAIL: config.json's eos ignored: $(ids)"; bad=1; }
 out=$("$gen" "$hf/bert" --prompt 1 2>&1) && { echo "FAIL: a BERT folder was accepted"; bad=1; }
 [[ "$out" == *"an encoder without a decoder"* ]] || { echo "FAIL: BERT refusal: $out"; bad=1; }
 exit $bad

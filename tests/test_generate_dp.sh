@@ -42,4 +42,10 @@ out=$(echo "Jesus wept." | "$run" -n 2 --output rank0 -- "$gen" "$hf/gpt2_text" 
   echo "FAIL: stdin prompts on 2 processes were accepted"; bad=1; }
 [[ "$out" == *"give the prompts with --prompt or --prompts-file"* ]] || {
   echo "FAIL: stdin refusal: $out"; bad=1; }
+# A shard count that splits none of the model's 4 heads evenly is refused,
+# naming the counts that do, instead of computing the whole model 3 times.
+out=$("$run" -n 3 --output rank0 -- "$gen" "$hf/gpt2" --ids --prompt 1,2 --n-model-shards 3 2>&1) &&
+  { echo "FAIL: --n-model-shards 3 with 4 heads was accepted"; bad=1; }
+[[ "$out" == *"--n-model-shards 3 does not split this model evenly"*"give a count that does: 2, 4"* ]] ||
+  { echo "FAIL: uneven shard refusal: $out"; bad=1; }
 exit $bad

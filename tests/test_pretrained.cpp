@@ -90,9 +90,8 @@ void check_family(const std::string& name, std::vector<int> shard_counts) {
                   max_abs(got));
   if (g.mask.defined()) {  // a padded batch: left, right and no padding
     NoGradGuard no_grad;
-    nn::Ctx ctx;
-    ctx.mask = g.mask;
-    const Tensor padded = nn::apply(p.model, p.params, g.ids, ctx);
+    // The forward call README.md and models/pretrained.hpp document.
+    const Tensor padded = nn::apply(p.model, p.params, g.ids, {.mask = g.mask});
     const float pdiff = max_diff_unpadded(padded, g.padded_logits, g.mask);
     CHECK(pdiff <= 1e-4f);
     CHECK(max_diff_unpadded(padded, g.logits, g.mask) > 1e-3f);  // the mask changed something

@@ -1,5 +1,6 @@
 #include "redco/data/lm_data.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,34 @@
 
 namespace redco::data {
 
+namespace {
+
+// Earlier versions kept the learned tokenizer as GPT-2's two files in a
+// `tokenizer/` folder beside `file`. Such a tokenizer is read and returned
+// as tokenizer.json (saved at `file` by the caller), so a workdir's
+// checkpoints keep their vocabulary; one of another size is reported, not
+// silently replaced. Empty when there is none.
+std::string old_layout_json(const std::filesystem::path& file, int64_t vocab_size) {
+  const std::filesystem::path old = file.parent_path() / "tokenizer";
+  if (std::filesystem::exists(file) || !std::filesystem::exists(old / "vocab.json") ||
+      !std::filesystem::exists(old / "merges.txt"))
+    return {};
+  std::string json = Bpe::load(old).to_tokenizer_json();
+  const int64_t have = Tokenizer::from_json(json, (old / "vocab.json").string()).vocab_size();
+  REDCO_CHECK(have == vocab_size,
+              "{} holds a tokenizer in the old layout (vocab.json + merges.txt) with {} tokens, "
+              "not the {} asked for; ask for {} to go on with it and the checkpoints trained "
+              "with it, or remove {} to learn a new one",
+              old.string(), have, vocab_size, have, old.string());
+  fmt::print(stderr,
+             "note: read the tokenizer in the old layout {} (vocab.json + merges.txt); it is "
+             "kept as {} from now on\n",
+             old.string(), file.string());
+  return json;
+}
+
+}  // namespace
+
 Tokenizer load_or_train_bpe(const std::filesystem::path& file, std::string_view text,
                             int64_t vocab_size, bool save) {
   REDCO_CHECK(vocab_size >= 256,
@@ -23,7 +52,8 @@ Tokenizer load_or_train_bpe(const std::filesystem::path& file, std::string_view 
     Tokenizer saved = Tokenizer::from_file(file);
     if (saved.vocab_size() == vocab_size) return saved;
   }
-  const std::string json = Bpe::train(text, vocab_size).to_tokenizer_json();
+  std::string json = old_layout_json(file, vocab_size);
+  if (json.empty()) json = Bpe::train(text, vocab_size).to_tokenizer_json();
   if (save) {
     if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
     // A name of this process's own, renamed over `file` once complete.
@@ -46,6 +76,10 @@ TokenizerFile pick_tokenizer(const std::filesystem::path& file,
                              int64_t vocab_size, bool save) {
   if (!file.empty()) return {Tokenizer::from_file(file), file};
   if (!checkpoint.empty()) {
+    REDCO_CHECK(std::filesystem::is_directory(checkpoint),
+                "{} is not a folder: name a Hugging Face checkpoint folder (config.json, "
+                "model.safetensors, tokenizer.json)",
+                checkpoint.string());
     const std::filesystem::path own = checkpoint / "tokenizer.json";
     REDCO_CHECK(std::filesystem::exists(own),
                 "{} has no tokenizer.json: name the checkpoint's tokenizer file with --tokenizer",

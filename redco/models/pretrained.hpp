@@ -2,7 +2,8 @@
 // Pretrained Hugging Face checkpoints as typed redco models:
 //
 //   auto llama = models::from_pretrained<models::Llama>("path/to/hf-folder");
-//   Tensor logits = nn::apply(llama.model, llama.params, ids);
+//   // ids [B, T] i64; mask [B, T] (transformers' attention_mask: 1 token, 0 padding)
+//   Tensor logits = nn::apply(llama.model, llama.params, ids, {.mask = mask});
 //   models::save_pretrained("out", llama);   // transformers loads it back
 //
 // The model type names the architecture (as LlamaForCausalLM.from_pretrained

@@ -53,9 +53,11 @@ Tensor apply(const L& model, const ParamTree& params, const Tensor& x, Ctx& ctx)
   return finish_output(model.forward(Params(params, split_table(model, ctx)).content<L>(), x, ctx),
                        ctx);
 }
+// The inputs of one call, e.g. a padded batch with Hugging Face's
+// attention_mask (1 for a token, 0 for padding, [B, T]):
+//   nn::apply(model, params, ids, {.mask = attention_mask})
 template <Layer L>
-Tensor apply(const L& model, const ParamTree& params, const Tensor& x) {
-  Ctx ctx;
+Tensor apply(const L& model, const ParamTree& params, const Tensor& x, Ctx&& ctx = {}) {
   return apply(model, params, x, ctx);
 }
 

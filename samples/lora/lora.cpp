@@ -141,7 +141,12 @@ int main(int argc, char** argv) try {
   for (int i = 0; i < 4; ++i)
     c.ids[i] = data::token_ids(c.tok, text[i]), c.w[i] = data::token_windows(c.ids[i], o.context);
   if (init_from.empty()) return adapt(d, c, kjv_base(d, c, cfg, o, d.workdir() / "base"), o);
-  return adapt(d, c, models::from_pretrained<models::CausalLM>(init_from), o);
+  auto base = models::from_pretrained<models::CausalLM>(init_from);
+  REDCO_CHECK(c.tok.vocab_size() <= base.model.vocab_size(),
+              "{}: tokenizer.json has {} ids but the model's vocabulary has {}: the folder's "
+              "tokenizer does not belong to its model",
+              init_from, c.tok.vocab_size(), base.model.vocab_size());
+  return adapt(d, c, std::move(base), o);
 } catch (const std::exception& e) {
   fmt::print(stderr, "lora: {}\n", e.what());
   return 1;

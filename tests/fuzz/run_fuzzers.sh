@@ -48,7 +48,7 @@ srcs=(core/dtype.cpp core/allocator.cpp core/device_memory.cpp core/tensor.cpp c
   comm/launch_env.cpp data/regex.cpp data/tokenizer.cpp data/tokenizer_batch.cpp
   data/tokenizer_config.cpp data/tokenizer_unicode.cpp data/tokenizer_normalizers.cpp
   data/tokenizer_pre_tokenizers.cpp data/tokenizer_models.cpp data/tokenizer_unigram.cpp
-  data/tokenizer_processors.cpp)
+  data/tokenizer_processors.cpp data/tokenizer_folder.cpp)
 # hf_config and hf_index also link the model families' config readers (only they: these
 # are the slowest to compile).
 model_srcs=(models/hf_config.cpp models/hf_util.cpp models/gpt2.cpp models/llama.cpp models/opt.cpp

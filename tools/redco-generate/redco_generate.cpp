@@ -12,14 +12,18 @@
 // With a tokenizer.json in MODEL_DIR, prompts are text, tokenised with it,
 // and each completion is printed as text on its own line, in prompt order,
 // the current one streamed as its characters complete (beam search: each
-// prompt's when its search ends). With --ids (or no tokenizer.json) prompts
-// and output are token ids (comma- or space-separated).
+// prompt's when its search ends). With --ids prompts and output are token
+// ids (comma- or space-separated). A completion is the new tokens only, the
+// prompt not repeated (transformers' generate returns prompt + new), ending
+// with the end-of-sequence id when one was generated.
 // For an encoder-decoder (T5, BART) a prompt is the encoder's source (text
 // tokenised with the folder's special tokens, e.g. T5's closing </s>, or
-// ids) and the output is what the decoder generates from it; the decoder
-// start, end, pad and forced ids come from the folder's
-// generation_config.json unless given. --bench's prefill is then the encoder
-// and the first decoder step.
+// ids) and the output is what the decoder generates from it, after its start
+// id. For every model the end, pad and forced ids (and an encoder-decoder's
+// decoder start) come from the folder's generation_config.json (or its
+// config.json, as transformers reads them) unless a flag gives them.
+// --bench's prefill is the encoder and the first decoder step for an
+// encoder-decoder.
 //
 // Processes: the model-parallel ranks of a replica (--n-model-shards) compute
 // together; the data-parallel replicas (the rest of the process count) each
@@ -45,6 +49,7 @@
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/train/deployer.hpp"
 #include "redco/train/gather_outputs.hpp"
@@ -55,7 +60,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::vector<int64_t> parse_ids(std::string text) {
+// `why`: why the prompts are ids here (--ids, or no tokenizer in the folder).
+std::vector<int64_t> parse_ids(std::string text, std::string_view why) {
   for (char& c : text)
     if (c == ',') c = ' ';
   std::istringstream in(text);
@@ -70,7 +76,8 @@ std::vector<int64_t> parse_ids(std::string text) {
       used = 0;
     }
     REDCO_CHECK(used == word.size() && v >= 0,
-                "redco-generate: '{}' is not a token id (prompts are ids: '15496,11,995')", word);
+                "redco-generate: '{}' is not a token id; prompts are ids ('15496,11,995') {}", word,
+                why);
     ids.push_back(v);
   }
   return ids;
@@ -197,6 +204,29 @@ std::vector<std::string> run(const models::Pretrained<M>& m, const Prompts& prom
   return lines;
 }
 
+// Refuses a model-shard count the model's plan cannot split evenly: those
+// layers would be whole on every rank, computed n times over for nothing.
+template <typename M>
+void check_even_split(const M& model, int shards) {
+  if (shards == 1) return;
+  auto uneven = [&](int n) {
+    std::vector<shard::ParamSplit> plan = shard::resolve(model, n);
+    auto it = std::find_if(plan.begin(), plan.end(), [](auto& p) { return !p.note.empty(); });
+    return it == plan.end() ? std::string() : it->note;
+  };
+  const std::string why = uneven(shards);
+  if (why.empty()) return;
+  std::vector<int> even;
+  for (int n = 2; n <= 64; ++n)
+    if (uneven(n).empty()) even.push_back(n);
+  fail(
+      "redco-generate: --n-model-shards {} does not split this model evenly ({}); give a count "
+      "that does: {}",
+      shards, why,
+      even.empty() ? std::string("1 (nothing in it splits)")
+                   : fmt::format("{}", fmt::join(even, ", ")));
+}
+
 // Prompts [begin, end) of n for this data-parallel replica: contiguous
 // blocks in replica order, so the replicas' outputs in rank order are in
 // prompt order.
@@ -242,11 +272,18 @@ std::vector<std::string> read_lines(const std::vector<std::string>& args,
 
 // The prompts' ids: through the tokenizer (text mode) or parsed (ids).
 Prompts to_prompts(const std::vector<std::string>& lines, const data::Tokenizer* tok, int64_t vocab,
-                   const std::string& dir) {
+                   const std::string& dir, bool ids_flag) {
+  const std::string why = ids_flag
+                              ? "with --ids"
+                              : fmt::format(
+                                    "because {} has no tokenizer.json; for text prompts put the "
+                                    "model's tokenizer.json there",
+                                    dir);
   Prompts prompts;
   for (const std::string& p : lines) {
     if (!tok) {
-      if (!parse_ids(p).empty()) prompts.push_back(parse_ids(p));
+      if (std::vector<int64_t> ids = parse_ids(p, why); !ids.empty())
+        prompts.push_back(std::move(ids));
       continue;
     }
     std::vector<int64_t> ids;
@@ -261,16 +298,18 @@ Prompts to_prompts(const std::vector<std::string>& lines, const data::Tokenizer*
   return prompts;
 }
 
-// An encoder-decoder's ids from its generation_config.json where no flag gives them.
-void seq2seq_defaults(generation::GenerationConfig& c, const CLI::App& app, const std::string& dir,
-                      bool bench) {
+// The special ids from the folder's generation_config.json (else config.json)
+// where no flag gives them: transformers' generate stops at the checkpoint's
+// end-of-sequence id for every model, not only for encoder-decoders.
+void checkpoint_defaults(generation::GenerationConfig& c, const CLI::App& app,
+                         const std::string& dir, bool bench, bool seq2seq) {
   const generation::GenerationConfig f = models::generation_config(dir);
   for (auto [flag, mine, theirs] :
        {std::tuple{"--decoder-start", &c.decoder_start_token_id, f.decoder_start_token_id},
         std::tuple{"--forced-bos", &c.forced_bos_token_id, f.forced_bos_token_id},
         std::tuple{"--forced-eos", &c.forced_eos_token_id, f.forced_eos_token_id},
         std::tuple{"--pad", &c.pad_token_id, f.pad_token_id}})
-    if (app.count(flag) == 0) *mine = theirs;
+    if (app.count(flag) == 0 && (seq2seq || mine != &c.decoder_start_token_id)) *mine = theirs;
   // --bench generates max_new_tokens whatever the random sources give.
   if (app.count("--eos") == 0 && !bench) c.eos_token_ids = f.eos_token_ids;
 }
@@ -360,7 +399,11 @@ bool text_mode(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{"redco-generate: stream completions from a Hugging Face checkpoint"};
+  CLI::App app{
+      "redco-generate: stream completions from a Hugging Face checkpoint. Each prompt's output "
+      "line is its new tokens only, not the prompt (transformers' generate returns prompt + new), "
+      "ending with the end-of-sequence id when one was generated; the end, pad and forced ids "
+      "come from the folder's generation_config.json unless given"};
   Options o;
   add_options(app, o);
   REDCO_CLI11_PARSE(app, argc, argv);
@@ -381,7 +424,7 @@ int main(int argc, char** argv) try {
               o.dir, type);
   const bool seq2seq = type == "t5" || type == "bart";
   if (o.cache_dtype != "auto") o.c.cache_dtype = o.cache_dtype == "bf16" ? DType::bf16 : DType::f32;
-  if (seq2seq) seq2seq_defaults(o.c, app, o.dir, o.bench);
+  checkpoint_defaults(o.c, app, o.dir, o.bench, seq2seq);
   auto any = models::from_pretrained_any(o.dir, load);
   std::optional<data::Tokenizer> tok;
   if (!o.ids_mode && !o.bench && text_mode(o.dir)) tok.emplace(data::Tokenizer::from_file(o.dir));
@@ -399,7 +442,9 @@ int main(int argc, char** argv) try {
   ctx.mp = &deployer.mesh().mp_comm();
   std::visit(
       [&](const auto& m) {
-        Prompts prompts = to_prompts(lines, tok ? &*tok : nullptr, m.config.vocab, o.dir);
+        check_even_split(m.model, o.shards);
+        Prompts prompts =
+            to_prompts(lines, tok ? &*tok : nullptr, m.config.vocab, o.dir, o.ids_mode);
         if (o.bench) prompts = random_prompts(o.batch, o.prompt_length, m.config.vocab);
         REDCO_CHECK(!prompts.empty(),
                     "redco-generate: no prompts (give --prompt, --prompts-file or lines on stdin)");

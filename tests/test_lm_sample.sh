@@ -35,8 +35,12 @@ for family in opt gptj gpt_neox; do
   grep "validation loss" "$tmp/$family.log"
   reload "$tmp/$family-export" "$tmp/$family-reloaded"
 done
-py=$(dirname "$0")/../.venv/bin/python
-if [ -x "$py" ] && "$py" -c "import transformers" 2>/dev/null; then
+py=${REDCO_VENV:-$(dirname "$0")/../.venv}/bin/python
+# Without the test venv (tools/setup test makes it) the check by transformers
+# cannot run: the rest still runs, and the test then reports SKIP, not PASS.
+live=1
+[ -x "$py" ] && "$py" -c "import transformers" 2>/dev/null || live=0
+if [ $live = 1 ]; then
   for export in "$tmp/export" "$tmp/opt-export" "$tmp/gptj-export" "$tmp/gpt_neox-export"; do
     "$py" - "$export" <<'PY' || { echo "FAIL: transformers could not use $export"; exit 1; }
 import math, sys
@@ -51,4 +55,6 @@ sys.exit(0 if loss < math.log(m.config.vocab_size) - 1 else 1)
 PY
   done
 fi
+[ $live = 1 ] || {
+  echo "SKIP: $py cannot import transformers (run \`tools/setup test\`): the rest passed"; exit 77; }
 echo "PASS"

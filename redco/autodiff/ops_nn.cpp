@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "redco/autodiff/autograd_meta.hpp"
+#include "redco/autodiff/loss_on_parts.hpp"
 #include "redco/autodiff/recording.hpp"
 #include "redco/ops/backend.hpp"
 
@@ -269,10 +270,14 @@ Tensor cross_entropy_rows(const Tensor& logits, const Tensor& labels, int64_t ig
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
-  // Logits split across a model-parallel group (by vocabulary, or by class):
-  // their placement computes the loss from the parts without gathering them.
-  if (const Placement* split = logits.placement())
-    return split->cross_entropy(logits, labels, ignore_index);
+  // Logits split across a model-parallel group (by vocabulary, or by class),
+  // or not formed yet: their placement computes the loss from the parts
+  // where it can (loss_on_parts.hpp), else they are made whole.
+  if (const Placement* p = logits.placement()) {
+    if (const auto* parts = dynamic_cast<const CrossEntropyOnParts*>(p))
+      return parts->cross_entropy(logits, labels, ignore_index);
+    return cross_entropy(p->whole(logits), labels, ignore_index);
+  }
   REDCO_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be i64, got {}{}",
               dtype_name(labels.dtype()), labels.shape());
   REDCO_CHECK(logits.rank() >= 1 && labels.shape() == logits.shape().drop(-1),

@@ -28,23 +28,22 @@ class Tensor;
 // features, or a partial sum awaiting its reduction) holds only this rank's
 // part, so reading its data as if it were whole would be silently wrong:
 // raw() and data() refuse, with a message naming nn::whole(). Views and
-// detach() keep the placement; cross_entropy computes on split logits without
-// gathering them. An LM head's logits in training are a placement too: not
-// formed at all until the loss reads them (nn/deferred_logits.cpp). Core knows no communicators:
-// redco/nn/tensor_parallel.hpp implements this interface holding one.
+// detach() keep the placement. An LM head's logits in training are a
+// placement too: not formed at all until the loss reads them
+// (nn/deferred_logits.cpp). Core knows no communicators and no losses:
+// redco/nn/tensor_parallel.hpp implements this interface holding a
+// communicator, and a placement a loss reads part by part also implements
+// autodiff/loss_on_parts.hpp.
 struct Placement {
   virtual ~Placement() = default;
   // E.g. "split along its last dim across 2 model-parallel ranks (this rank holds 8 of 16)".
   virtual std::string describe() const = 0;
   // The whole tensor (a collective over the group; differentiable).
   virtual Tensor whole(const Tensor& t) const = 0;
-  // cross_entropy(whole(logits), labels, ignore_index) without forming whole(logits).
-  virtual Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
-                               int64_t ignore_index) const = 0;
   // What to call instead of reading the data (the end of the error message).
   virtual std::string read_hint() const {
-    return "Call nn::whole(t) to gather it (cross_entropy takes it split, without gathering), "
-           "or nn::local(t) for this rank's part as a plain tensor";
+    return "Call nn::whole(t) to gather it, or nn::local(t) for this rank's part as a plain "
+           "tensor";
   }
   // False when no values exist yet (an LM head's deferred logits: whole()
   // computes them).

@@ -12,12 +12,13 @@
 // deferred tensor, since deferral needs ctx.train and a recorded gradient.
 #include <fmt/format.h>
 
+#include "redco/autodiff/loss_on_parts.hpp"
 #include "redco/nn/tensor_parallel.hpp"
 
 namespace redco::nn {
 namespace {
 
-class DeferredLogits final : public Placement {
+class DeferredLogits final : public Placement, public CrossEntropyOnParts {
  public:
   DeferredLogits(Tensor h, Tensor table) : h_(std::move(h)), table_(std::move(table)) {}
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "redco/autodiff/loss_on_parts.hpp"
 #include "redco/core/philox.hpp"
 #include "redco/nn/parallel_ops.hpp"
 
@@ -29,7 +30,7 @@ Tensor alias(const Tensor& t, std::shared_ptr<const Placement> placement, const 
 
 // Split along `dim` (counted from the end, so views that keep the trailing
 // dims keep its meaning), this rank holding `part` of the `part * n` entries.
-class SplitPlacement final : public Placement {
+class SplitPlacement final : public Placement, public CrossEntropyOnParts {
  public:
   SplitPlacement(comm::Comm& comm, int dim_from_end, int64_t part)
       : comm_(&comm), dim_(dim_from_end), part_(part) {}
@@ -42,6 +43,10 @@ class SplitPlacement final : public Placement {
   Tensor whole(const Tensor& t) const override {
     check_layout(t, "whole()");
     return gather_from_parallel(local(t), *comm_, t.rank() + dim_);
+  }
+  std::string read_hint() const override {
+    return "Call nn::whole(t) to gather it (cross_entropy takes split logits as they are, "
+           "without gathering), or nn::local(t) for this rank's part as a plain tensor";
   }
   Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                        int64_t ignore_index) const override {
@@ -72,11 +77,8 @@ class PartialPlacement final : public Placement {
     return fmt::format("rank {}'s term of a sum over {} model-parallel ranks", comm_->rank(),
                        comm_->size());
   }
+  // A loss reads a partial sum whole (cross_entropy makes it so).
   Tensor whole(const Tensor& t) const override { return reduce_from_parallel(local(t), *comm_); }
-  Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
-                       int64_t ignore_index) const override {
-    return redco::cross_entropy(whole(logits), labels, ignore_index);  // never a partial sum
-  }
 
  private:
   comm::Comm* comm_;

@@ -1,5 +1,5 @@
-// bf16 weights packed in decode panels (Tensor::pack_panels,
-// redco/core/bf16_panels.hpp) and the decode kernel that reads them
+// bf16 weights packed in decode panels (pack_panels,
+// redco/ops/cpu/panel_layout.hpp) and the decode kernel that reads them
 // (redco/ops/cpu/skinny_panels.hpp): the layout as documented, the values back
 // row-major through every conversion, each output the one FMA chain over k
 // the header promises (exactly, on whichever CPU runs it, so a row's result
@@ -10,9 +10,10 @@
 #include <cstring>
 #include <vector>
 
-#include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
 #include "redco/core/tensor.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
+#include "redco/ops/cpu/panel_layout.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
@@ -43,12 +44,12 @@ TEST_CASE("bf16 panels: the documented layout, zero padding, and the values back
       INFO("N " << N << " K " << K);
       const Tensor w = values(Shape{N, K}, uint64_t(N * 100 + K));
       const Tensor w16 = w.to(DType::bf16);
-      const Tensor p = Tensor::pack_panels(w);
-      REQUIRE(p.panels());
+      const Tensor p = pack_panels(w);
+      REQUIRE(in_panels(p));
       REQUIRE(p.shape() == w.shape());
       REQUIRE(p.dtype() == DType::bf16);
       const std::vector<uint16_t> rows = bf16_bits(w16);
-      const uint16_t* packed = p.panel_data();
+      const uint16_t* packed = panel_data(p);
       for (int64_t n = 0; n < panels::padded_rows(N); ++n)
         for (int64_t k = 0; k < K; ++k)
           REQUIRE(packed[panels::index(n, k, K)] == (n < N ? rows[size_t(n * K + k)] : 0));
@@ -61,10 +62,10 @@ TEST_CASE("bf16 panels: the documented layout, zero padding, and the values back
       CHECK(p.to(DType::f32).to_vector() == w16.to(DType::f32).to_vector());
       CHECK(p.to(DType::f16).to_vector() == w16.to(DType::f16).to_vector());
       const Tensor c = p.clone();
-      CHECK(c.panels());
+      CHECK(in_panels(c));
       CHECK(bf16_bits(c.to(DType::bf16)) == rows);
-      CHECK(p.detach().panels());
-      CHECK(p.view(w.shape()).panels());
+      CHECK(in_panels(p.detach()));
+      CHECK(in_panels(p.view(w.shape())));
     }
 }
 
@@ -73,7 +74,7 @@ TEST_CASE("bf16 panels: each output is one FMA chain over k, at every row count"
   for (int64_t K : {1, 15, 16, 17, 48, 771}) {
     const int64_t N = 67;  // two whole panels and a ragged one
     const Tensor w = values(Shape{N, K}, uint64_t(K + 9)).to(DType::bf16);
-    const Tensor p = Tensor::pack_panels(w);
+    const Tensor p = pack_panels(w);
     const std::vector<uint16_t> rows = bf16_bits(w);
     for (int64_t M = 1; M <= cpu::kSkinnyRows + 3; ++M) {
       INFO("M " << M << " K " << K);
@@ -90,27 +91,27 @@ TEST_CASE("bf16 panels: each output is one FMA chain over k, at every row count"
   }
   // The kernel itself leaves the gaps of a wider y untouched.
   const int64_t M = 3, N = 40, K = 20;
-  const Tensor x = values(Shape{M, K}, 1), p = Tensor::pack_panels(values(Shape{N, K}, 2));
+  const Tensor x = values(Shape{M, K}, 1), p = pack_panels(values(Shape{N, K}, 2));
   std::vector<float> y(size_t(M * (N + 5)), -7.f);
-  cpu::skinny_matmul_panels(x.data<float>(), K, p.panel_data(), y.data(), N + 5, M, N, K);
+  cpu::skinny_matmul_panels(x.data<float>(), K, panel_data(p), y.data(), N + 5, M, N, K);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = N; n < N + 5; ++n) REQUIRE(y[size_t(m * (N + 5) + n)] == -7.f);
 }
 
 TEST_CASE("bf16 panels: reads that would take the panels for rows are refused by name",
           "[cpu][panels]") {
-  const Tensor p = Tensor::pack_panels(values(Shape{6, 4}, 3));
+  const Tensor p = pack_panels(values(Shape{6, 4}, 3));
   using Catch::Contains;
   CHECK_THROWS_WITH(p.raw(), Contains("decode panels"));
   CHECK_THROWS_WITH(p.device_ptr(), Contains("decode panels"));
   CHECK_THROWS_WITH(p.view({4, 6}), Contains("decode panels"));
   CHECK_THROWS_WITH(p.slice0(1, 3), Contains("decode panels"));
-  Tensor into = Tensor::pack_panels(values(Shape{6, 4}, 4));
+  Tensor into = pack_panels(values(Shape{6, 4}, 4));
   CHECK_THROWS_WITH(into.copy_from(Tensor::zeros({6, 4})), Contains("pack_panels"));
-  CHECK_THROWS_WITH(Tensor::pack_panels(values(Shape{2, 3, 4}, 5)), Contains("[N, K]"));
-  CHECK_THROWS_WITH(Tensor::pack_panels(p), Contains("[N, K]"));
-  CHECK_THROWS_WITH(Tensor().panel_data(), Contains("undefined"));
-  CHECK_THROWS_WITH(values(Shape{2, 2}, 6).panel_data(), Contains("not packed"));
+  CHECK_THROWS_WITH(pack_panels(values(Shape{2, 3, 4}, 5)), Contains("[N, K]"));
+  CHECK_THROWS_WITH(pack_panels(p), Contains("[N, K]"));
+  CHECK_THROWS_WITH(panel_data(Tensor()), Contains("undefined"));
+  CHECK_THROWS_WITH(panel_data(values(Shape{2, 2}, 6)), Contains("not packed"));
   CHECK(p.str().find("decode panels") != std::string::npos);
 }
 

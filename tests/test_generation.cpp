@@ -14,6 +14,8 @@
 #include "redco/generation/generate.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 #include "reference_generate.hpp"
 
 using namespace redco;
@@ -185,7 +187,7 @@ TEST_CASE("bf16 weights decode as their f32 widening does", "[generation][bf16]"
 }
 
 TEST_CASE("bf16 weights in decode panels decode as row-major bf16 does", "[generation][bf16]") {
-  // Loaded with decode_panels, every matrix is packed (Tensor::pack_panels):
+  // Loaded with decode_panels, every matrix is packed (pack_panels):
   // decode projections read the panels (ops/cpu/skinny_panels.hpp), tied
   // heads' embedding lookups gather from them, a prefill of more than 16 rows
   // and the stacked q/k/v projections widen them. Same tokens as the same
@@ -196,8 +198,8 @@ TEST_CASE("bf16 weights in decode panels decode as row-major bf16 does", "[gener
     nn::ParamTree rows;
     int64_t packed = 0;
     for (const auto& [k, t] : pp.params) {
-      packed += t.panels();
-      CHECK((t.rank() == 2 && k.find("wpe") == std::string::npos) == t.panels());
+      packed += in_panels(t);
+      CHECK((t.rank() == 2 && k.find("wpe") == std::string::npos) == in_panels(t));
       rows.emplace(k, t.to(DType::bf16));
     }
     CHECK(packed > 0);
@@ -222,7 +224,7 @@ TEST_CASE("int8 weights decode as their dequantized values do", "[generation][in
     nn::ParamTree p32;
     int64_t quantized = 0;
     for (const auto& [k, t] : p8.params) {
-      quantized += t.row_scales() != nullptr;
+      quantized += row_scales(t) != nullptr;
       CHECK((t.rank() == 2) == (t.dtype() == DType::i8));  // matrices only; norms stay f32
       p32.emplace(k, t.to(DType::f32));
     }

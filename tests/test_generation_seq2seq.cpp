@@ -10,6 +10,7 @@
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
 #include "reference_generate.hpp"
 
 using namespace redco;
@@ -130,7 +131,7 @@ TEST_CASE("encoder-decoders: bf16 weights in decode panels decode as row-major b
                                                {.dtype = DType::bf16, .decode_panels = true});
     nn::ParamTree rows;
     int64_t packed = 0;
-    for (const auto& [k, t] : pp.params) packed += t.panels(), rows.emplace(k, t.to(DType::bf16));
+    for (const auto& [k, t] : pp.params) packed += in_panels(t), rows.emplace(k, t.to(DType::bf16));
     CHECK(packed > 0);
     GenerationConfig c = models::generation_config(test::hf_fixture(name));
     c.max_new_tokens = 8;

@@ -9,6 +9,7 @@
 
 #include "redco/core/dtype.hpp"
 #include "redco/core/tensor.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_blocks.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
@@ -176,9 +177,9 @@ TEST_CASE("skinny matmuls sum in the AVX2 kernels' order on every x86 CPU", "[cp
       cpu::skinny_matmul_f32(x.data<float>(), K, w.data<float>(), K, y32.data(), N, M, N, K);
       cpu::skinny_matmul_bf16(x.data<float>(), K, static_cast<const uint16_t*>(w16.raw()), K,
                               y16.data(), N, M, N, K);
-      const Tensor q8 = Tensor::quantize_rows(w);
+      const Tensor q8 = quantize_rows(w);
       cpu::skinny_matmul_i8(x.data<float>(), K, static_cast<const int8_t*>(q8.raw()), K,
-                            q8.row_scales()->data<float>(), y8.data(), N, M, N, K);
+                            row_scales(q8)->data<float>(), y8.data(), N, M, N, K);
       // The int8 kernel sums the integer weights and scales the sum.
       Tensor unscaled = Tensor::empty(Shape{N, K});
       for (int64_t n = 0; n < N; ++n)
@@ -193,13 +194,13 @@ TEST_CASE("skinny matmuls sum in the AVX2 kernels' order on every x86 CPU", "[cp
           REQUIRE(y32[i] == avx2_order(xm, w.data<float>() + n * K, K, false));
           REQUIRE(y16[i] == avx2_order(xm, w16f.data<float>() + n * K, K, true));
           REQUIRE(y8[i] == avx2_order(xm, unscaled.data<float>() + n * K, K, false) *
-                               q8.row_scales()->data<float>()[n]);
+                               row_scales(q8)->data<float>()[n]);
         }
     }
 }
 #endif
 
-// Weight-only int8 (Tensor::quantize_rows, skinny_i8.hpp): the quantized
+// Weight-only int8 (quantize_rows, skinny_i8.hpp): the quantized
 // values are within half a step of the weights; the kernel equals the
 // product with the dequantized weights for every row count and ragged K; the
 // general path (more rows), views and row slices keep the scales; views that
@@ -208,12 +209,12 @@ TEST_CASE("int8 rows: quantization, the skinny kernel and the general path", "[c
   for (int64_t K : {1, 15, 16, 17, 48, 771}) {
     const int64_t N = 67;
     const Tensor w = values(Shape{N, K}, uint64_t(K + 5));
-    const Tensor q = Tensor::quantize_rows(w);
+    const Tensor q = quantize_rows(w);
     REQUIRE(q.dtype() == DType::i8);
-    REQUIRE(q.row_scales() != nullptr);
+    REQUIRE(row_scales(q) != nullptr);
     const Tensor back = q.to(DType::f32);
     for (int64_t n = 0; n < N; ++n) {
-      const float step = q.row_scales()->data<float>()[n];
+      const float step = row_scales(q)->data<float>()[n];
       for (int64_t k = 0; k < K; ++k)
         REQUIRE(std::abs(back.data<float>()[n * K + k] - w.data<float>()[n * K + k]) <=
                 0.5f * step * (1 + 1e-6f));
@@ -225,7 +226,7 @@ TEST_CASE("int8 rows: quantization, the skinny kernel and the general path", "[c
       CHECK(max_rel_error(y.data<float>(), x, back, M, N, K, N) < 1e-5);
     }
   }
-  const Tensor q = Tensor::quantize_rows(values(Shape{6, 4}, 3));
+  const Tensor q = quantize_rows(values(Shape{6, 4}, 3));
   CHECK(q.view({6, 2, 2}).to(DType::f32).view({6, 4}).to_vector() == q.to(DType::f32).to_vector());
   CHECK(q.slice0(2, 5).to(DType::f32).to_vector() == q.to(DType::f32).slice0(2, 5).to_vector());
   CHECK_THROWS_WITH(q.view({4, 6}), Catch::Contains("per row"));

@@ -11,11 +11,11 @@
 #include <random>
 #include <vector>
 
-#include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/conv.hpp"
 #include "redco/ops/cpu/embedding.hpp"
+#include "redco/ops/cpu/panel_layout.hpp"
 #include "redco/ops/cpu/rotary.hpp"
 
 using namespace redco::cpu;
@@ -114,7 +114,7 @@ TEST_CASE("embedding_forward_bf16 widens exactly the rows it gathers", "[embeddi
 
 TEST_CASE("embedding_forward_panels gathers the rows of a table packed for decoding",
           "[embedding]") {
-  // A tied LM head in decode panels (redco/core/bf16_panels.hpp): row v of
+  // A tied LM head in decode panels (redco/ops/cpu/panel_layout.hpp): row v of
   // the table is spread over its panel's columns; the lookup reads it back.
   const int64_t V = 45, D = 19, n = 6000;  // a ragged last panel; the parallel path
   const Vec table = randn(V * D, 4);

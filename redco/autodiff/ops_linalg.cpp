@@ -12,6 +12,8 @@
 
 #include "redco/autodiff/recording.hpp"
 #include "redco/ops/backend.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 
 namespace redco {
 using detail::building_higher_order;
@@ -100,21 +102,21 @@ Tensor stack_plain(const TensorList& ts) {
 }
 
 Tensor stack_rows(const TensorList& ts) {
-  if (ts[0].panels()) {  // bf16 weights packed for decoding: a prefill widens them anyway
+  if (in_panels(ts[0])) {  // bf16 weights packed for decoding: a prefill widens them anyway
     TensorList wide;
     for (const Tensor& t : ts) {
-      REDCO_CHECK(t.panels(), "linear_stacked: packed and row-major weights cannot be stacked");
+      REDCO_CHECK(in_panels(t), "linear_stacked: packed and row-major weights cannot be stacked");
       wide.push_back(t.to(DType::f32));
     }
     return stack_plain(wide);
   }
-  if (!ts[0].row_scales()) return stack_plain(ts);
+  if (!row_scales(ts[0])) return stack_plain(ts);
   TensorList scales;  // int8 weights: their rows, and their scales likewise
   for (const Tensor& t : ts) {
-    REDCO_CHECK(t.row_scales(), "linear_stacked: int8 and other weights cannot be stacked");
-    scales.push_back(*t.row_scales());
+    REDCO_CHECK(row_scales(t), "linear_stacked: int8 and other weights cannot be stacked");
+    scales.push_back(*row_scales(t));
   }
-  return Tensor::quantized_rows(stack_plain(ts), stack_plain(scales));
+  return quantized_rows(stack_plain(ts), stack_plain(scales));
 }
 }  // namespace
 

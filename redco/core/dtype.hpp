@@ -7,7 +7,7 @@
 
 namespace redco {
 
-// i8: int8 weights quantized by rows (Tensor::quantize_rows), for inference.
+// i8: int8 weights quantized by rows (quantize_rows), for inference.
 enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8, i8 };
 
 constexpr size_t dtype_size(DType t) {

@@ -11,12 +11,6 @@
 #include "redco/core/philox.hpp"
 
 namespace redco {
-namespace detail {
-void dequantize_rows(const Tensor& q, float* out);   // quantize_rows.cpp
-void unpack_panels(const Tensor& w, uint16_t* out);  // bf16_panels.cpp
-void unpack_panels(const Tensor& w, float* out);
-}  // namespace detail
-
 Storage::~Storage() {
   if (!owned || !data) return;
   if (device.is_cpu()) {
@@ -67,12 +61,12 @@ TensorImpl& Tensor::impl() const {
 
 void Tensor::refuse_host_read() const {
   const TensorImpl& i = impl();
-  if (i.panels && !i.placement)
+  if (hidden_bytes(i) && !i.placement)
     fail(
-        "tensor{} {} is a bf16 weight packed in decode panels (Tensor::pack_panels), not "
-        "stored row by row; only matmul and conversions read it: convert it first with "
-        ".to(DType::bf16) (or f32)",
-        name().empty() ? "" : " '" + name() + "'", shape());
+        "tensor{} {} is {} ({}), not stored row by row; only the ops made for it and "
+        "conversions read it: convert it first with .to(DType::bf16) (or f32)",
+        name().empty() ? "" : " '" + name() + "'", shape(), i.encoding->describe(),
+        i.encoding->maker());
   if (!i.placement) {
     fail(
         "tensor{} of shape {} lives on {}, and the host read its memory directly; device "
@@ -262,30 +256,16 @@ Tensor Tensor::view(const Shape& s) const {
   impl->shape = target;
   impl->dtype = impl_->dtype;
   impl->placement = impl_->placement;  // a view of a split tensor is still split
-  if (impl_->panels) {  // only the matrix itself: any other view would read the panels as rows
-    REDCO_CHECK(target == shape(),
-                "cannot view the bf16 weight {} packed in decode panels as {}; convert it first "
-                "(.to(DType::bf16))",
-                shape(), target);
-    impl->panels = true;
-  }
-  if (impl_->row_scales) {  // the scales belong to rows: a view must keep them whole
-    REDCO_CHECK(target.rank() >= 1 && target[0] == dim(0),
-                "cannot view the int8 weight {} as {}: its scales are per row of dim 0; "
-                "convert it first (.to(DType::f32))",
-                shape(), target);
-    impl->row_scales = impl_->row_scales;
-  }
+  if (impl_->encoding) impl->encoding = impl_->encoding->view(*this, target);
   return Tensor(std::move(impl));
 }
 
 Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   REDCO_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0),
               "slice [{}, {}) is out of range for dim 0 of shape {}", begin, end, shape());
-  REDCO_CHECK(!panels(),
-              "cannot slice the bf16 weight {} packed in decode panels; convert it first "
-              "(.to(DType::bf16)) or pack the slice",
-              shape());
+  // The format says whether it can follow (it throws if not).
+  std::shared_ptr<const Encoding> encoding =
+      impl_->encoding ? impl_->encoding->rows(*this, begin, end) : nullptr;
   const int64_t row = dim(0) ? numel() / dim(0) : 0;
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
@@ -293,8 +273,7 @@ Tensor Tensor::slice0(int64_t begin, int64_t end) const {
   impl->shape = shape().with(0, end - begin);
   impl->dtype = dtype();
   impl->placement = impl_->placement;
-  if (impl_->row_scales)
-    impl->row_scales = std::make_shared<const Tensor>(impl_->row_scales->slice0(begin, end));
+  impl->encoding = std::move(encoding);
   return Tensor(std::move(impl));
 }
 
@@ -304,46 +283,35 @@ Tensor Tensor::operator[](int64_t i) const {
 }
 
 Tensor Tensor::clone() const {
-  if (panels()) return pack_panels(to(DType::bf16));
+  if (hidden_bytes(impl())) return impl_->encoding->clone(*this);
   Tensor t = empty(shape(), dtype(), device());
   copy_bytes(t.device_ptr(), device(), device_ptr(), device(), nbytes());
-  if (row_scales()) t.impl().row_scales = std::make_shared<const Tensor>(row_scales()->clone());
+  if (impl_->encoding) t.impl().encoding = impl_->encoding->copy_to(*this, device());
   return t;
 }
 
 void Tensor::copy_from(const Tensor& src) {
   REDCO_CHECK(src.numel() == numel(), "copy_from: source shape {} does not match destination {}",
               src.shape(), shape());
-  REDCO_CHECK(!panels(),
-              "copy_from: {} is a bf16 weight packed in decode panels; pack the values with "
-              "Tensor::pack_panels instead of copying into it",
-              shape());
-  if (src.panels()) {  // its values, row-major
-    REDCO_CHECK(is_floating(dtype()) && on_host(),
-                "copy_from: a bf16 weight packed in decode panels converts to a floating CPU "
-                "tensor, not to {} on {}",
-                dtype_name(dtype()), device().str());
-    if (dtype() == DType::bf16) return detail::unpack_panels(src, static_cast<uint16_t*>(raw()));
-    if (dtype() == DType::f32) return detail::unpack_panels(src, data<float>());
-    return copy_from(src.to(DType::f32));
-  }
-  REDCO_CHECK(!row_scales() || src.row_scales(),
-              "copy_from: {} is an int8 weight (quantize_rows); quantize the values with "
-              "Tensor::quantize_rows instead of copying {} into it",
-              shape(), dtype_name(src.dtype()));
-  if (src.row_scales() && dtype() == DType::i8) {  // the int8 values and their scales
-    copy_bytes(device_ptr(), device(), src.device_ptr(), src.device(), nbytes());
-    impl().row_scales = std::make_shared<const Tensor>(src.row_scales()->to(device()).clone());
-    return;
-  }
-  if (src.row_scales()) {  // an int8 weight: its values, scaled
+  const Encoding* from = src.encoding();
+  if (const Encoding* into = encoding())  // only the same format, copied whole, may land here
+    REDCO_CHECK(from && from->row_major() && src.dtype() == dtype(),
+                "copy_from: {} is {}; make one from the values with {} instead of copying {} "
+                "into it",
+                shape(), into->describe(), into->maker(), dtype_name(src.dtype()));
+  if (const Encoding* e = from) {
+    if (e->row_major() && src.dtype() == dtype()) {  // the encoded bytes and their encoding
+      copy_bytes(device_ptr(), device(), src.device_ptr(), src.device(), nbytes());
+      impl().encoding = e->copy_to(src, device());
+      return;
+    }
+    // Its values, decoded.
     REDCO_CHECK(is_floating(dtype()) && on_host() && src.on_host(),
-                "copy_from: an int8 weight (quantize_rows) converts to a floating CPU tensor, not "
-                "to {} on {}",
+                "copy_from: {} converts to a floating CPU tensor, not to {} on {}", e->describe(),
                 dtype_name(dtype()), device().str());
-    if (dtype() == DType::f32) return detail::dequantize_rows(src, data<float>());
+    if (dtype() == DType::f32 || dtype() == DType::bf16) return e->decode(src, dtype(), raw());
     Tensor wide = empty(shape());
-    detail::dequantize_rows(src, wide.data<float>());
+    e->decode(src, DType::f32, wide.raw());
     return copy_from(wide);
   }
   if (src.dtype() == dtype()) {
@@ -383,7 +351,7 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 Tensor Tensor::to(DType t) const {
-  if (t == dtype() && !panels()) return *this;
+  if (t == dtype() && !hidden_bytes(impl())) return *this;
   Tensor out = empty(shape(), t, device());
   out.copy_from(*this);
   return out;
@@ -391,13 +359,12 @@ Tensor Tensor::to(DType t) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
-  REDCO_CHECK(!panels(),
-              "a bf16 weight packed in decode panels is a CPU format; move its values with "
-              ".to(DType::bf16).to({})",
-              d.str());
+  // The format says whether it can go there (it throws if not).
+  std::shared_ptr<const Encoding> encoding =
+      impl_->encoding ? impl_->encoding->copy_to(*this, d) : nullptr;
   Tensor out = empty(shape(), dtype(), d);
   copy_bytes(out.device_ptr(), d, device_ptr(), device(), nbytes());
-  if (row_scales()) out.impl().row_scales = std::make_shared<const Tensor>(row_scales()->to(d));
+  out.impl().encoding = std::move(encoding);
   return out;
 }
 
@@ -418,7 +385,8 @@ std::string Tensor::str(int max_elems) const {
   if (placement())  // one rank's values would read as the whole tensor's
     return fmt::format("{}{} ({})", dtype_name(dtype()), shape().str(), placement()->describe());
   if (!device().is_cpu()) return to(Device::cpu()).str(max_elems) + " on " + device().str();
-  if (panels()) return to(DType::bf16).str(max_elems) + " (in decode panels)";
+  if (hidden_bytes(impl()))
+    return to(DType::bf16).str(max_elems) + " (" + impl_->encoding->describe() + ")";
   std::string s = fmt::format("{}{} {{", dtype_name(dtype()), shape().str());
   const int64_t n = std::min<int64_t>(numel(), max_elems);
   for (int64_t i = 0; i < n; ++i)
@@ -473,8 +441,21 @@ Tensor Tensor::detach() const {
   impl->shape = impl_->shape;
   impl->dtype = impl_->dtype;
   impl->placement = impl_->placement;  // still one rank's part
-  impl->row_scales = impl_->row_scales;
-  impl->panels = impl_->panels;
+  impl->encoding = impl_->encoding;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::encoded(const Tensor& bytes, const Shape& shape,
+                       std::shared_ptr<const Encoding> encoding) {
+  REDCO_CHECK(bytes.defined() && !bytes.encoding() && !bytes.placement() && encoding,
+              "Tensor::encoded: needs plain whole bytes and an encoding");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = bytes.impl().storage;
+  impl->offset = bytes.impl().offset;
+  impl->shape = shape;
+  impl->dtype = bytes.dtype();
+  impl->name = bytes.name();
+  impl->encoding = std::move(encoding);
   return Tensor(std::move(impl));
 }
 

@@ -17,6 +17,7 @@
 #include "redco/core/autograd_hook.hpp"
 #include "redco/core/device.hpp"
 #include "redco/core/dtype.hpp"
+#include "redco/core/encoding.hpp"
 #include "redco/core/shape.hpp"
 
 namespace redco {
@@ -70,13 +71,10 @@ struct TensorImpl {
   std::unique_ptr<AutogradMetaInterface> autograd;
   std::string name;                            // optional, used in error messages
   std::shared_ptr<const Placement> placement;  // null: whole on this rank
-  // An i8 weight quantized by rows: row n stands for its values x row_scales[n]
-  // (f32 [rows]). Views that keep the rows keep it; conversions apply it.
-  std::shared_ptr<const Tensor> row_scales;
-  // A bf16 weight [N, K] whose storage is in decode panels (Tensor::pack_panels,
-  // redco/core/bf16_panels.hpp), not row-major: raw() and data() refuse, so no
-  // op can read it in the wrong order; matmul and conversions read it.
-  bool panels = false;
+  // Null: the storage holds the values plainly. Otherwise how its bytes
+  // encode them (core/encoding.hpp: int8 rows with scales, decode panels);
+  // views and copies carry it, conversions decode through it.
+  std::shared_ptr<const Encoding> encoding;
 };
 
 class Tensor {
@@ -103,24 +101,12 @@ class Tensor {
                                  float bound = 2.f);
   // Wraps memory owned by someone else (kept alive by `owner`).
   static Tensor borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
-  // Weight-only int8 for inference: a floating [rows, ...] CPU tensor as i8
-  // with one symmetric scale per row (max |row| / 127), so a decode step
-  // streams a byte a weight. to(f32) / to(bf16) give back the scaled values.
-  static Tensor quantize_rows(const Tensor& w);
-  // i8 rows q [rows, ...] and their scales f32 [rows] as one such tensor.
-  static Tensor quantized_rows(const Tensor& q, const Tensor& scales);
-  // The scales of a quantize_rows tensor (f32 [rows]); null for any other.
-  const Tensor* row_scales() const { return impl().row_scales.get(); }
-  // Decoding against bf16 weights at a batch of several sequences: a floating
-  // CPU matrix [N, K] as bf16 stored in panels (redco/core/bf16_panels.hpp), which
-  // the decode GEMV reads as one stream with no wasted issue slots. Same
-  // values and bytes as to(DType::bf16); to(any dtype) gives them back
-  // row-major; matmul with it as the transposed right operand (a linear
-  // layer's weight) reads the panels; the embedding lookup gathers its rows.
-  static Tensor pack_panels(const Tensor& w);
-  bool panels() const { return impl().panels; }
-  // The packed storage ([padded_rows(N), K] bf16 in panel order) of a pack_panels tensor.
-  const uint16_t* panel_data() const;
+  // A tensor whose bytes `bytes` encode its values (core/encoding.hpp); the
+  // formats' own functions make these (quantize_rows, pack_panels).
+  static Tensor encoded(const Tensor& bytes, const Shape& shape,
+                        std::shared_ptr<const Encoding> encoding);
+  // How the bytes encode the values; null for a plain tensor.
+  const Encoding* encoding() const { return impl().encoding.get(); }
 
   // ---- metadata -----------------------------------------------------------
   bool defined() const { return bool(impl_); }
@@ -155,7 +141,7 @@ class Tensor {
   // to(Device::cpu()) first. Kernels use device_ptr() instead.
   void* raw() const {
     const TensorImpl& i = impl();
-    if (i.placement || i.panels || !i.storage->device.is_cpu()) [[unlikely]]
+    if (i.placement || hidden_bytes(i) || !i.storage->device.is_cpu()) [[unlikely]]
       refuse_host_read();
     return static_cast<char*>(i.storage->data) + i.offset;
   }
@@ -163,7 +149,7 @@ class Tensor {
   // for copies: only the device's own code may dereference it.
   void* device_ptr() const {
     const TensorImpl& i = impl();
-    if (i.placement || i.panels) [[unlikely]]
+    if (i.placement || hidden_bytes(i)) [[unlikely]]
       refuse_host_read();
     return static_cast<char*>(i.storage->data) + i.offset;
   }
@@ -223,6 +209,8 @@ class Tensor {
  private:
   void check_dtype(DType t) const;
   [[noreturn]] void refuse_host_read() const;
+  // An encoding whose storage is not the dtype's values row by row.
+  static bool hidden_bytes(const TensorImpl& i) { return i.encoding && !i.encoding->row_major(); }
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -15,6 +15,8 @@
 #include "redco/autodiff/functional.hpp"
 #include "redco/core/error.hpp"
 #include "redco/io/safetensors.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 
 namespace redco::models::hf {
 namespace fs = std::filesystem;
@@ -196,9 +198,9 @@ bool multiplied_by_rows(const shard::ParamSplit& p) {
 Tensor converted(const Tensor& t, const shard::ParamSplit& split, const LoadOptions& opts) {
   if (opts.dtype == DType::f32) return t;
   if (opts.dtype == DType::bf16 && opts.decode_panels && multiplied_by_rows(split))
-    return Tensor::pack_panels(t);
+    return pack_panels(t);
   if (opts.dtype != DType::i8) return t.to(opts.dtype);
-  return t.rank() == 2 ? Tensor::quantize_rows(t) : t;
+  return t.rank() == 2 ? quantize_rows(t) : t;
 }
 
 }  // namespace

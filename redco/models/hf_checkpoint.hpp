@@ -95,12 +95,12 @@ std::map<std::string, std::vector<std::string>> parse_index(std::string_view tex
 // Designated initialisers name these fields in the order declared below (C++20 rule).
 struct LoadOptions {
   // Parameters are converted to it: f32, bf16 or f16; or i8, weight-only int8
-  // for inference (matrices quantized by rows, Tensor::quantize_rows; the rest f32).
+  // for inference (matrices quantized by rows, quantize_rows; the rest f32).
   DType dtype = DType::f32;
   int n_shards = 1;  // model shards: this rank reads only its slice of each tensor
   int rank = 0;      // which shard
   // bf16 only, for decoding on the CPU: matrices packed in decode panels
-  // (Tensor::pack_panels), which a decode step at a batch of several
+  // (pack_panels), which a decode step at a batch of several
   // sequences reads at up to 1.7x the rate of row-major bf16 (AVX-512; ask
   // cpu::panels_pay()). Inference only: the weights are not trainable then.
   bool decode_panels = false;

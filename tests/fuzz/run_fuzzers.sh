@@ -43,7 +43,6 @@ export UBSAN_OPTIONS="suppressions=$root/tests/fuzz/ubsan.supp:halt_on_error=1:p
 # The parsers and the core they use (tensors, allocator, dtype conversion),
 # and the tokenizer pipeline.
 srcs=(core/dtype.cpp core/allocator.cpp core/device_memory.cpp core/tensor.cpp core/profile.cpp
-  core/quantize_rows.cpp core/bf16_panels.cpp
   core/random.cpp io/safetensors.cpp io/json.cpp io/checkpoint.cpp data/idx.cpp
   comm/launch_env.cpp data/regex.cpp data/tokenizer.cpp data/tokenizer_batch.cpp
   data/tokenizer_config.cpp data/tokenizer_unicode.cpp data/tokenizer_normalizers.cpp

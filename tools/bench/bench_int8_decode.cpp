@@ -3,8 +3,8 @@
 // (attention q/k/v/o [d, d], MLP gate/up [h, d], down [d, h]) against the
 // batch's rows; this times them through redco::linear (the path generation
 // takes: the skinny f32, bf16, int8 and panel kernels) with the weights in
-// f32, bf16, int8 (Tensor::quantize_rows) and bf16 packed in decode panels
-// (Tensor::pack_panels), and prints tokens/s for each and the
+// f32, bf16, int8 (quantize_rows) and bf16 packed in decode panels
+// (pack_panels), and prints tokens/s for each and the
 // bytes of weights streamed a second. Attention over the cache, norms and the
 // LM head are left out: they are the same for every weight format.
 //
@@ -23,6 +23,8 @@
 #include "redco/autodiff/functional.hpp"
 #include "redco/autodiff/node.hpp"
 #include "redco/core/philox.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 
 using namespace redco;
 using Clock = std::chrono::steady_clock;
@@ -56,8 +58,8 @@ int main(int argc, char** argv) {
                         std::pair{h, d}, std::pair{h, d}, std::pair{d, h}}) {
       Tensor w = Tensor::uniform({n, k}, 7, uint64_t(weights[0].size()), -0.05f, 0.05f);
       weights[1].push_back(w.to(DType::bf16));
-      weights[2].push_back(Tensor::quantize_rows(w));
-      weights[3].push_back(Tensor::pack_panels(w));
+      weights[2].push_back(quantize_rows(w));
+      weights[3].push_back(pack_panels(w));
       weights[0].push_back(std::move(w));
     }
   // The two input widths, `batch` rows each.

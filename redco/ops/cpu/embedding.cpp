@@ -10,9 +10,9 @@
 #include <cstring>
 #include <vector>
 
-#include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/panel_layout.hpp"
 
 namespace redco::cpu {
 namespace {

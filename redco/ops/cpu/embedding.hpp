@@ -12,10 +12,10 @@ void embedding_forward(const float* table, const int64_t* ids, float* out, int64
 // widened to f32 on the way out.
 void embedding_forward_bf16(const uint16_t* table, const int64_t* ids, float* out, int64_t n,
                             int64_t V, int64_t D);
-// And from a bf16 table packed in decode panels (Tensor::pack_panels; a tied LM head).
+// And from a bf16 table packed in decode panels (pack_panels; a tied LM head).
 void embedding_forward_panels(const uint16_t* panels, const int64_t* ids, float* out, int64_t n,
                               int64_t V, int64_t D);
-// And from an int8 table quantized by rows (Tensor::quantize_rows): row v
+// And from an int8 table quantized by rows (quantize_rows): row v
 // is table[v] * scale[v].
 void embedding_forward_i8(const int8_t* table, const float* scale, const int64_t* ids, float* out,
                           int64_t n, int64_t V, int64_t D);

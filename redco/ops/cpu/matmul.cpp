@@ -33,8 +33,10 @@
 
 #include "redco/core/error.hpp"
 #include "redco/core/profile.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
 #include "redco/ops/cpu/skinny_i8.hpp"
@@ -157,8 +159,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const Shape& bs = b_in.shape();
   REDCO_CHECK(as.rank() >= 2 && bs.rank() >= 2,
               "matmul: both operands need at least 2 dims, got shapes {} and {}", as, bs);
-  // An int8 weight (Tensor::quantize_rows) counts as floating: it converts to its scaled values.
-  const auto numeric = [](const Tensor& t) { return is_floating(t.dtype()) || t.row_scales(); };
+  // An int8 weight (quantize_rows) counts as floating: it converts to its scaled values.
+  const auto numeric = [](const Tensor& t) { return is_floating(t.dtype()) || row_scales(t); };
   REDCO_CHECK(numeric(a_in) && numeric(b_in),
               "matmul: needs floating-point operands, got {} {} and {} {}",
               dtype_name(a_in.dtype()), as, dtype_name(b_in.dtype()), bs);
@@ -194,21 +196,21 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const std::string shape_key = gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N,
                                          g.K, folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
-  if (folds && trans_b && b_in.row_scales() && a_in.numel() / g.K <= kSkinnyRows) {
+  if (folds && trans_b && row_scales(b_in) && a_in.numel() / g.K <= kSkinnyRows) {
     // Decoding against int8 weights: a byte a weight, scaled per row (skinny_i8.hpp).
     const Tensor a = gemm_operand(a_in);
     skinny_matmul_i8(a.data<float>(), g.K, static_cast<const int8_t*>(b_in.raw()), g.ldb,
-                     b_in.row_scales()->data<float>(), c.data<float>(), g.N, a.numel() / g.K, g.N,
+                     row_scales(b_in)->data<float>(), c.data<float>(), g.N, a.numel() / g.K, g.N,
                      g.K);
     return c;
   }
-  if (folds && trans_b && b_in.panels()) {
+  if (folds && trans_b && in_panels(b_in)) {
     // Against bf16 weights packed in panels (skinny_panels.hpp), at any row
     // count: a prefill too, where the kernel keeps pace with widening the
     // weights and running sgemm (LLaMA 1.1B, 512 and 4096 rows: 118 and 131
     // tokens/s against 87 and 129), and every output stays one chain over k.
     const Tensor a = gemm_operand(a_in);
-    skinny_matmul_panels(a.data<float>(), g.K, b_in.panel_data(), c.data<float>(), g.N,
+    skinny_matmul_panels(a.data<float>(), g.K, panel_data(b_in), c.data<float>(), g.N,
                          a.numel() / g.K, g.N, g.K);
     return c;
   }

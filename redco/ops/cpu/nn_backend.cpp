@@ -8,9 +8,11 @@
 #include "redco/ops/cpu/attention.hpp"
 #include "redco/ops/cpu/backend_cpu.hpp"
 #include "redco/ops/cpu/conv.hpp"
+#include "redco/ops/cpu/decode_panels.hpp"
 #include "redco/ops/cpu/embedding.hpp"
 #include "redco/ops/cpu/group_norm.hpp"
 #include "redco/ops/cpu/norm.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 #include "redco/ops/cpu/rotary.hpp"
 #include "redco/ops/cpu/softmax.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
@@ -212,10 +214,10 @@ Tensor CpuBackend::silu_backward(const Tensor& x_in, const Tensor& dy_in) {
 Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
   REDCO_CHECK(table_in.rank() == 2, "embedding: the table must be [vocab, dim], got {}",
               table_in.shape());
-  if (table_in.panels()) {  // a tied LM head packed for decoding: gather its rows
+  if (in_panels(table_in)) {  // a tied LM head packed for decoding: gather its rows
     Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
-    cpu::embedding_forward_panels(table_in.panel_data(), ids_of(ids, "embedding"),
-                                  out.data<float>(), ids.numel(), table_in.dim(0), table_in.dim(1));
+    cpu::embedding_forward_panels(panel_data(table_in), ids_of(ids, "embedding"), out.data<float>(),
+                                  ids.numel(), table_in.dim(0), table_in.dim(1));
     return out;
   }
   if (table_in.dtype() == DType::bf16) {  // widen only the rows looked up, not the table
@@ -225,10 +227,10 @@ Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
                                 table_in.dim(0), table_in.dim(1));
     return out;
   }
-  if (table_in.row_scales()) {  // int8: scale only the rows looked up
+  if (row_scales(table_in)) {  // int8: scale only the rows looked up
     Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
     cpu::embedding_forward_i8(static_cast<const int8_t*>(table_in.raw()),
-                              table_in.row_scales()->data<float>(), ids_of(ids, "embedding"),
+                              row_scales(table_in)->data<float>(), ids_of(ids, "embedding"),
                               out.data<float>(), ids.numel(), table_in.dim(0), table_in.dim(1));
     return out;
   }

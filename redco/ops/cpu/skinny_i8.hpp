@@ -1,7 +1,7 @@
 #pragma once
 // A few rows of f32 activations against an int8 weight quantized by rows:
 //   y[m, n] = scale[n] * sum_k x[m, k] * q[n, k]     x f32 [M, K], q i8 [N, K], y f32 [M, N]
-// the decode projections of a model loaded with --dtype i8 (Tensor::quantize_rows).
+// the decode projections of a model loaded with --dtype i8 (quantize_rows).
 // Decoding streams the weights: one byte a weight is a quarter of f32's and
 // half of bf16's traffic. Each row is read once, widened to f32 in registers
 // and accumulated in f32; the row's scale multiplies the finished sum.

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <utility>
 
-#include "redco/core/bf16_panels.hpp"
 #include "redco/core/dtype.hpp"
+#include "redco/ops/cpu/panel_layout.hpp"
 #include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/skinny_blocks.hpp"
 

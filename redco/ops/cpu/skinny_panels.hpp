@@ -1,6 +1,6 @@
 #pragma once
 // Rows of f32 activations against a bf16 weight packed in decode panels
-// (redco/core/bf16_panels.hpp):
+// (redco/ops/cpu/panel_layout.hpp):
 //   y[m, n] = sum_k x[m, k] * w[n, k]       x f32 [M, K], w bf16 [N, K], y f32 [M, N]
 // Each output is one FMA chain over k in order, starting from zero, so its
 // bits depend neither on M nor on the vector width (AVX-512, AVX2 and the

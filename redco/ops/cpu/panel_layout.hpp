@@ -1,8 +1,8 @@
 #pragma once
-// Where each element of a bf16 weight packed for decoding lives
-// (Tensor::pack_panels). The one source of this layout: the packer, the
-// decode kernel (ops/cpu/skinny_panels.cpp), the unpacking conversion and the
-// embedding gather all index through it.
+// Where each element of a bf16 weight packed for decoding lives (pack_panels,
+// redco/ops/cpu/decode_panels.hpp). The one source of this layout: the
+// packer, the decode kernel (ops/cpu/skinny_panels.cpp), the unpacking
+// conversion and the embedding gather all index through it.
 //
 // A weight [N, K] (N outputs, K inputs) is cut into panels of kRows
 // consecutive rows; a panel stores its K columns one after another, each

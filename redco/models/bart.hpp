@@ -16,6 +16,7 @@
 // Run it like models::t5: ctx.source (and ctx.source_mask) hold the encoder's
 // input, the decoder's ids are the input.
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/encoder_layers.hpp"
 #include "redco/nn/model.hpp"
 
@@ -86,5 +87,15 @@ using Bart = decltype(bart(BartConfig{}));
 BartConfig bart_config(const hf::Config& config);
 io::Json bart_hf_config(const BartConfig& c, io::Json base = io::Json::object());
 hf::Layout bart_layout(const BartConfig& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Bart> {
+  using Config = BartConfig;
+  static Config config(const hf::Config& f) { return bart_config(f); }
+  static Bart build(const Config& c) { return bart(c); }
+  static hf::Layout layout(const Config& c) { return bart_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return bart_hf_config(c, base); }
+};
 
 }  // namespace redco::models

@@ -18,6 +18,7 @@
 // Tensor-parallel: the two rules give the heads plan with no hint (pooler
 // dense column-parallel, tanh on its split output, classifier row-parallel).
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/encoder_layers.hpp"
 #include "redco/nn/model.hpp"
 
@@ -98,5 +99,62 @@ BertConfig bert_config(const hf::Config& config);  // either model_type
 io::Json bert_hf_config(const BertConfig& c, bool roberta, bool encoder_only = false,
                         io::Json base = io::Json::object());
 hf::Layout bert_layout(const BertConfig& c, bool roberta, bool encoder_only = false);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Bert> {
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"bert"}, "models::Bert");
+    return bert_config(f);
+  }
+  static Bert build(const Config& c) { return bert(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, false); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, false, false, base);
+  }
+};
+
+template <>
+struct HfFamily<Roberta> {
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"roberta"}, "models::Roberta");
+    return bert_config(f);
+  }
+  static Roberta build(const Config& c) { return roberta(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, true, false, base);
+  }
+};
+
+template <>
+struct HfFamily<BertEncoder> {  // BertModel (or the encoder of a BERT classifier)
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"bert"}, "models::BertEncoder");
+    return bert_config(f);
+  }
+  static BertEncoder build(const Config& c) { return bert_encoder(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, false, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, false, true, base);
+  }
+};
+
+template <>
+struct HfFamily<RobertaEncoder> {  // RobertaModel (or the encoder of a RoBERTa classifier)
+  using Config = BertConfig;
+  static Config config(const hf::Config& f) {
+    f.expect_model_type({"roberta"}, "models::RobertaEncoder");
+    return bert_config(f);
+  }
+  static RobertaEncoder build(const Config& c) { return roberta_encoder(c); }
+  static hf::Layout layout(const Config& c) { return bert_layout(c, true, true); }
+  static io::Json to_json(const Config& c, io::Json base) {
+    return bert_hf_config(c, true, true, base);
+  }
+};
 
 }  // namespace redco::models

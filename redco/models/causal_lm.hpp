@@ -27,6 +27,7 @@
 #include "redco/models/gpt2.hpp"
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/models/llama.hpp"
 #include "redco/models/opt.hpp"
 
@@ -82,5 +83,17 @@ CausalLM causal_lm(const GptjConfig& c);
 CausalLM causal_lm(const GptNeoxConfig& c);
 // The family config.json's model_type names; other model types are refused by name.
 CausalLM causal_lm(const hf::Config& config);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+// Any decoder-only family, chosen by config.json's model_type (models/causal_lm.hpp):
+// the model carries its family's config, so it is its own Config.
+template <>
+struct HfFamily<CausalLM> {
+  using Config = CausalLM;
+  static Config config(const hf::Config& f) { return causal_lm(f); }
+  static CausalLM build(const Config& c) { return c; }
+  static hf::Layout layout(const Config& c) { return c.layout(); }
+  static io::Json to_json(const Config& c, io::Json base) { return c.hf_config(std::move(base)); }
+};
 
 }  // namespace redco::models

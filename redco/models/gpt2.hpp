@@ -10,6 +10,7 @@
 // The sizes are run-time values, so a config read from a file builds the same
 // type as the defaults (GPT-2 small, 124,439,808 parameters).
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::models {
@@ -47,5 +48,15 @@ using Gpt2 = decltype(gpt2(Gpt2Config{}));
 Gpt2Config gpt2_config(const hf::Config& config);
 io::Json gpt2_hf_config(const Gpt2Config& c, io::Json base = io::Json::object());
 hf::Layout gpt2_layout(const Gpt2Config& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Gpt2> {
+  using Config = Gpt2Config;
+  static Config config(const hf::Config& f) { return gpt2_config(f); }
+  static Gpt2 build(const Config& c) { return gpt2(c); }
+  static hf::Layout layout(const Config& c) { return gpt2_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gpt2_hf_config(c, base); }
+};
 
 }  // namespace redco::models

@@ -13,6 +13,7 @@
 // dense), layers.N.post_attention_layernorm, layers.N.mlp (fc1 =
 // dense_h_to_4h, fc2 = dense_4h_to_h), final_layer_norm, embed_out.
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::models {
@@ -62,5 +63,15 @@ using GptNeox = decltype(gpt_neox(GptNeoxConfig{}));
 GptNeoxConfig gpt_neox_config(const hf::Config& config);
 io::Json gpt_neox_hf_config(const GptNeoxConfig& c, io::Json base = io::Json::object());
 hf::Layout gpt_neox_layout(const GptNeoxConfig& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<GptNeox> {
+  using Config = GptNeoxConfig;
+  static Config config(const hf::Config& f) { return gpt_neox_config(f); }
+  static GptNeox build(const Config& c) { return gpt_neox(c); }
+  static hf::Layout layout(const Config& c) { return gpt_neox_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gpt_neox_hf_config(c, base); }
+};
 
 }  // namespace redco::models

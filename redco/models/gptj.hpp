@@ -15,6 +15,7 @@
 // h.N.attn (q/k/v/o_proj; o_proj is out_proj), h.N.mlp (fc1 = fc_in,
 // fc2 = fc_out), ln_f, lm_head.
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::models {
@@ -59,5 +60,15 @@ hf::Layout gptj_layout(const GptjConfig& c);
 // head_dim) that turns GPT-J's interleaved rotary pairs into rotate-half ones:
 // parameter row i is checkpoint row rows[i].
 std::vector<int64_t> interleaved_to_half_rows(int64_t heads, int64_t head_dim, int64_t rotary_dim);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Gptj> {
+  using Config = GptjConfig;
+  static Config config(const hf::Config& f) { return gptj_config(f); }
+  static Gptj build(const Config& c) { return gptj(c); }
+  static hf::Layout layout(const Config& c) { return gptj_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return gptj_hf_config(c, base); }
+};
 
 }  // namespace redco::models

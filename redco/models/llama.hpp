@@ -8,6 +8,7 @@
 // layers.N.post_attention_layernorm, layers.N.mlp (gate/up/down_proj), norm,
 // lm_head.
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::models {
@@ -57,5 +58,15 @@ using Llama = decltype(llama(LlamaConfig{}));
 LlamaConfig llama_config(const hf::Config& config);
 io::Json llama_hf_config(const LlamaConfig& c, io::Json base = io::Json::object());
 hf::Layout llama_layout(const LlamaConfig& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Llama> {
+  using Config = LlamaConfig;
+  static Config config(const hf::Config& f) { return llama_config(f); }
+  static Llama build(const Config& c) { return llama(c); }
+  static hf::Layout layout(const Config& c) { return llama_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return llama_hf_config(c, base); }
+};
 
 }  // namespace redco::models

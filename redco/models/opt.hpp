@@ -11,6 +11,7 @@
 // that the MLP's fc1/fc2 sit under "mlp" and out_proj is o_proj, as in every
 // redco attention (opt.cpp maps them).
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::models {
@@ -45,7 +46,8 @@ inline auto opt(const OptConfig& c) {
   head.tied_to = "embed_tokens.weight";
   auto tokens = nn::named<"embed_tokens">(nn::embedding(c.vocab, e)) |
                 nn::maybe(nn::named<"project_in">(nn::projection(e, d)), e != d);
-  nn::Positions pos = nn::positions(c.context + OptConfig::kPositionOffset, d, OptConfig::kPositionOffset);
+  nn::Positions pos =
+      nn::positions(c.context + OptConfig::kPositionOffset, d, OptConfig::kPositionOffset);
   pos.count_tokens = true;  // a padded row's positions start at its first token
   auto positions = nn::named<"embed_positions">(std::move(pos));
   return (std::move(tokens) + std::move(positions)) |
@@ -60,5 +62,15 @@ using Opt = decltype(opt(OptConfig{}));
 OptConfig opt_config(const hf::Config& config);
 io::Json opt_hf_config(const OptConfig& c, io::Json base = io::Json::object());
 hf::Layout opt_layout(const OptConfig& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Opt> {
+  using Config = OptConfig;
+  static Config config(const hf::Config& f) { return opt_config(f); }
+  static Opt build(const Config& c) { return opt(c); }
+  static hf::Layout layout(const Config& c) { return opt_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return opt_hf_config(c, base); }
+};
 
 }  // namespace redco::models

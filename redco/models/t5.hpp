@@ -25,6 +25,7 @@
 // decoder's ids [B, Tt] (the labels shifted right behind decoder_start, see
 // t5_shift_right) and the output the logits [B, Tt, vocab].
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/encoder_layers.hpp"
 #include "redco/nn/model.hpp"
 
@@ -116,5 +117,15 @@ Tensor t5_shift_right(const Tensor& labels, int64_t decoder_start, int64_t pad =
 T5Config t5_config(const hf::Config& config);
 io::Json t5_hf_config(const T5Config& c, io::Json base = io::Json::object());
 hf::Layout t5_layout(const T5Config& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<T5> {
+  using Config = T5Config;
+  static Config config(const hf::Config& f) { return t5_config(f); }
+  static T5 build(const Config& c) { return t5(c); }
+  static hf::Layout layout(const Config& c) { return t5_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return t5_hf_config(c, base); }
+};
 
 }  // namespace redco::models

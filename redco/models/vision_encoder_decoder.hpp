@@ -24,6 +24,7 @@
 // vocabulary-split), with crossattention's q/k/v split by heads and its
 // c_proj by input columns: 3 all-reduces per decoder layer.
 #include "redco/models/gpt2.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/models/vit.hpp"
 
 namespace redco::models {
@@ -67,5 +68,15 @@ using VisionGpt2 = decltype(vision_gpt2(VisionGpt2Config{}));
 VisionGpt2Config vision_gpt2_config(const hf::Config& config);
 io::Json vision_gpt2_hf_config(const VisionGpt2Config& c, io::Json base = io::Json::object());
 hf::Layout vision_gpt2_layout(const VisionGpt2Config& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<VisionGpt2> {  // VisionEncoderDecoderModel: ViT encoder, GPT-2 decoder
+  using Config = VisionGpt2Config;
+  static Config config(const hf::Config& f) { return vision_gpt2_config(f); }
+  static VisionGpt2 build(const Config& c) { return vision_gpt2(c); }
+  static hf::Layout layout(const Config& c) { return vision_gpt2_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return vision_gpt2_hf_config(c, base); }
+};
 
 }  // namespace redco::models

@@ -18,6 +18,7 @@
 // output.dense row; patch projection, class token, positions and norms
 // replicated (see nn/patch_embedding.hpp).
 #include "redco/models/hf_checkpoint.hpp"
+#include "redco/models/hf_family.hpp"
 #include "redco/nn/model.hpp"
 #include "redco/nn/patch_embedding.hpp"
 
@@ -59,5 +60,15 @@ io::Json vit_hf_config(const VitConfig& c, io::Json base = io::Json::object());
 // ViTModel's tensors (and those of a ViTForImageClassification's "vit."
 // encoder, whose classifier is skipped); the pooler is skipped.
 hf::Layout vit_layout(const VitConfig& c);
+
+// What from_pretrained / save_pretrained need of it (models/hf_family.hpp).
+template <>
+struct HfFamily<Vit> {  // ViTModel (or the encoder of a ViTForImageClassification)
+  using Config = VitConfig;
+  static Config config(const hf::Config& f) { return vit_config(f); }
+  static Vit build(const Config& c) { return vit(c); }
+  static hf::Layout layout(const Config& c) { return vit_layout(c); }
+  static io::Json to_json(const Config& c, io::Json base) { return vit_hf_config(c, base); }
+};
 
 }  // namespace redco::models

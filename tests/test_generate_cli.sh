@@ -38,6 +38,12 @@ eos generation_config.json 1899
 rm "$work/gptj/generation_config.json"
 eos config.json 472
 [[ $(ids) == "390 1899 472" ]] || { echo "FAIL: config.json's eos ignored: $(ids)"; bad=1; }
+# --threads 1 (like llama-bench -t 1): the same tokens, and --bench reports the cap.
+[[ $(ids --eos 472 --threads 1) == "390 1899 472" ]] || { echo "FAIL: --threads 1: $(ids --threads 1)"; bad=1; }
+out=$("$gen" "$work/gptj" --bench --batch 1 --prompt-length 4 --max-new-tokens 3 --threads 1 2>&1)
+[[ "$out" == *'"threads": 1}'* ]] || { echo "FAIL: --bench --threads 1 printed: $out"; bad=1; }
+out=$("$gen" "$work/gptj" --threads -1 --prompt 1 2>&1)
+[[ $? -eq 2 && "$out" == *"--threads"* ]] || { echo "FAIL: --threads -1 was not refused: $out"; bad=1; }
 out=$("$gen" "$hf/bert" --prompt 1 2>&1) && { echo "FAIL: a BERT folder was accepted"; bad=1; }
 [[ "$out" == *"an encoder without a decoder"* ]] || { echo "FAIL: BERT refusal: $out"; bad=1; }
 exit $bad

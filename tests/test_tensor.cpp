@@ -1,17 +1,24 @@
 // Tensor basics: dtype conversions, views and copies, error messages, Philox
 // reproducibility, and the caching allocator: its steady state, and best fit
 // with splitting and coalescing of large blocks.
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "redco/core/allocator.hpp"
 #include "redco/core/philox.hpp"
 #include "redco/core/tensor.hpp"
+#include "redco/core/threads.hpp"
 
 namespace redco {
 namespace {
@@ -454,4 +461,39 @@ TEST_CASE("caching allocator: blocks are 64-byte aligned, fresh regions on 2 MiB
 }
 
 }  // namespace
+// The threads a parallel loop ran on, each iteration long enough (1 ms) that
+// oneTBB would hand some to a second thread wherever it has one.
+static size_t threads_used() {
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  tbb::parallel_for(0, 64, [&](int) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  return ids.size();
+}
+
+TEST_CASE("set_num_threads caps every parallel loop, 0 lifts the cap", "[tensor][threads]") {
+  const int before = num_threads();
+  REQUIRE(before >= 1);
+  set_num_threads(1);
+  CHECK(num_threads() == 1);
+  CHECK(threads_used() == 1);
+  // A threaded conversion (parallel loops over 2^16-element blocks) gives the
+  // same bits capped as it does with every thread.
+  const Tensor x = Tensor::uniform({1000, 300}, 7, 0, -3.f, 3.f);
+  auto bf16_bits = [&] {
+    const Tensor h = x.to(DType::bf16);
+    const auto* p = static_cast<const uint16_t*>(h.raw());
+    return std::vector<uint16_t>(p, p + h.numel());
+  };
+  const std::vector<uint16_t> capped = bf16_bits();
+  set_num_threads(0);
+  CHECK(bf16_bits() == capped);
+  CHECK(num_threads() == before);
+  CHECK_THROWS_WITH(set_num_threads(-2), Catch::Contains(">= 1"));
+  CHECK(num_threads() == before);
+}
+
 }  // namespace redco

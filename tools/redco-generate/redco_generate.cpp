@@ -46,6 +46,7 @@
 #include "redco/comm/mesh.hpp"
 #include "redco/core/philox.hpp"
 #include "redco/core/profile.hpp"
+#include "redco/core/threads.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
@@ -127,9 +128,9 @@ void print_bench(const Timing& t, const Prompts& prompts) {
   const int64_t B = int64_t(prompts.size()), steps = t.tokens / B;
   std::cout << fmt::format(
       "{{\"batch\": {}, \"prompt\": {}, \"new\": {}, \"prefill_s\": {:.4f}, "
-      "\"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.2f}}}\n",
+      "\"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.2f}, \"threads\": {}}}\n",
       B, prompts[0].size(), steps, prefill, double(B * prompts[0].size()) / prefill,
-      double(B * (steps - 1)) / decode);
+      double(B * (steps - 1)) / decode, num_threads());
 }
 
 // Per-op time of the decode steps (after the first token), to stderr.
@@ -328,6 +329,7 @@ struct Options {
   std::string cache_dtype = "auto";
   std::string layout = "auto";
   bool profile = false;
+  int threads = 0;  // 0: every core this process may use
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -381,6 +383,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--prompt-length", o.prompt_length, "--bench: tokens per prompt")
       ->check(redco::cli11::at_least(1));
   app.add_flag("--profile", o.profile, "--bench: per-op time of the decode steps (stderr)");
+  app.add_option("--threads", o.threads,
+                 "CPU threads to compute with (like llama-bench -t; 0: every core this process "
+                 "may use)")
+      ->check(redco::cli11::at_least(0));
 }
 
 // Whether prompts are text: the folder holds a tokenizer redco reads
@@ -407,6 +413,7 @@ int main(int argc, char** argv) try {
   Options o;
   add_options(app, o);
   REDCO_CLI11_PARSE(app, argc, argv);
+  set_num_threads(o.threads);
 
   train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
   const DType dtype = o.dtype == "bf16" ? DType::bf16 : o.dtype == "int8" ? DType::i8 : DType::f32;

@@ -10,7 +10,11 @@ converter (llamacpp_gguf.py), measures the machine's read bandwidth
   llama.cpp     llama-cpp-python's bindings (llamacpp_decode.py, llama-batched-bench's
                 method; or llama-batched-bench itself), GGUF f32, bf16 and q8_0
 
-Greedy, batch B rows of P random prompt tokens, N new tokens, 2 threads each.
+Greedy, batch B rows of P random prompt tokens, N new tokens, --threads (2)
+threads each, --rounds (3) alternating rounds, median and best reported. Before
+each timed run the 1-minute load average must fall to --max-load (0.75 a
+core), or the script refuses to time; llama.cpp runs in the environment given
+and with OMP_WAIT_POLICY=PASSIVE, the faster kept.
 Prefill tokens/s = B*P / time to the first new token; decode tokens/s =
 B*(N-1) / time from the first to the last new token (llama.cpp: B*P / its
 prefill, B*N / its decode loop). Decode at small batch is memory-bound: each step reads every
@@ -41,7 +45,10 @@ import time
 # On a shared machine (more runnable threads than cores) libgomp's spinning
 # barriers make PyTorch 10-20x slower (measured: GPT-2 prefill 3.3 vs 77.6
 # tok/s at load 16); passive waiting is the peer's best setting there. Must be
-# set before torch loads libgomp.
+# set before torch loads libgomp, so the in-process transformers contender
+# gets it; llama.cpp, a child process, runs both with the environment this
+# script was given and with PASSIVE, and keeps the faster (WAIT_POLICIES).
+USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402
@@ -122,7 +129,7 @@ def hf_run(model, batch, prompt, new):
 
 def redco_run(a, d, batch, dtype):
     out = subprocess.run([a.redco, d, "--bench", "--batch", str(batch), "--prompt-length", str(a.prompt),
-                          "--max-new-tokens", str(a.new), "--dtype", dtype],
+                          "--max-new-tokens", str(a.new), "--dtype", dtype, "--threads", str(a.threads)],
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"redco-generate failed: {out.stderr.strip()[-300:]}")
@@ -147,16 +154,42 @@ def gguf_path(a, kind, d, dtype):
     return path
 
 
-def llamacpp_run(a, kind, d, batch, dtype):
+# llama.cpp's environments: the caller's own (its default) and passive OpenMP
+# waiting. Spinning waits win on a quiet machine and lose badly on a busy one.
+WAIT_POLICIES = ("default", "PASSIVE")
+
+
+def wait_policy_env(policy):
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy == "PASSIVE":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif USER_OMP_WAIT_POLICY is not None:
+        env["OMP_WAIT_POLICY"] = USER_OMP_WAIT_POLICY
+    return env
+
+
+def llamacpp_best(a, kind, d, batch, dtype):
+    """llama.cpp in each of WAIT_POLICIES, the faster decode kept (the run says which)."""
+    best = None
+    for policy in WAIT_POLICIES:
+        x = llamacpp_run(a, kind, d, batch, dtype, wait_policy_env(policy))
+        x["env"] = f"OMP_WAIT_POLICY={policy}"
+        if best is None or x["decode_tok_s"] > best["decode_tok_s"]:
+            best = x
+    return best
+
+
+def llamacpp_run(a, kind, d, batch, dtype, env):
     """llama.cpp through llama-cpp-python's bindings (llamacpp_decode.py) or llama-batched-bench."""
     if a.llamacpp_bench:
-        return batched_bench_run(a, kind, d, batch, dtype)
+        return batched_bench_run(a, kind, d, batch, dtype, env)
     lib = a.llamacpp_lib and os.path.join(a.llamacpp_lib, "libllama.so")
     if not a.llamacpp_py or not lib or not os.path.exists(lib):
         raise RuntimeError("llama.cpp not found: pass --llamacpp-py (the llama-cpp-python==0.3.36 sdist folder) "
                            "and --llamacpp-lib (the folder with its libllama.so), see docs/generation.md")
     model = gguf_path(a, kind, d, dtype)
-    env = dict(os.environ, PYTHONPATH=a.llamacpp_py, LLAMA_CPP_LIB_PATH=a.llamacpp_lib)
+    env = dict(env, PYTHONPATH=a.llamacpp_py, LLAMA_CPP_LIB_PATH=a.llamacpp_lib)
     out = subprocess.run([sys.executable, os.path.join(HERE, "llamacpp_decode.py"), model, "--batch", str(batch),
                           "--prompt", str(a.prompt), "--new", str(a.new), "--threads", str(a.threads)],
                          capture_output=True, text=True, env=env)
@@ -165,7 +198,7 @@ def llamacpp_run(a, kind, d, batch, dtype):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def batched_bench_run(a, kind, d, batch, dtype):
+def batched_bench_run(a, kind, d, batch, dtype, env):
     exe = a.llamacpp_bench
     if not os.access(exe, os.X_OK):
         raise RuntimeError(f"--llamacpp-bench: {exe} is not an executable llama-batched-bench")
@@ -174,7 +207,7 @@ def batched_bench_run(a, kind, d, batch, dtype):
     out = subprocess.run([exe, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
                           "-npp", str(a.prompt), "-ntg", str(a.new), "-npl", str(batch),
                           "-t", str(a.threads), "-tb", str(a.threads), "--output-format", "jsonl"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     lines = [l for l in out.stdout.splitlines() + out.stderr.splitlines() if l.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"llama-batched-bench failed: {out.stderr.strip()[-300:]}")
@@ -205,7 +238,25 @@ def run_one(a, name, kind, d, hf, batch, dtype):
         return redco_run(a, d, batch, dtype)
     if kind in SEQ2SEQ:
         raise RuntimeError("not run: the llama.cpp contender is for decoder-only models here")
-    return llamacpp_run(a, kind, d, batch, dtype)
+    return llamacpp_best(a, kind, d, batch, dtype)
+
+
+def wait_until_quiet(a):
+    """The 1-minute load average before a timed run, once it is at most --max-load.
+
+    A contender that just ran leaves its own load behind, which decays within
+    a minute; anything still above after --settle seconds is another program,
+    and timing beside it would favour whichever contender it hurts least."""
+    deadline = time.monotonic() + a.settle
+    while True:
+        load = os.getloadavg()[0]
+        if load <= a.max_load:
+            return load
+        if time.monotonic() >= deadline:
+            sys.exit(f"bench_generate: the load average is {load:.2f}, above --max-load {a.max_load:.2f}, "
+                     f"after waiting {a.settle} s: the machine is not quiet (stop what runs, "
+                     f"or raise --max-load and say so beside the numbers)")
+        time.sleep(5)
 
 
 def bench_model(a, kind, bw):
@@ -225,16 +276,19 @@ def bench_model(a, kind, bw):
                 key = (batch, name, dtype)
                 if isinstance(results.get(key), str):
                     continue
+                load = wait_until_quiet(a)
                 try:
                     x = run_one(a, name, kind, d, hf, batch, dtype)
                 except Exception as e:  # the row stays, with why it has no numbers
                     results[key] = str(e).splitlines()[0][:200]
                     print(f"  {name} {dtype} batch {batch}: {results[key]}", flush=True)
                     continue
-                x["load"] = os.getloadavg()[0]
+                x["load_before"], x["load"] = load, os.getloadavg()[0]
                 results.setdefault(key, []).append(x)
+                env = f", {x['env']}" if "env" in x else ""
                 print(f"  round {r} batch {batch} {name} {dtype}: prefill {x['prefill_tok_s']:.1f} tok/s, "
-                      f"decode {x['decode_tok_s']:.2f} tok/s (load {x['load']:.2f})", flush=True)
+                      f"decode {x['decode_tok_s']:.2f} tok/s (load {load:.2f} before, {x['load']:.2f} after{env})",
+                      flush=True)
     report(a, kind, n, bw, results)
 
 
@@ -243,8 +297,9 @@ def median(runs, field):
 
 
 def report(a, kind, n, bw, results):
-    print(f"\n| {kind} batch | contender | weights | prefill tok/s | decode tok/s | decode weight GB/s "
-          f"| of read bandwidth | load avg (or why not run) |\n|---|---|---|---|---|---|---|---|")
+    print(f"\n| {kind} batch | contender | weights | prefill tok/s, median (best) | decode tok/s, median (best) "
+          f"| decode weight GB/s | of read bandwidth | load before each run (or why not run) |"
+          f"\n|---|---|---|---|---|---|---|---|")
     for (batch, name, dtype), runs in sorted(results.items(), key=lambda kv: kv[0]):
         if isinstance(runs, str):
             print(f"| {batch} | {name} | {dtype} | — | — | — | — | {runs} |")
@@ -252,9 +307,10 @@ def report(a, kind, n, bw, results):
         dec = median(runs, "decode_tok_s")
         gbs = dec / batch * n * WEIGHT_BYTES[dtype] / 1e9
         share = f"{100 * gbs / bw:.0f}%" if bw else "not measured"
-        loads = "–".join(f"{x['load']:.1f}" for x in runs)
-        print(f"| {batch} | {name} | {dtype} | {median(runs, 'prefill_tok_s'):.1f} | {dec:.2f} | {gbs:.1f} "
-              f"| {share} | {loads} |")
+        loads = ", ".join(f"{x['load_before']:.2f}" for x in runs)
+        best = {f: max(x[f] for x in runs) for f in ("prefill_tok_s", "decode_tok_s")}
+        print(f"| {batch} | {name} | {dtype} | {median(runs, 'prefill_tok_s'):.1f} ({best['prefill_tok_s']:.1f}) "
+              f"| {dec:.2f} ({best['decode_tok_s']:.2f}) | {gbs:.1f} | {share} | {loads} |")
     print(f"\n| {kind} batch | ratio | value | target |\n|---|---|---|---|")
     for batch in a.batch:
         def get(name, dtype, field):
@@ -289,8 +345,12 @@ def main():
     ap.add_argument("--hf-new", type=int, default=0,
                     help="new tokens for transformers only (default --new): its decode rate over fewer "
                          "steps, when 128 steps of a 1B model take too long on a loaded machine")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (min and median reported)")
+    ap.add_argument("--threads", type=int, default=2, help="each contender's threads (redco-generate --threads, "
+                    "torch.set_num_threads, llama.cpp -t)")
+    ap.add_argument("--max-load", type=float, default=0.75 * (os.cpu_count() or 1),
+                    help="refuse to time above this 1-minute load average (default: 0.75 a core)")
+    ap.add_argument("--settle", type=int, default=300, help="seconds to wait for the load to fall first")
     ap.add_argument("--bandwidth", default="build/tools/bench/bench_bandwidth")
     ap.add_argument("--llamacpp-py", default=os.environ.get("LLAMACPP_PY"),
                     help="llama-cpp-python sdist folder (its llama_cpp package)")

@@ -19,6 +19,7 @@ namespace redco::generation {
 namespace {
 
 using detail::Prompts;
+using detail::row_stream;
 
 // Row r of the batch is prompt r / copies.
 struct Batch {
@@ -35,13 +36,6 @@ Batch expand(const Prompts& prompts, int64_t copies) {
     for (int64_t c = 0; c < copies; ++c) b.rows.push_back(prompts[i]);
   }
   return b;
-}
-
-// A prompt's random stream: its tokens and which of its return sequences.
-uint64_t row_stream(const std::vector<int64_t>& prompt, int64_t copy) {
-  uint64_t h = 1469598103934665603ull ^ uint64_t(copy);
-  for (int64_t t : prompt) h = (h ^ uint64_t(t)) * 1099511628211ull;
-  return h;
 }
 
 // An encoder-decoder row's source tokens (padding left out): its random

@@ -8,6 +8,12 @@
 
 namespace redco::generation::detail {
 
+uint64_t row_stream(const std::vector<int64_t>& prompt, int64_t copy) {
+  uint64_t h = 1469598103934665603ull ^ uint64_t(copy);  // FNV-1a over the tokens
+  for (int64_t t : prompt) h = (h ^ uint64_t(t)) * 1099511628211ull;
+  return h;
+}
+
 // The prefill input: rows right-padded to the longest, and each row's last position.
 std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, int64_t pad) {
   const auto R = int64_t(rows.size());

@@ -9,6 +9,9 @@ namespace redco::generation::detail {
 
 using Prompts = std::vector<std::vector<int64_t>>;
 
+// A prompt's random stream: its tokens and which of its return sequences
+// (so a prompt draws the same tokens in any batch, and in generate or a Batcher).
+uint64_t row_stream(const std::vector<int64_t>& prompt, int64_t copy);
 // The prefill input: rows right-padded with `pad` to `longest` [R, longest],
 // and each row's last position [R] (whose logits are wanted).
 std::pair<Tensor, Tensor> prefill_input(const Prompts& rows, int64_t longest, int64_t pad);

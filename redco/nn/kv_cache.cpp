@@ -41,14 +41,62 @@ void gather_rows(Tensor& t, std::map<size_t, Tensor>& scratches, const std::vect
 
 KVCache::KVCache(int64_t batch, int64_t capacity, std::optional<DType> dtype)
     : batch_(batch),
+      rows_allocated_(batch),
       capacity_(capacity),
       dtype_(dtype),
       length_(size_t(batch), 0),
       pending_(size_t(batch), 0) {
   REDCO_CHECK(batch >= 1 && capacity >= 1, "KVCache: batch {} and capacity {} must be >= 1", batch,
               capacity);
-  key_end_ = Tensor::zeros({batch}, DType::i64);
-  causal_offset_ = Tensor::zeros({batch}, DType::i64);
+  all_key_end_ = Tensor::zeros({batch}, DType::i64);
+  all_causal_offset_ = Tensor::zeros({batch}, DType::i64);
+  view_rows();
+}
+
+void KVCache::view_rows() {
+  key_end_ = all_key_end_.slice0(0, batch_);
+  causal_offset_ = all_causal_offset_.slice0(0, batch_);
+  for (auto& [path, all] : all_)
+    self_[path] = Slots{all.k.slice0(0, batch_), all.v.slice0(0, batch_)};
+}
+
+void KVCache::set_rows(int64_t n) {
+  REDCO_CHECK(!in_step_, "KVCache::set_rows: between steps only");
+  REDCO_CHECK(n >= 1 && n <= rows_allocated_,
+              "KVCache::set_rows: {} rows, but the cache holds {} (1 to {})", n, rows_allocated_,
+              rows_allocated_);
+  REDCO_CHECK(cross_.empty() && !memory.defined(),
+              "KVCache::set_rows: an encoder-decoder's cache keeps its batch");
+  if (n == batch_) return;
+  batch_ = n;
+  view_rows();
+}
+
+void KVCache::copy_row(int64_t dst, const KVCache& from, int64_t src) {
+  REDCO_CHECK(!in_step_ && !from.in_step_, "KVCache::copy_row: between steps only");
+  REDCO_CHECK(dst >= 0 && dst < rows_allocated_ && src >= 0 && src < from.rows_allocated_,
+              "KVCache::copy_row: row {} of {} from row {} of {}", dst, rows_allocated_, src,
+              from.rows_allocated_);
+  const int64_t len = from.length_[size_t(src)];
+  REDCO_CHECK(len <= capacity_, "KVCache::copy_row: {} tokens into a capacity of {}", len,
+              capacity_);
+  for (const auto& [path, in] : from.all_) {
+    const int64_t H = in.k.dim(1), D = in.k.dim(3), cap_in = in.k.dim(2);
+    self(path, H, D, in.k.dtype(), in.k.device());  // allocates on first use
+    const Slots& out = all_.at(path);
+    REDCO_CHECK(out.k.dtype() == in.k.dtype(),
+                "KVCache::copy_row: layer '{}' holds {} here but {} in the source", path,
+                dtype_name(out.k.dtype()), dtype_name(in.k.dtype()));
+    const size_t es = dtype_size(in.k.dtype()), n = size_t(len * D) * es;
+    const Device dev = out.k.device(), dev_in = in.k.device();
+    for (auto [o, i] : {std::pair{&out.k, &in.k}, std::pair{&out.v, &in.v}})
+      for (int64_t h = 0; h < H; ++h)  // [heads, capacity, head_dim] per row: a copy per head
+        copy_bytes(
+            static_cast<char*>(o->device_ptr()) + size_t((dst * H + h) * capacity_ * D) * es, dev,
+            static_cast<const char*>(i->device_ptr()) + size_t((src * H + h) * cap_in * D) * es,
+            dev_in, n);
+  }
+  length_[size_t(dst)] = len;
 }
 
 void KVCache::begin(std::vector<int64_t> appended) {
@@ -65,7 +113,7 @@ void KVCache::begin(std::vector<int64_t> appended) {
                 b, len + n, capacity_);
     end[b] = len + n, off[b] = len;
   }
-  pending_ = std::move(appended);
+  std::copy(appended.begin(), appended.end(), pending_.begin());
   in_step_ = true;
 }
 
@@ -95,17 +143,20 @@ void KVCache::reset() {
   memory = Tensor(), memory_mask = Tensor();
 }
 
-KVCache::Slots& KVCache::self(const std::string& path, int64_t heads, int64_t head_dim,
-                              DType dtype) {
-  Slots& s = self_[path];
-  const Shape shape{batch_, heads, capacity_, head_dim};
-  if (!s.k.defined()) {
+KVCache::Slots& KVCache::self(const std::string& path, int64_t heads, int64_t head_dim, DType dtype,
+                              Device device) {
+  Slots& all = all_[path];
+  if (!all.k.defined()) {
     CachingAllocator::LongLivedScope long_lived;  // lives as long as the generation
-    s.k = Tensor::empty(shape, dtype);
-    s.v = Tensor::empty(shape, dtype);
+    const Shape shape{rows_allocated_, heads, capacity_, head_dim};
+    all.k = Tensor::empty(shape, dtype, device);
+    all.v = Tensor::empty(shape, dtype, device);
+    self_[path] = Slots{all.k.slice0(0, batch_), all.v.slice0(0, batch_)};
   }
-  REDCO_CHECK(s.k.shape() == shape, "KVCache: layer '{}' cached {} but now needs {}", path,
-              s.k.shape(), shape);
+  Slots& s = self_.at(path);
+  REDCO_CHECK(s.k.shape() == (Shape{batch_, heads, capacity_, head_dim}) && s.k.device() == device,
+              "KVCache: layer '{}' cached {} on {} but now needs [{}, {}, {}, {}] on {}", path,
+              s.k.shape(), s.k.device().str(), batch_, heads, capacity_, head_dim, device.str());
   return s;
 }
 
@@ -128,7 +179,7 @@ void KVCache::reorder(const std::vector<int64_t>& rows, bool same_source) {
     gather_rows(memory, scratch_, rows);
     gather_rows(memory_mask, scratch_, rows);
   }
-  std::vector<int64_t> len(length_.size());
+  std::vector<int64_t> len = length_;
   for (size_t r = 0; r < rows.size(); ++r) len[r] = length_[size_t(rows[r])];
   length_ = std::move(len);
 }

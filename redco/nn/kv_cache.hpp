@@ -14,6 +14,11 @@
 //   cache.commit();          // length(b) += appended[b]
 // Inputs past a row's real ones (right padding of a ragged prefill) write
 // slots that the row's next tokens overwrite; they are never attended to.
+// Continuous batching (generation/batcher.hpp) keeps the rows in use at the
+// front: set_rows(n) makes the first n of the rows allocated the batch (a
+// step's input is then [n, T]), copy_row moves a row's tokens between rows or
+// in from another cache (a request prefilled alone), all without allocating
+// once the slots exist.
 // Encoder-decoders: the encoder runs once, on the first step, over one row
 // per source; its output (memory) is kept as it is, one row per source, and
 // its mask repeated for the cache rows each source serves (beams, return
@@ -22,6 +27,7 @@
 // for those rows (a copy, not a projection per beam: set_cross).
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,11 +41,12 @@ class KVCache {
   // weights are bf16 or int8, else the keys' dtype.
   KVCache(int64_t batch, int64_t capacity, std::optional<DType> dtype = std::nullopt);
 
-  int64_t batch() const { return batch_; }
+  int64_t batch() const { return batch_; }  // the rows a step runs: the first batch() allocated
+  int64_t rows_allocated() const { return rows_allocated_; }
   int64_t capacity() const { return capacity_; }
   const std::optional<DType>& dtype() const { return dtype_; }
   int64_t length(int64_t row) const { return length_[size_t(row)]; }
-  const std::vector<int64_t>& lengths() const { return length_; }
+  std::span<const int64_t> lengths() const { return {length_.data(), size_t(batch_)}; }
 
   // A step appends appended[b] tokens to row b (its first appended[b] inputs).
   void begin(std::vector<int64_t> appended);
@@ -54,12 +61,23 @@ class KVCache {
   void reorder(const std::vector<int64_t>& rows, bool same_source = false);
   // Forgets every row's tokens (the buffers stay for the next batch).
   void reset();
+  // Makes rows [0, n) the batch (1 <= n <= rows_allocated()), between steps.
+  // Rows that join keep the tokens they held (none, unless copied in). For
+  // decoder-only models: an encoder-decoder's cache keeps its batch.
+  void set_rows(int64_t n);
+  // Row dst (of those allocated) takes row src's tokens: of this cache, or of
+  // `from` (its slots of every layer, which must match this cache's but for
+  // rows and capacity). Between steps.
+  void copy_row(int64_t dst, int64_t src) { copy_row(dst, *this, src); }
+  void copy_row(int64_t dst, const KVCache& from, int64_t src);
 
   struct Slots {
     Tensor k, v;  // [batch, heads, capacity, head_dim]
   };
-  // The self-attention slots of layer `path`, allocated on first use.
-  Slots& self(const std::string& path, int64_t heads, int64_t head_dim, DType dtype);
+  // The self-attention slots of layer `path` for the batch's rows [batch, ...],
+  // allocated on first use (for every row allocated) on `device`.
+  Slots& self(const std::string& path, int64_t heads, int64_t head_dim, DType dtype,
+              Device device = Device::cpu());
   // The cross-attention keys and values of layer `path` (empty until set).
   Slots& cross(const std::string& path) { return cross_[path]; }
   // Sets them from keys and values projected from the memory's rows
@@ -79,13 +97,17 @@ class KVCache {
   const Tensor& causal_offset() const { return causal_offset_; }
 
  private:
-  int64_t batch_, capacity_;
+  void view_rows();  // self_'s views and the step tensors for batch_ rows
+
+  int64_t batch_, rows_allocated_, capacity_;
   std::optional<DType> dtype_;
-  std::vector<int64_t> length_, pending_;
+  std::vector<int64_t> length_, pending_;  // [rows_allocated]; the first batch_ are the batch's
   bool in_step_ = false;
-  std::map<std::string, Slots> self_, cross_;
-  Tensor key_end_, causal_offset_;
-  std::map<size_t, Tensor> scratch_;  // reorder's copies by byte size, reused
+  std::map<std::string, Slots> all_;           // self-attention slots of every allocated row
+  std::map<std::string, Slots> self_, cross_;  // self_: all_'s first batch_ rows (views)
+  Tensor all_key_end_, all_causal_offset_;     // [rows_allocated] i64
+  Tensor key_end_, causal_offset_;             // their first batch_ (views)
+  std::map<size_t, Tensor> scratch_;           // reorder's copies by byte size, reused
   int64_t cross_rows_projected_ = 0;
 };
 

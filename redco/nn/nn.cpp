@@ -335,7 +335,7 @@ Tensor Attention<Bias, Cross>::attend(const Params& p, const Tensor& in, bool sp
 namespace {
 // Copies this step's keys or values [B, h, T, hd] into the cache's slots
 // [B, h, capacity, hd] after each row's tokens so far.
-void write_slots(const Tensor& kv, Tensor& slots, const std::vector<int64_t>& lengths) {
+void write_slots(const Tensor& kv, Tensor& slots, std::span<const int64_t> lengths) {
   const int64_t B = kv.dim(0), H = kv.dim(1), T = kv.dim(2), hd = kv.dim(3), cap = slots.dim(2);
   const Tensor src_t = kv.dtype() == slots.dtype() ? kv : kv.to(slots.dtype());
   const size_t es = dtype_size(slots.dtype());
@@ -389,12 +389,8 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
     // step streams half the bytes of it as well (the CPU's decode attention reads bf16).
     const DType stored =
         cache.dtype().value_or(p["k_proj.weight"].dtype() != DType::f32 ? DType::bf16 : k.dtype());
-    KVCache::Slots& s = cache.self(path, k.dim(1), head_dim(), stored);
-    if (s.k.device() != k.device()) {  // first use: the cache lives where the keys are
-      CachingAllocator::LongLivedScope long_lived;
-      s.k = Tensor::empty(s.k.shape(), s.k.dtype(), k.device());
-      s.v = Tensor::empty(s.v.shape(), s.v.dtype(), k.device());
-    }
+    // The cache lives where the keys are.
+    KVCache::Slots& s = cache.self(path, k.dim(1), head_dim(), stored, k.device());
     write_slots(k, s.k, cache.lengths());
     write_slots(v, s.v, cache.lengths());
     // The rows' key ranges are the host's bookkeeping: a small copy per step.

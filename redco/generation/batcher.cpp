@@ -1,0 +1,297 @@
+// Continuous batching (batcher.hpp): admit, prefill alone, decode together,
+// release rows.
+#include "redco/generation/batcher.hpp"
+
+#include <algorithm>
+
+#include "redco/core/error.hpp"
+#include "redco/core/philox.hpp"
+#include "redco/generation/steps.hpp"
+
+namespace redco::generation {
+
+std::string_view finish_name(Finish f) {
+  switch (f) {
+    case Finish::stop:
+      return "stop";
+    case Finish::length:
+      return "length";
+    case Finish::cancelled:
+      return "cancelled";
+    case Finish::error:
+      return "error";
+  }
+  return "?";
+}
+
+struct Batcher::Request {
+  int64_t id = 0;
+  std::vector<int64_t> prompt;
+  GenerationConfig config;
+  RequestEvents events;
+  RowHistory hist;
+  uint64_t stream = 0;                          // its random stream (row_stream)
+  std::optional<data::Tokenizer::Stream> text;  // the decoder, primed with the prompt
+  std::string held;                             // text not given yet: may begin a stop
+  bool cancelled = false, ended = false;
+  bool stop_matched = false;  // a stop string ended it: the text after it is dropped
+};
+
+namespace {
+// The longest end of `text` that is the beginning of a stop string (and so
+// may still become one): that much is held back.
+size_t stop_prefix_at_end(std::string_view text, const std::vector<std::string>& stops) {
+  size_t keep = 0;
+  for (const std::string& s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > keep; --n)
+      if (text.substr(text.size() - n) == std::string_view(s).substr(0, n)) {
+        keep = n;
+        break;
+      }
+  return keep;
+}
+
+// Where the first stop string begins in `text` (npos: none).
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops) {
+  size_t at = std::string_view::npos;
+  for (const std::string& s : stops)
+    if (!s.empty()) at = std::min(at, text.find(s));
+  return at;
+}
+}  // namespace
+
+Batcher::Batcher(StepFn step, BatcherOptions options, const data::Tokenizer* tokenizer, nn::Ctx ctx)
+    : step_(std::move(step)),
+      options_(options),
+      tokenizer_(tokenizer),
+      ctx_(std::move(ctx)),
+      cache_(options.slots, options.context, options.cache_dtype),
+      prefill_(1, options.context, options.cache_dtype) {
+  REDCO_CHECK(options.slots >= 1 && options.context >= 2 && options.max_queue >= 0,
+              "Batcher: slots {} (>= 1), context {} (>= 2) and max_queue {} (>= 0)", options.slots,
+              options.context, options.max_queue);
+  ctx_.train = false;
+  next_ = Tensor::zeros({options.slots, 1}, DType::i64);
+  rows_.reserve(size_t(options.slots));
+}
+
+Batcher::~Batcher() = default;
+
+std::optional<int64_t> Batcher::submit(std::vector<int64_t> prompt, GenerationConfig config,
+                                       RequestEvents events) {
+  check(config, options_.vocab_size);
+  const auto n = int64_t(prompt.size());
+  REDCO_CHECK(n > 0, "the prompt is empty: it needs at least one token");
+  REDCO_CHECK(config.num_beams == 1 && config.num_return_sequences == 1,
+              "continuous batching runs one sequence per request: num_beams {} and "
+              "num_return_sequences {} must be 1",
+              config.num_beams, config.num_return_sequences);
+  REDCO_CHECK(n < options_.context,
+              "the prompt has {} tokens but the context holds {} (prompt and new tokens): "
+              "shorten it",
+              n, options_.context);
+  REDCO_CHECK(config.stop_strings.empty() || tokenizer_,
+              "stop strings need the tokenizer (this batcher has ids only)");
+  if (options_.vocab_size > 0)
+    for (int64_t t : prompt)
+      REDCO_CHECK(t >= 0 && t < options_.vocab_size,
+                  "prompt token {} is not in the vocabulary of {} ids", t, options_.vocab_size);
+  auto r = std::make_unique<Request>();
+  r->prompt = std::move(prompt);
+  r->config = std::move(config);
+  r->events = std::move(events);
+  r->stream = detail::row_stream(r->prompt, 0);
+  std::lock_guard lock(mutex_);
+  if (int64_t(inbox_.size()) >= options_.max_queue) return std::nullopt;
+  r->id = next_id_++;
+  const int64_t id = r->id;
+  inbox_.push_back(std::move(r));
+  work_.notify_one();
+  return id;
+}
+
+void Batcher::cancel(int64_t id) {
+  std::lock_guard lock(mutex_);
+  cancelled_ids_.push_back(id);
+  work_.notify_one();
+}
+
+int64_t Batcher::queued() const {
+  std::lock_guard lock(mutex_);
+  return int64_t(inbox_.size());
+}
+
+void Batcher::wait_for_work(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  work_.wait_for(lock, timeout, [&] {
+    return stop_waiting_ || !inbox_.empty() || !rows_.empty() || !cancelled_ids_.empty();
+  });
+}
+
+void Batcher::stop_waiting() {
+  std::lock_guard lock(mutex_);
+  stop_waiting_ = true;
+  work_.notify_all();
+}
+
+bool Batcher::step() {
+  NoGradGuard no_grad;
+  {
+    std::lock_guard lock(mutex_);
+    for (int64_t id : cancelled_ids_) {
+      for (auto& r : rows_)
+        if (r->id == id) r->cancelled = true;
+      for (auto& r : inbox_)
+        if (r->id == id) r->cancelled = true;
+    }
+    cancelled_ids_.clear();
+  }
+  for (auto& r : rows_)
+    if (r->cancelled && !r->ended) finish(*r, Finish::cancelled);
+  release_finished();
+  const bool had_work = !rows_.empty() || queued() > 0;
+  admit();
+  if (!rows_.empty()) decode();
+  return had_work;
+}
+
+void Batcher::admit() {
+  while (int64_t(rows_.size()) < options_.slots) {
+    std::unique_ptr<Request> r;
+    {
+      std::lock_guard lock(mutex_);
+      if (inbox_.empty()) return;
+      r = std::move(inbox_.front());
+      inbox_.pop_front();
+    }
+    if (r->cancelled) {
+      finish(*r, Finish::cancelled);
+      continue;
+    }
+    if (prefill(*r)) {
+      rows_.push_back(std::move(r));
+      running_ = int64_t(rows_.size());
+    }
+  }
+}
+
+// The prompt through the model in the one-row cache, its first token drawn,
+// and its keys and values copied into the next free row. False when the
+// request ended at its first token (or failed).
+bool Batcher::prefill(Request& r) {
+  const auto L = int64_t(r.prompt.size());
+  if (tokenizer_) {
+    r.text.emplace(*tokenizer_, /*skip_special_tokens=*/true);
+    for (int64_t t : r.prompt) r.text->step(int32_t(t));  // context for the first piece
+  }
+  for (int64_t t : r.prompt) r.hist.push(t, false);
+  r.hist.prompt_length = L;
+  try {
+    Tensor ids = Tensor::empty({1, L}, DType::i64);  // [1, L]
+    std::copy(r.prompt.begin(), r.prompt.end(), ids.data<int64_t>());
+    Tensor last = Tensor::full({1}, float(L - 1), DType::i64);  // the logits wanted: [1]
+    prefill_.reset();
+    ctx_.cache = &prefill_;
+    Tensor logits = detail::run_step(step_, ctx_, prefill_, ids, {L}, last);  // [1, V]
+    prompt_tokens_ += L;
+    const int64_t tok = take_token(r, {logits.data<float>(), size_t(logits.dim(1))});
+    if (r.ended) return false;
+    const auto row = int64_t(rows_.size());
+    cache_.copy_row(row, prefill_, 0);
+    next_.data<int64_t>()[row] = tok;
+    return true;
+  } catch (const std::exception& e) {
+    r.held = e.what();
+    finish(r, Finish::error);
+    return false;
+  }
+}
+
+void Batcher::decode() {
+  const auto n = int64_t(rows_.size());
+  cache_.set_rows(n);
+  ctx_.cache = &cache_;
+  try {
+    Tensor logits = detail::run_step(step_, ctx_, cache_, next_.slice0(0, n),
+                                     std::vector<int64_t>(size_t(n), 1), Tensor());  // [n, V]
+    const int64_t V = logits.dim(1);
+    for (int64_t i = 0; i < n; ++i) {
+      Request& r = *rows_[size_t(i)];
+      const int64_t tok = take_token(r, {logits.data<float>() + i * V, size_t(V)});
+      next_.data<int64_t>()[i] = tok;
+    }
+  } catch (const std::exception& e) {  // every running request ends with the step's error
+    for (auto& r : rows_) {
+      r->held = e.what();
+      finish(*r, Finish::error);
+    }
+    cache_.reset();
+  }
+  release_finished();
+}
+
+int64_t Batcher::take_token(Request& r, std::span<float> logits) {
+  const GenerationConfig& c = r.config;
+  apply_processors(logits, r.hist, c);
+  float u = 0.f;
+  if (c.do_sample)  // the draw generate makes for this prompt at this step
+    philox_uniform(&u, 1, c.seed, r.stream, r.hist.generated(), 0.f, 1.f);
+  const int64_t tok = sampler_.choose(logits, c, u);
+  r.hist.push(tok, true);
+  ++generated_tokens_;
+  const bool stopped = emit(r, tok);
+  const bool eos =
+      std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end();
+  if (r.ended) return tok;  // on_token cancelled it
+  if (eos || stopped)
+    finish(r, Finish::stop);
+  else if (r.hist.generated() >= c.max_new_tokens ||
+           int64_t(r.hist.tokens.size()) >= options_.context)
+    finish(r, Finish::length);
+  return tok;
+}
+
+// Gives the token and the text it completes to on_token; true when that text
+// holds a stop string (the text from it on is dropped).
+bool Batcher::emit(Request& r, int64_t token) {
+  bool stopped = false;
+  std::string out;
+  if (r.text) {
+    r.held += r.text->step(int32_t(token));
+    const std::vector<std::string>& stops = r.config.stop_strings;
+    const size_t at = first_stop(r.held, stops);
+    stopped = r.stop_matched = at != std::string::npos;
+    const size_t give = stopped ? at : r.held.size() - stop_prefix_at_end(r.held, stops);
+    out = r.held.substr(0, give);
+    r.held.erase(0, stopped ? r.held.size() : give);
+  }
+  if (r.events.on_token && !r.events.on_token(token, out)) finish(r, Finish::cancelled);
+  return stopped;
+}
+
+void Batcher::finish(Request& r, Finish why) {
+  if (r.ended) return;
+  r.ended = true;
+  std::string rest = std::move(r.held);
+  // The decoder's held-back bytes, unless a stop string ended it (what
+  // follows one is dropped) or the text is an error's message.
+  if (r.text && why != Finish::error && !r.stop_matched) rest += r.text->flush();
+  if (r.events.on_finish) r.events.on_finish(why, rest);
+}
+
+// Ended rows leave; the last running row takes each one's place.
+void Batcher::release_finished() {
+  for (auto i = int64_t(rows_.size()) - 1; i >= 0; --i) {
+    if (!rows_[size_t(i)]->ended) continue;
+    const auto last = int64_t(rows_.size()) - 1;
+    if (i != last) {
+      cache_.copy_row(i, last);
+      next_.data<int64_t>()[i] = next_.data<int64_t>()[last];
+      rows_[size_t(i)] = std::move(rows_[size_t(last)]);
+    }
+    rows_.pop_back();
+  }
+  running_ = int64_t(rows_.size());
+}
+
+}  // namespace redco::generation

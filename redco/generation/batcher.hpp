@@ -1,0 +1,142 @@
+#pragma once
+// Continuous batching: requests join and leave the running batch at every
+// decode step, each with its own sampling, stop strings and length, as a
+// server needs (tools/redco-serve).
+//
+//   generation::Batcher batcher(step, {.slots = 8, .context = 2048}, &tokenizer);
+//   batcher.submit(prompt_ids, {.max_new_tokens = 64, .eos_token_ids = {2}},
+//                  {.on_token = [](int64_t id, std::string_view text) { ...; return true; },
+//                   .on_finish = [](Finish why, std::string_view rest) { ... }});
+//   while (running) { batcher.wait_for_work(); batcher.step(); }  // one thread
+//
+// How: one KV cache of `slots` rows holds every running request, the rows in
+// use at the front (KVCache::set_rows), so a decode step runs exactly the
+// requests that are running: ids [running, 1]. A request joining is
+// prefilled alone in a one-row cache (its prompt is a GEMM of its own; batching
+// prompts of different lengths would pad every row to the longest), its first
+// token drawn from that, and its keys and values copied into the next free
+// row; a request that ends gives its row to the last running one (a copy of
+// that row's tokens), so no step allocates a cache row.
+//
+// A request gets the tokens generation::generate gives its prompt alone:
+// greedy, and sampling too (the draws are keyed by the seed, the prompt and
+// the step, not by the batch).
+//
+// submit, cancel and the counters are safe from any thread; step and
+// wait_for_work belong to one thread (the one that runs the model).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "redco/data/tokenizer.hpp"
+#include "redco/generation/generate.hpp"
+#include "redco/generation/logits_process.hpp"
+#include "redco/nn/kv_cache.hpp"
+
+namespace redco::generation {
+
+struct BatcherOptions {
+  int64_t slots = 8;                   // requests decoded together (the KV cache's rows)
+  int64_t context = 2048;              // tokens a request may hold: prompt + new tokens
+  int64_t max_queue = 64;              // requests waiting for a row; submit refuses more
+  int64_t vocab_size = 0;              // > 0: prompt ids and eos ids are checked against it
+  std::optional<DType> cache_dtype{};  // as GenerationConfig::cache_dtype
+};
+
+enum class Finish {
+  stop,       // an end-of-sequence id or a stop string
+  length,     // max_new_tokens, or the context is full
+  cancelled,  // cancel(), or on_token returned false
+  error,      // the model failed: on_finish's text is the error's message
+};
+std::string_view finish_name(Finish f);  // "stop", "length", "cancelled"
+
+struct RequestEvents {
+  // Each new token and the text it completes (whole UTF-8 characters, maybe
+  // none; text that may begin a stop string is held back until it cannot).
+  // Return false to cancel the request. Called on the stepping thread.
+  std::function<bool(int64_t token, std::string_view text)> on_token{};
+  // Once, at the end: why, and the text held back until then. A stop
+  // string and what follows it are not part of the text (OpenAI's "stop").
+  std::function<void(Finish why, std::string_view text)> on_finish{};
+};
+
+class Batcher {
+ public:
+  // tokenizer: for the text in the events and stop strings (may be null:
+  // ids only). ctx: what every step carries (mp under tensor parallelism).
+  Batcher(StepFn step, BatcherOptions options, const data::Tokenizer* tokenizer = nullptr,
+          nn::Ctx ctx = {});
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues a request; it joins at a step with a free row. Returns its id, or
+  // nullopt when max_queue requests are already waiting (a server's 429). A
+  // request that cannot run (empty prompt, too long for the context, a
+  // config out of range, beams) throws a redco::Error naming why.
+  std::optional<int64_t> submit(std::vector<int64_t> prompt, GenerationConfig config,
+                                RequestEvents events);
+  // Ends a request at the next step (its on_finish says cancelled); a request
+  // that ended already is left alone.
+  void cancel(int64_t id);
+
+  // Admits waiting requests into free rows (prefilling each), then decodes
+  // one token for every running request. Returns false when there was
+  // nothing to do.
+  bool step();
+  // Blocks until a request is waiting or running, or `timeout` passes, or
+  // stop_waiting() is called.
+  void wait_for_work(std::chrono::milliseconds timeout);
+  void stop_waiting();
+
+  int64_t running() const { return running_.load(); }
+  int64_t queued() const;
+  int64_t free_rows() const { return options_.slots - running(); }
+  const BatcherOptions& options() const { return options_; }
+  // Totals since construction.
+  int64_t prompt_tokens() const { return prompt_tokens_.load(); }
+  int64_t generated_tokens() const { return generated_tokens_.load(); }
+
+ private:
+  struct Request;
+  void admit();
+  bool prefill(Request& r);
+  void decode();
+  // Draws r's next token from its logits [V] and gives it to r's events;
+  // r.ended when that ended it (its on_finish called).
+  int64_t take_token(Request& r, std::span<float> logits);
+  bool emit(Request& r, int64_t token);
+  void finish(Request& r, Finish why);
+  void release_finished();
+
+  StepFn step_;
+  BatcherOptions options_;
+  const data::Tokenizer* tokenizer_;
+  nn::Ctx ctx_;
+  nn::KVCache cache_;    // [slots rows]; rows [0, running) in use
+  nn::KVCache prefill_;  // one row: a joining request's prompt
+  Sampler sampler_;
+  std::vector<std::unique_ptr<Request>> rows_;  // running requests, row r at rows_[r]
+  Tensor next_;                                 // [slots, 1] i64: each row's next input
+
+  mutable std::mutex mutex_;  // guards inbox_, cancelled_ids_, next_id_
+  std::condition_variable work_;
+  std::deque<std::unique_ptr<Request>> inbox_;
+  std::vector<int64_t> cancelled_ids_;
+  int64_t next_id_ = 0;
+  bool stop_waiting_ = false;
+  std::atomic<int64_t> running_{0}, prompt_tokens_{0}, generated_tokens_{0};
+};
+
+}  // namespace redco::generation

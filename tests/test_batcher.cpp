@@ -123,7 +123,7 @@ TEST_CASE("a batcher's text: streamed pieces, end ids, stop strings dropped from
 TEST_CASE("a batcher cancels, refuses and keeps the others going", "[batcher]") {
   const auto p = models::from_pretrained<models::CausalLM>(test::hf_fixture("llama"));
   Batcher b(step_of(p),
-            {.slots = 2, .context = 32, .max_queue = 5, .vocab_size = p.model.vocab_size()});
+            {.slots = 2, .context = 32, .max_queue = 3, .vocab_size = p.model.vocab_size()});
   const GenerationConfig c{.max_new_tokens = 10};
   Outcome a, by_callback, queued, by_id;
   b.submit(kPrompts[0], c, record(a));
@@ -131,7 +131,7 @@ TEST_CASE("a batcher cancels, refuses and keeps the others going", "[batcher]") 
   const auto q = b.submit(kPrompts[2], c, record(queued));
   const auto id = b.submit(kPrompts[3], c, record(by_id));
   REQUIRE((q && id));
-  // The queue holds five: a sixth waiting request is refused, not dropped later.
+  // Two free rows and three waiting: a sixth request is refused, not dropped later.
   Outcome refused;
   b.submit(kPrompts[4], c, {});
   CHECK_FALSE(b.submit(kPrompts[5], c, record(refused)));

@@ -102,7 +102,8 @@ std::optional<int64_t> Batcher::submit(std::vector<int64_t> prompt, GenerationCo
   r->events = std::move(events);
   r->stream = detail::row_stream(r->prompt, 0);
   std::lock_guard lock(mutex_);
-  if (int64_t(inbox_.size()) >= options_.max_queue) return std::nullopt;
+  // Room: a free row for each, and max_queue more that wait for one.
+  if (int64_t(inbox_.size()) >= options_.max_queue + free_rows()) return std::nullopt;
   r->id = next_id_++;
   const int64_t id = r->id;
   inbox_.push_back(std::move(r));

@@ -46,10 +46,10 @@
 namespace redco::generation {
 
 struct BatcherOptions {
-  int64_t slots = 8;                   // requests decoded together (the KV cache's rows)
-  int64_t context = 2048;              // tokens a request may hold: prompt + new tokens
-  int64_t max_queue = 64;              // requests waiting for a row; submit refuses more
-  int64_t vocab_size = 0;              // > 0: prompt ids and eos ids are checked against it
+  int64_t slots = 8;       // requests decoded together (the KV cache's rows)
+  int64_t context = 2048;  // tokens a request may hold: prompt + new tokens
+  int64_t max_queue = 64;  // requests waiting for a row (none free); submit refuses more
+  int64_t vocab_size = 0;  // > 0: prompt ids and eos ids are checked against it
   std::optional<DType> cache_dtype{};  // as GenerationConfig::cache_dtype
 };
 
@@ -82,7 +82,8 @@ class Batcher {
   Batcher& operator=(const Batcher&) = delete;
 
   // Queues a request; it joins at a step with a free row. Returns its id, or
-  // nullopt when max_queue requests are already waiting (a server's 429). A
+  // nullopt when every row is taken and max_queue requests already wait for
+  // one (a server's 429). A
   // request that cannot run (empty prompt, too long for the context, a
   // config out of range, beams) throws a redco::Error naming why.
   std::optional<int64_t> submit(std::vector<int64_t> prompt, GenerationConfig config,

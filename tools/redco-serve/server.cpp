@@ -22,6 +22,10 @@ Server::Server(generation::Batcher& batcher, const data::Tokenizer* tokenizer,
   const int threads = options_.http_threads;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http_.set_payload_max_length(16 << 20);
+  // A streamed token is a small write after the headers' write: without
+  // TCP_NODELAY, Nagle's algorithm holds it until the client's delayed ACK
+  // (40 ms on Linux), which was most of the time to first token.
+  http_.set_tcp_nodelay(true);
   routes();
   engine_ = std::thread([this] { engine(); });
 }

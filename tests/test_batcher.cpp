@@ -190,3 +190,44 @@ TEST_CASE("a KV cache's rows narrow and move with their tokens", "[batcher]") {
   cache.begin({1});
   CHECK_THROWS_WITH(cache.set_rows(2), Catch::Contains("between steps"));
 }
+
+TEST_CASE("a batcher reuses the keys and values of a shared prompt prefix", "[batcher]") {
+  const auto p = models::from_pretrained<models::CausalLM>(test::hf_fixture("llama"));
+  // A 20-token "system prompt" shared by every request, then each its own question.
+  std::vector<int64_t> system;
+  for (int64_t i = 0; i < 20; ++i) system.push_back(3 + (i * 7) % 90);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& tail : kPrompts) {
+    prompts.push_back(system);
+    prompts.back().insert(prompts.back().end(), tail.begin(), tail.end());
+  }
+  // A prompt seen just before (still stored): all but its last token reused.
+  const std::vector<int64_t> again = prompts[2];
+  prompts.insert(prompts.begin() + 3, again);
+  for (int64_t prefix_rows : {0, 2}) {
+    INFO("prefix rows " << prefix_rows);
+    Batcher b(step_of(p), {.slots = 2,
+                           .context = 64,
+                           .vocab_size = p.model.vocab_size(),
+                           .prefix_rows = prefix_rows,
+                           .min_prefix = 16});
+    const GenerationConfig c{.max_new_tokens = 6};
+    std::vector<Outcome> out(prompts.size());
+    int64_t total = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      b.submit(prompts[i], c, record(out[i]));
+      total += int64_t(prompts[i].size());
+    }
+    run_until_idle(b);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("request " << i);
+      CHECK(out[i].tokens == generation::generate(p.model, p.params, {prompts[i]}, c).sequences[0]);
+    }
+    // Every prompt but the first finds the system prompt (a running row or a
+    // stored prompt); the repeated one all of itself but the last token.
+    const int64_t reused =
+        prefix_rows == 0 ? 0 : 20 * int64_t(kPrompts.size() - 1) + int64_t(prompts[3].size()) - 1;
+    CHECK(b.reused_tokens() == reused);
+    CHECK(b.prompt_tokens() + b.reused_tokens() == total);
+  }
+}

@@ -73,6 +73,11 @@ Batcher::Batcher(StepFn step, BatcherOptions options, const data::Tokenizer* tok
   ctx_.train = false;
   next_ = Tensor::zeros({options.slots, 1}, DType::i64);
   rows_.reserve(size_t(options.slots));
+  if (options.prefix_rows > 0) {
+    prefixes_.emplace(options.prefix_rows, options.context, options.cache_dtype);
+    prefix_tokens_.resize(size_t(options.prefix_rows));
+    prefix_used_.resize(size_t(options.prefix_rows));
+  }
 }
 
 Batcher::~Batcher() = default;
@@ -188,13 +193,17 @@ bool Batcher::prefill(Request& r) {
   for (int64_t t : r.prompt) r.hist.push(t, false);
   r.hist.prompt_length = L;
   try {
-    Tensor ids = Tensor::empty({1, L}, DType::i64);  // [1, L]
-    std::copy(r.prompt.begin(), r.prompt.end(), ids.data<int64_t>());
-    Tensor last = Tensor::full({1}, float(L - 1), DType::i64);  // the logits wanted: [1]
     prefill_.reset();
+    const int64_t reused = reuse_prefix(r.prompt);  // tokens [0, reused) are in prefill_ already
+    const int64_t n = L - reused;
+    Tensor ids = Tensor::empty({1, n}, DType::i64);  // [1, n]: the rest of the prompt
+    std::copy(r.prompt.begin() + reused, r.prompt.end(), ids.data<int64_t>());
+    Tensor last = Tensor::full({1}, float(n - 1), DType::i64);  // the logits wanted: [1]
     ctx_.cache = &prefill_;
-    Tensor logits = detail::run_step(step_, ctx_, prefill_, ids, {L}, last);  // [1, V]
-    prompt_tokens_ += L;
+    Tensor logits = detail::run_step(step_, ctx_, prefill_, ids, {n}, last);  // [1, V]
+    prompt_tokens_ += n;
+    reused_tokens_ += reused;
+    remember_prompt(r.prompt);
     const int64_t tok = take_token(r, {logits.data<float>(), size_t(logits.dim(1))});
     if (r.ended) return false;
     const auto row = int64_t(rows_.size());
@@ -206,6 +215,42 @@ bool Batcher::prefill(Request& r) {
     finish(r, Finish::error);
     return false;
   }
+}
+
+int64_t Batcher::reuse_prefix(const std::vector<int64_t>& prompt) {
+  const auto L = int64_t(prompt.size());
+  if (!prefixes_ || L - 1 < options_.min_prefix) return 0;
+  // The candidates: running rows (their cached tokens) and stored prompts.
+  const nn::KVCache* best_cache = nullptr;
+  int64_t best_row = 0, best = 0;
+  auto consider = [&](const nn::KVCache& cache, int64_t row, const std::vector<int64_t>& tokens,
+                      int64_t held) {
+    const int64_t most = std::min({held, L - 1, int64_t(tokens.size())});
+    int64_t n = 0;
+    while (n < most && tokens[size_t(n)] == prompt[size_t(n)]) ++n;
+    if (n > best) best = n, best_cache = &cache, best_row = row;
+  };
+  for (size_t i = 0; i < rows_.size(); ++i)
+    consider(cache_, int64_t(i), rows_[i]->hist.tokens, cache_.length(int64_t(i)));
+  for (size_t i = 0; i < prefix_tokens_.size(); ++i)
+    consider(*prefixes_, int64_t(i), prefix_tokens_[i], prefixes_->length(int64_t(i)));
+  if (best < options_.min_prefix) return 0;
+  prefill_.copy_row(0, *best_cache, best_row, best);
+  if (best_cache == &*prefixes_) prefix_used_[size_t(best_row)] = ++clock_;
+  return best;
+}
+
+// The prompt's keys and values (in prefill_) replace the least recently used
+// stored prompt, unless it is stored already.
+void Batcher::remember_prompt(const std::vector<int64_t>& prompt) {
+  if (!prefixes_ || int64_t(prompt.size()) <= options_.min_prefix) return;
+  for (const auto& held : prefix_tokens_)
+    if (held == prompt) return;
+  const auto row =
+      int64_t(std::min_element(prefix_used_.begin(), prefix_used_.end()) - prefix_used_.begin());
+  prefixes_->copy_row(row, prefill_, 0, int64_t(prompt.size()));
+  prefix_tokens_[size_t(row)] = prompt;
+  prefix_used_[size_t(row)] = ++clock_;
 }
 
 void Batcher::decode() {

@@ -51,6 +51,12 @@ struct BatcherOptions {
   int64_t max_queue = 64;  // requests waiting for a row (none free); submit refuses more
   int64_t vocab_size = 0;  // > 0: prompt ids and eos ids are checked against it
   std::optional<DType> cache_dtype{};  // as GenerationConfig::cache_dtype
+  // Prompt prefixes reused: a joining request whose prompt begins with at
+  // least min_prefix tokens a running request or one of the last prefix_rows
+  // prompts holds takes their keys and values (a copy) and prefills only the
+  // rest (a chat's system prompt, few-shot examples). 0 rows: off.
+  int64_t prefix_rows = 4;
+  int64_t min_prefix = 16;
 };
 
 enum class Finish {
@@ -108,11 +114,16 @@ class Batcher {
   // Totals since construction.
   int64_t prompt_tokens() const { return prompt_tokens_.load(); }
   int64_t generated_tokens() const { return generated_tokens_.load(); }
+  int64_t reused_tokens() const { return reused_tokens_.load(); }  // prompt tokens not prefilled
 
  private:
   struct Request;
   void admit();
   bool prefill(Request& r);
+  // Puts the longest stored prefix of `prompt` (at most its length - 1 tokens,
+  // at least min_prefix) into prefill_'s row; returns its length (0: none).
+  int64_t reuse_prefix(const std::vector<int64_t>& prompt);
+  void remember_prompt(const std::vector<int64_t>& prompt);
   void decode();
   // Draws r's next token from its logits [V] and gives it to r's events;
   // r.ended when that ended it (its on_finish called).
@@ -127,6 +138,12 @@ class Batcher {
   nn::Ctx ctx_;
   nn::KVCache cache_;    // [slots rows]; rows [0, running) in use
   nn::KVCache prefill_;  // one row: a joining request's prompt
+  // The last prompts' keys and values [prefix_rows rows], each row's tokens
+  // and when it was last used (the least recent is replaced).
+  std::optional<nn::KVCache> prefixes_;
+  std::vector<std::vector<int64_t>> prefix_tokens_;
+  std::vector<uint64_t> prefix_used_;
+  uint64_t clock_ = 0;
   Sampler sampler_;
   std::vector<std::unique_ptr<Request>> rows_;  // running requests, row r at rows_[r]
   Tensor next_;                                 // [slots, 1] i64: each row's next input
@@ -137,7 +154,7 @@ class Batcher {
   std::vector<int64_t> cancelled_ids_;
   int64_t next_id_ = 0;
   bool stop_waiting_ = false;
-  std::atomic<int64_t> running_{0}, prompt_tokens_{0}, generated_tokens_{0};
+  std::atomic<int64_t> running_{0}, prompt_tokens_{0}, generated_tokens_{0}, reused_tokens_{0};
 };
 
 }  // namespace redco::generation

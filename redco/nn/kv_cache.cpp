@@ -72,12 +72,15 @@ void KVCache::set_rows(int64_t n) {
   view_rows();
 }
 
-void KVCache::copy_row(int64_t dst, const KVCache& from, int64_t src) {
+void KVCache::copy_row(int64_t dst, const KVCache& from, int64_t src, int64_t tokens) {
   REDCO_CHECK(!in_step_ && !from.in_step_, "KVCache::copy_row: between steps only");
   REDCO_CHECK(dst >= 0 && dst < rows_allocated_ && src >= 0 && src < from.rows_allocated_,
               "KVCache::copy_row: row {} of {} from row {} of {}", dst, rows_allocated_, src,
               from.rows_allocated_);
-  const int64_t len = from.length_[size_t(src)];
+  REDCO_CHECK(tokens <= from.length_[size_t(src)],
+              "KVCache::copy_row: {} tokens asked of a row holding {}", tokens,
+              from.length_[size_t(src)]);
+  const int64_t len = tokens >= 0 ? tokens : from.length_[size_t(src)];
   REDCO_CHECK(len <= capacity_, "KVCache::copy_row: {} tokens into a capacity of {}", len,
               capacity_);
   for (const auto& [path, in] : from.all_) {

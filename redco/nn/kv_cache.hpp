@@ -67,9 +67,10 @@ class KVCache {
   void set_rows(int64_t n);
   // Row dst (of those allocated) takes row src's tokens: of this cache, or of
   // `from` (its slots of every layer, which must match this cache's but for
-  // rows and capacity). Between steps.
+  // rows and capacity); `tokens` >= 0: only its first `tokens` (a shared
+  // prompt prefix). Between steps.
   void copy_row(int64_t dst, int64_t src) { copy_row(dst, *this, src); }
-  void copy_row(int64_t dst, const KVCache& from, int64_t src);
+  void copy_row(int64_t dst, const KVCache& from, int64_t src, int64_t tokens = -1);
 
   struct Slots {
     Tensor k, v;  // [batch, heads, capacity, head_dim]

@@ -154,6 +154,22 @@ def test_completions(client, ref, name):
     check(a == b, f"seeded sampling differs: {a!r} vs {b!r}")
 
 
+def test_prefix_reuse(client, ref, name, url):
+    """Prompts sharing a long beginning: the later ones take its keys and values
+    from the prefix cache, and their texts still equal transformers'."""
+    verse = ("In the beginning God created the heaven and the earth. And the earth was "
+             "without form, and void; and darkness was upon the face of the deep.")
+    before = metrics(url)["redco_prompt_tokens_reused_total"]
+    prompts = [verse, verse, verse[:-1] + " and light."]
+    for p in prompts:
+        want, _ = ref.text(ref.tok(p)["input_ids"], 8)
+        r = client.completions.create(model=name, prompt=p, max_tokens=8, temperature=0)
+        check(r.choices[0].text == want, f"prefix reuse: {r.choices[0].text!r} != {want!r}")
+    reused = metrics(url)["redco_prompt_tokens_reused_total"] - before
+    n = len(ref.tok(verse)["input_ids"])
+    check(reused >= (n - 1) + 16, f"{reused} prompt tokens reused of {n}-token prompts")
+
+
 def test_chat(client, ref, name):
     messages = [{"role": "system", "content": "Brief."}, {"role": "user", "content": "Light?"}]
     ids = ref.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -267,6 +283,7 @@ def main():
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         test_completions(client, ref, "tiny")
+        test_prefix_reuse(client, ref, "tiny", url)
         test_chat(client, ref, "tiny")
         test_errors(client, url, "tiny")
         test_concurrent(client, ref, "tiny", url)

@@ -37,7 +37,7 @@ namespace {
 struct Options {
   std::string dir, host = "127.0.0.1", name, dtype = "f32", chat_template;
   int port = 8000, threads = 0, http_threads = 64;
-  int64_t slots = 8, context = 0, max_queue = 256;
+  int64_t slots = 8, context = 0, max_queue = 256, prefix_cache = 4;
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -57,6 +57,10 @@ void add_options(CLI::App& app, Options& o) {
                  "model's maximum, at most 4096)")
       ->check(redco::cli11::at_least(0));
   app.add_option("--max-queue", o.max_queue, "requests waiting for a row before 429")
+      ->check(redco::cli11::at_least(0));
+  app.add_option("--prefix-cache", o.prefix_cache,
+                 "recent prompts whose keys and values a new request with the same "
+                 "beginning reuses (0: off)")
       ->check(redco::cli11::at_least(0));
   app.add_option("--dtype", o.dtype, "weights in memory")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
@@ -141,7 +145,8 @@ int main(int argc, char** argv) try {
                               {.slots = o.slots,
                                .context = so.limits.context,
                                .max_queue = o.max_queue,
-                               .vocab_size = so.limits.vocab_size},
+                               .vocab_size = so.limits.vocab_size,
+                               .prefix_rows = o.prefix_cache},
                               tok ? &*tok : nullptr);
   serve::Server server(batcher, tok ? &*tok : nullptr, chat_template(o), so);
   const int port = server.bind(o.host, o.port);

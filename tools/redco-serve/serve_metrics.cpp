@@ -54,6 +54,9 @@ std::string Metrics::text(const Gauges& g) const {
                        key.second, n);
   metric("redco_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
   out += fmt::format("redco_prompt_tokens_total {}\n", g.prompt_tokens);
+  metric("redco_prompt_tokens_reused_total", "counter",
+         "Prompt tokens whose keys and values came from a shared prefix (not prefilled).");
+  out += fmt::format("redco_prompt_tokens_reused_total {}\n", g.reused_tokens);
   metric("redco_generation_tokens_total", "counter", "Tokens generated.");
   out += fmt::format("redco_generation_tokens_total {}\n", g.generated_tokens);
   metric("redco_requests_running", "gauge", "Requests in the running batch.");

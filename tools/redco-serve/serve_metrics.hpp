@@ -22,7 +22,8 @@ class Metrics {
   void batch_size(int64_t running);  // once per decode step
 
   struct Gauges {
-    int64_t running = 0, waiting = 0, free_rows = 0, prompt_tokens = 0, generated_tokens = 0;
+    int64_t running = 0, waiting = 0, free_rows = 0, prompt_tokens = 0, generated_tokens = 0,
+            reused_tokens = 0;
   };
   std::string text(const Gauges& g) const;
 

@@ -42,7 +42,10 @@ generation::RequestEvents events_of(const std::shared_ptr<Session>& s) {
               [s](int64_t, std::string_view text) {
                 std::lock_guard lock(s->mutex);
                 if (s->tokens++ == 0) s->first_token = Clock::now();
-                if (!text.empty()) s->pending.emplace_back(text);
+                // An event per token, even one whose text is held back (a
+                // partial character, a possible stop string) or empty (a
+                // model served without a tokenizer, prompts as ids).
+                s->pending.emplace_back(text);
                 s->changed.notify_one();
                 return !s->gone;
               },

@@ -3,7 +3,7 @@ apply_chat_template renders for the real chat templates in that folder (and
 for small templates that exercise one Jinja feature each), over several
 conversations, for tests/test_chat_template.cpp.
 
-    /work/main/.venv/bin/python tests/python/make_chat_template_goldens.py
+    .venv/bin/python tests/python/make_chat_template_goldens.py   (from the repository root)
 
 The template environment is transformers' own (4.46's
 transformers.utils.chat_template_utils._compile_jinja_template: jinja2's

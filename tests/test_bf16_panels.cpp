@@ -14,6 +14,7 @@
 #include "redco/core/tensor.hpp"
 #include "redco/ops/cpu/decode_panels.hpp"
 #include "redco/ops/cpu/panel_layout.hpp"
+#include "redco/ops/cpu/prefill_panels.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
@@ -113,6 +114,85 @@ TEST_CASE("bf16 panels: reads that would take the panels for rows are refused by
   CHECK_THROWS_WITH(panel_data(Tensor()), Contains("undefined"));
   CHECK_THROWS_WITH(panel_data(values(Shape{2, 2}, 6)), Contains("not packed"));
   CHECK(p.str().find("decode panels") != std::string::npos);
+}
+
+}  // namespace redco
+
+namespace redco {
+namespace {
+
+// sum_k bf16(x[k]) * w[k] in double, and the sum of the products' magnitudes
+// (the f32 rounding a kernel may add is bounded by a few ulps of that).
+std::pair<double, double> rounded_product(const float* x, const uint16_t* w, int64_t K) {
+  double s = 0, mag = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const double p = double(bf16_to_float(float_to_bf16(x[k]))) * bf16_to_float(w[k]);
+    s += p;
+    mag += std::fabs(p);
+  }
+  return {s, mag};
+}
+
+std::vector<cpu::PrefillUnit> units_here() {
+  std::vector<cpu::PrefillUnit> units;
+  if (cpu::best_prefill_unit() >= cpu::PrefillUnit::dpbf16)
+    units.push_back(cpu::PrefillUnit::dpbf16);
+  if (cpu::best_prefill_unit() == cpu::PrefillUnit::amx) units.push_back(cpu::PrefillUnit::amx);
+  return units;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 panels: prefill on bf16 units is the product of bf16-rounded rows",
+          "[cpu][panels][matmul]") {
+  const std::vector<cpu::PrefillUnit> units = units_here();
+  if (units.empty()) {  // neither unit: every row count takes the f32 chain
+    REQUIRE(cpu::prefill_unit() == cpu::PrefillUnit::none);
+    const int64_t M = cpu::kPrefillRows + 5, N = 40, K = 33;
+    const Tensor x = values(Shape{M, K}, 3), w = values(Shape{N, K}, 4).to(DType::bf16);
+    const Tensor y = cpu::matmul(x, pack_panels(w), false, true);
+    const std::vector<uint16_t> rows = bf16_bits(w);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        REQUIRE(y.data<float>()[m * N + n] ==
+                chain(x.data<float>() + m * K, rows.data() + n * K, K));
+    return;
+  }
+  for (const cpu::PrefillUnit unit : units)
+    for (int64_t K : {1, 31, 32, 33, 100, 515})
+      for (int64_t N : {32, 67}) {
+        const Tensor w = values(Shape{N, K}, uint64_t(K * 7 + N)).to(DType::bf16);
+        const Tensor p = pack_panels(w);
+        const std::vector<uint16_t> rows = bf16_bits(w);
+        for (int64_t M : {1, 5, 32, 33, 70}) {
+          INFO("unit " << int(unit) << " M " << M << " N " << N << " K " << K);
+          const Tensor x = values(Shape{M, K}, uint64_t(K * 100 + M));
+          const int64_t ldy = N + 3;  // a wider y: its gaps stay untouched
+          std::vector<float> y(size_t(M * ldy), -7.f), alone(size_t(ldy), -7.f);
+          cpu::prefill_matmul_panels(x.data<float>(), K, panel_data(p), y.data(), ldy, M, N, K,
+                                     unit);
+          for (int64_t m = 0; m < M; ++m) {
+            // A row gets the same bits alone as inside the batch.
+            cpu::prefill_matmul_panels(x.data<float>() + m * K, K, panel_data(p), alone.data(), ldy,
+                                       1, N, K, unit);
+            for (int64_t n = 0; n < N; ++n) {
+              const auto [ref, mag] =
+                  rounded_product(x.data<float>() + m * K, rows.data() + n * K, K);
+              const float got = y[size_t(m * ldy + n)];
+              REQUIRE(std::fabs(got - ref) <= 4e-7 * mag + 1e-30);
+              REQUIRE(got == alone[size_t(n)]);
+            }
+            for (int64_t n = N; n < ldy; ++n) REQUIRE(y[size_t(m * ldy + n)] == -7.f);
+          }
+          // Through the matmul: from kPrefillRows rows, the chosen unit's bits.
+          if (M >= cpu::kPrefillRows && unit == cpu::prefill_unit()) {
+            const Tensor ym = cpu::matmul(x, p, false, true);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n)
+                REQUIRE(ym.data<float>()[m * N + n] == y[size_t(m * ldy + n)]);
+          }
+        }
+      }
 }
 
 }  // namespace redco

@@ -188,10 +188,10 @@ TEST_CASE("bf16 weights decode as their f32 widening does", "[generation][bf16]"
 
 TEST_CASE("bf16 weights in decode panels decode as row-major bf16 does", "[generation][bf16]") {
   // Loaded with decode_panels, every matrix is packed (pack_panels):
-  // decode projections read the panels (ops/cpu/skinny_panels.hpp), tied
-  // heads' embedding lookups gather from them, a prefill of more than 16 rows
-  // and the stacked q/k/v projections widen them. Same tokens as the same
-  // bf16 values row-major.
+  // decode projections and prefills below 32 rows read the panels
+  // (ops/cpu/skinny_panels.hpp), tied heads' embedding lookups gather from
+  // them, and q, k and v are projected one by one, never stacked (which
+  // would widen them). Same tokens as the same bf16 values row-major.
   auto same_tokens = [&]<typename M>(const std::string& name) {
     const auto pp =
         models::from_pretrained<M>(fixture(name), {.dtype = DType::bf16, .decode_panels = true});
@@ -213,6 +213,51 @@ TEST_CASE("bf16 weights in decode panels decode as row-major bf16 does", "[gener
   same_tokens.operator()<models::Gpt2>("gpt2");  // tied: wte is the LM head
   same_tokens.operator()<models::Llama>("llama");
   same_tokens.operator()<models::Llama>("qwen2");
+}
+
+TEST_CASE("long prompts prefill on the prefill kernels within bf16 rounding of f32",
+          "[generation][bf16][int8]") {
+  // 2 prompts x 24 tokens = 48 rows: bf16 panels and int8 rows take the
+  // prefill kernels (ops/cpu/prefill_panels.hpp, prefill_i8.hpp: AMX or
+  // vdpbf16ps where the CPU has them, activations rounded to bf16), not the
+  // decode kernels. The prefill's logits against the same weights in f32.
+  const auto prefill_logits = [](const auto& p, const nn::ParamTree& params) {
+    Prompts prompts(2);
+    for (int64_t i = 0; i < 24; ++i) {
+      prompts[0].push_back((i * 7 + 3) % 90 + 3);
+      prompts[1].push_back((i * 13 + 5) % 90 + 3);
+    }
+    std::vector<float> first;
+    const generation::StepFn step = [&](const Tensor& ids, nn::Ctx& c) {
+      Tensor logits = nn::apply(p.model, params, ids, c);
+      if (first.empty()) first = logits.to(DType::f32).to_vector();
+      return logits;
+    };
+    GenerationConfig c{.max_new_tokens = 2};
+    c.cache_dtype = DType::bf16;  // as bf16 and int8 weights have by default
+    generation::generate(step, prompts, c, nn::Ctx{});
+    return first;
+  };
+  for (const DType dtype : {DType::bf16, DType::i8}) {
+    const auto p = models::from_pretrained<models::Llama>(
+        fixture("llama"), {.dtype = dtype, .decode_panels = dtype == DType::bf16});
+    nn::ParamTree f32;
+    for (const auto& [k, t] : p.params) f32.emplace(k, t.to(DType::f32));
+    const std::vector<float> got = prefill_logits(p, p.params), want = prefill_logits(p, f32);
+    REQUIRE(got.size() == want.size());
+    REQUIRE(got.size() == 2 * 96);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+    INFO(dtype_name(dtype) << ": worst " << worst << " of " << scale);
+    // Rounding the activations to bf16 moves these logits by up to ~1.5% of
+    // their scale (the f32 chain kernels: ~1e-7); a misplaced weight, row or
+    // scale moves them by the scale itself.
+    CHECK(scale > 0.01);
+    CHECK(worst <= 3e-2 * scale);
+  }
 }
 
 TEST_CASE("int8 weights decode as their dequantized values do", "[generation][int8]") {

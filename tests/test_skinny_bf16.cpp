@@ -9,6 +9,7 @@
 
 #include "redco/core/dtype.hpp"
 #include "redco/core/tensor.hpp"
+#include "redco/ops/cpu/prefill_i8.hpp"
 #include "redco/ops/cpu/quantized_rows.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_blocks.hpp"
@@ -236,6 +237,49 @@ TEST_CASE("int8 rows: quantization, the skinny kernel and the general path", "[c
   into.copy_from(q);
   CHECK(into.to(DType::f32).to_vector() == q.to(DType::f32).to_vector());
   CHECK_THROWS_WITH(into.copy_from(Tensor::zeros(q.shape())), Catch::Contains("quantize_rows"));
+}
+
+TEST_CASE("int8 rows: prefill kernels, exact per row or on AMX, never widening the weight",
+          "[cpu][matmul][i8]") {
+  const bool amx = cpu::best_prefill_unit() == cpu::PrefillUnit::amx;
+  for (int64_t K : {15, 48, 771})
+    for (int64_t M : {17, 40, 70}) {
+      const int64_t N = 67, ldy = N + 2;  // two weight blocks and a ragged one; gaps in y
+      const Tensor q = quantize_rows(values(Shape{N, K}, uint64_t(K + 11)));
+      const Tensor back = q.to(DType::f32), x = values(Shape{M, K}, uint64_t(K * 10 + M));
+      const auto* qp = static_cast<const int8_t*>(q.raw());
+      const float* scale = row_scales(q)->data<float>();
+      INFO("M " << M << " K " << K);
+      // The decode kernel in blocks: each row the bits the decode kernel gives it alone.
+      std::vector<float> y(size_t(M * ldy), -7.f), alone(size_t(N), 0.f);
+      cpu::prefill_matmul_i8(x.data<float>(), K, qp, K, scale, y.data(), ldy, M, N, K,
+                             cpu::PrefillUnit::none);
+      CHECK(max_rel_error(y.data(), x, back, M, N, K, ldy) < 1e-5);
+      for (int64_t m = 0; m < M; ++m) {
+        cpu::skinny_matmul_i8(x.data<float>() + m * K, K, qp, K, scale, alone.data(), N, 1, N, K);
+        for (int64_t n = 0; n < N; ++n) REQUIRE(y[size_t(m * ldy + n)] == alone[size_t(n)]);
+        for (int64_t n = N; n < ldy; ++n) REQUIRE(y[size_t(m * ldy + n)] == -7.f);
+      }
+      // Through the matmul: the decode kernel below kPrefillRows, AMX from there.
+      const Tensor ym = cpu::matmul(x, q, false, true);
+      CHECK(max_rel_error(ym.data<float>(), x, back, M, N, K, N) < (amx ? 4e-3 : 1e-5));
+      if (!amx) continue;
+      // AMX: the product of bf16-rounded activations, a row's bits the same alone.
+      const Tensor x16 = x.to(DType::bf16).to(DType::f32);
+      std::vector<float> ya(size_t(M * ldy), -7.f), one(size_t(ldy), -7.f);
+      cpu::prefill_matmul_i8(x.data<float>(), K, qp, K, scale, ya.data(), ldy, M, N, K,
+                             cpu::PrefillUnit::amx);
+      CHECK(max_rel_error(ya.data(), x16, back, M, N, K, ldy) < 1e-5);
+      for (int64_t m = 0; m < M; ++m) {
+        cpu::prefill_matmul_i8(x.data<float>() + m * K, K, qp, K, scale, one.data(), ldy, 1, N, K,
+                               cpu::PrefillUnit::amx);
+        for (int64_t n = 0; n < N; ++n) REQUIRE(ya[size_t(m * ldy + n)] == one[size_t(n)]);
+        for (int64_t n = N; n < ldy; ++n) REQUIRE(ya[size_t(m * ldy + n)] == -7.f);
+        if (M >= cpu::kPrefillRows && cpu::prefill_unit() == cpu::PrefillUnit::amx)
+          for (int64_t n = 0; n < N; ++n)
+            REQUIRE(ym.data<float>()[m * N + n] == ya[size_t(m * ldy + n)]);
+      }
+    }
 }
 
 }  // namespace redco

@@ -77,6 +77,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {});
 // linear(x, concat(ws, 0), concat(bs, 0)) as one GEMM, without keeping the
 // stacked weights for backward. bs: one bias per weight, or none.
 Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& bs = {});
+// Whether linear_stacked stacks this weight as stored (one plain copy): false
+// for a weight packed for decoding or quantized by rows, which it converts.
+bool stacks_as_stored(const Tensor& w);
 
 // ---- neural-network ops (fused) -----------------------------------------------
 Tensor softmax(const Tensor& x);      // over the last axis

@@ -120,6 +120,8 @@ Tensor stack_rows(const TensorList& ts) {
 }
 }  // namespace
 
+bool stacks_as_stored(const Tensor& w) { return !in_panels(w) && !row_scales(w); }
+
 // One GEMM against weights stacked on the fly (q, k and v projections of one
 // input). The stacked copy is a temporary in forward and rebuilt in backward
 // (a few MB), so the node keeps only x and the weights it was given, not a

@@ -36,6 +36,8 @@
 #include "redco/ops/cpu/decode_panels.hpp"
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/parallel.hpp"
+#include "redco/ops/cpu/prefill_i8.hpp"
+#include "redco/ops/cpu/prefill_panels.hpp"
 #include "redco/ops/cpu/quantized_rows.hpp"
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
@@ -117,6 +119,12 @@ std::string gemm_key(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const ch
   if (!profile::enabled()) return {};
   return fmt::format(" {}{} {}x{}x{}{}", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, suffix);
 }
+
+// Without AMX, from this many rows an int8 weight is widened to f32 for
+// sgemm rather than run through the decode kernel in blocks: LLaMA 1.1B
+// prefill, 2 threads, tokens/s decode kernel against sgemm: 32 rows 69.7 /
+// 51.7, 64 rows 65.7 / 69.2, 96 rows 65.5 / 76.9, 128 rows 68.2 / 91.
+constexpr int64_t kWidenI8Rows = 64;
 
 std::atomic<Bf16GemmPath> g_bf16_path{Bf16GemmPath::automatic};
 
@@ -204,12 +212,35 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
                      g.K);
     return c;
   }
-  if (folds && trans_b && in_panels(b_in)) {
-    // Against bf16 weights packed in panels (skinny_panels.hpp), at any row
-    // count: a prefill too, where the kernel keeps pace with widening the
-    // weights and running sgemm (LLaMA 1.1B, 512 and 4096 rows: 118 and 131
-    // tokens/s against 87 and 129), and every output stays one chain over k.
+  const int64_t a_rows = a_in.numel() / g.K;
+  if (folds && trans_b && row_scales(b_in) && !a_in.requires_grad() &&
+      (a_rows < kWidenI8Rows || prefill_unit() == PrefillUnit::amx)) {
+    // Prefilling against int8 weights without widening them in memory
+    // (prefill_i8.hpp): AMX from a block of rows where the CPU has it, the
+    // decode kernel over L2-sized blocks for short prompts. Without AMX, long
+    // prompts widen the weight and run sgemm (kWidenI8Rows).
     const Tensor a = gemm_operand(a_in);
+    const int64_t rows = a_rows;
+    const bool amx = rows >= kPrefillRows && prefill_unit() == PrefillUnit::amx;
+    prefill_matmul_i8(a.data<float>(), g.K, static_cast<const int8_t*>(b_in.raw()), g.ldb,
+                      row_scales(b_in)->data<float>(), c.data<float>(), g.N, rows, g.N, g.K,
+                      amx ? PrefillUnit::amx : PrefillUnit::none);
+    return c;
+  }
+  if (folds && trans_b && in_panels(b_in)) {
+    // Against bf16 weights packed in panels. Many rows (a prefill) on the
+    // CPU's bf16 dot-product units where it has them (prefill_panels.hpp:
+    // activations rounded to bf16); else, and for decode steps and short
+    // prompts, the f32 chain kernel (skinny_panels.hpp), which also keeps pace
+    // with widening the weights for sgemm (LLaMA 1.1B, 512 and 4096 rows: 118
+    // and 131 tokens/s against 87 and 129) with every output one chain over k.
+    const Tensor a = gemm_operand(a_in);
+    const int64_t rows = a.numel() / g.K;
+    if (rows >= kPrefillRows && prefill_unit() != PrefillUnit::none && !a_in.requires_grad()) {
+      prefill_matmul_panels(a.data<float>(), g.K, panel_data(b_in), c.data<float>(), g.N, rows, g.N,
+                            g.K, prefill_unit());
+      return c;
+    }
     skinny_matmul_panels(a.data<float>(), g.K, panel_data(b_in), c.data<float>(), g.N,
                          a.numel() / g.K, g.N, g.K);
     return c;

@@ -113,20 +113,20 @@ def stop_server(p):
         p.kill()
 
 
-def server_cmd(a, name, port, slots):
+def server_cmd(a, name, port, slots, extra=()):
     if name == "redco":
         return [a.redco_serve, a.dir, "--port", str(port), "--slots", str(slots), "--dtype", a.dtype,
                 "--threads", str(a.threads), "--context", str(a.prompt + a.new + 8),
                 "--max-queue", "1024", "--served-model-name", "bench"]
     return [a.llama_server, "-m", a.gguf, "--port", str(port), "-np", str(slots),
             "-c", str(slots * (a.prompt + a.new + 8)), "-t", str(a.threads), "-tb", str(a.threads),
-            "--alias", "bench", "-cb"]
+            "--alias", "bench", "-cb", *extra]
 
 
-def run(a, name, clients, env):
+def run(a, name, clients, env, extra=()):
     port = a.port + (0 if name == "redco" else 1)
     url = f"http://127.0.0.1:{port}"
-    p = start_server(server_cmd(a, name, port, max(a.clients)), env)
+    p = start_server(server_cmd(a, name, port, max(a.clients), extra), env)
     try:
         wait_ready(p, url)
         ids = prompts(max(a.clients) * a.requests, a.prompt, a.vocab)
@@ -146,16 +146,22 @@ def run_best(a, name, clients):
     if name == "redco":
         return run(a, name, clients, None)
     best, failures = None, []
-    for policy in bg.WAIT_POLICIES:
+    # Each environment as llama-server starts by default, then, if that failed, with weight
+    # repacking off: on a Xeon with AMX, llama.cpp 0.3.36's q8_0 repacking (its AMX path)
+    # crashes, and repacking off is then its best working setting.
+    for policy, extra in [(p, x) for p in bg.WAIT_POLICIES for x in ((), ("--no-repack",))]:
+        label = f"OMP_WAIT_POLICY={policy}" + (" " + " ".join(extra) if extra else "")
+        if extra and not any(f.startswith(f"OMP_WAIT_POLICY={policy}:") for f in failures):
+            continue  # the default setting worked in this environment
         try:
-            x = run(a, name, clients, bg.wait_policy_env(policy))
+            x = run(a, name, clients, bg.wait_policy_env(policy), extra)
         except (httpx.HTTPError, RuntimeError) as e:
             # A failed request ends that environment's run, said here; the
             # other environment's result (if it finished) stands.
-            failures.append(f"OMP_WAIT_POLICY={policy}: {type(e).__name__}: {e}")
-            print(f"{name}, {clients} clients, OMP_WAIT_POLICY={policy}: failed ({e!r})", flush=True)
+            failures.append(f"{label}: {type(e).__name__}: {e}")
+            print(f"{name}, {clients} clients, {label}: failed ({e!r})", flush=True)
             continue
-        x["env"] = f"OMP_WAIT_POLICY={policy}"
+        x["env"] = label
         if best is None or x["tok_s"] > best["tok_s"]:
             best = x
     if best is None:

@@ -251,7 +251,7 @@ void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, 
               "prefill_matmul_panels: this CPU or build has no such bf16 unit");
   if (M == 0 || N == 0) return;
 #if REDCO_PREFILL_DPBF16
-  const int64_t Kp = round_up(K, kBlockK), Mp = round_up(M, 32);
+  const int64_t Kp = round_up(K, kBlockK);
   const uint16_t* xb = to_bf16_rows(x, ldx, M, K, Kp);
   const int64_t n_panels = panels::padded_rows(N) / kRows;
   // A task: a panel or more, so its repacking is paid once for every row.
@@ -276,7 +276,7 @@ void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, 
         continue;
       }
 #if REDCO_PREFILL_AMX
-      for (int64_t m = 0; m < Mp; m += 32) {
+      for (int64_t m = 0; m < round_up(M, 32); m += 32) {
         amx_block(xb + m * Kp, Kp, lo.data(), hi.data(), block);
         for (int64_t r = 0; r < std::min<int64_t>(32, M - m); ++r)
           std::memcpy(y + (m + r) * ldy + n0, block + r * kRows, size_t(valid) * sizeof(float));

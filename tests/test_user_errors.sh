@@ -10,6 +10,7 @@
 # - a workdir tokenizer in the old layout (tokenizer/vocab.json +
 #   merges.txt): read and kept as tokenizer.json, or, at another vocabulary
 #   size, refused by name, never silently replaced by a new one.
+# - REDCO_PREFILL naming no prefill kernel: refused as the weights load.
 #   test_user_errors.sh <language_modeling> <lora> <redco-generate> <tests/fixtures/hf>
 set -uo pipefail
 lm=$1 lora=$2 gen=$3 hf=$4
@@ -42,6 +43,9 @@ fails "tokenizer.json has 2001 ids but the model's vocabulary has 96" \
   "$lora" --steps 1 --init-from "$tmp/mixed" --workdir "$tmp/lora"
 fails "because $hf/gpt2 has no tokenizer.json; for text prompts put the model's tokenizer.json" \
   "$gen" "$hf/gpt2" --prompt "In the beginning"
+# A prefill kernel for A/B runs that names none: refused as the weights load.
+fails "REDCO_PREFILL is 'fast': use chain" \
+  env REDCO_PREFILL=fast "$gen" "$hf/llama" --ids --prompt 1,2,3 --dtype int8 --max-new-tokens 1
 
 # The old layout: learn a tokenizer, write it as vocab.json + merges.txt in
 # another workdir's tokenizer/, and run there. (One step does not reach the

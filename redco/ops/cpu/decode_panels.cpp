@@ -10,6 +10,7 @@
 
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/panel_layout.hpp"
+#include "redco/ops/cpu/prefill_panels.hpp"
 
 namespace redco {
 namespace {
@@ -86,6 +87,9 @@ struct DecodePanels final : Encoding {
 }  // namespace
 
 Tensor pack_panels(const Tensor& w_in) {
+  // The prefill kernel is chosen (and a bad REDCO_PREFILL refused) as the
+  // weights load, not at the first long prompt.
+  (void)cpu::prefill_unit();
   REDCO_CHECK(w_in.defined() && is_floating(w_in.dtype()) && w_in.rank() == 2 && w_in.on_host() &&
                   !w_in.encoding() && !w_in.placement(),
               "pack_panels: needs a floating CPU matrix [N, K] (whole on this rank), got {}{}",

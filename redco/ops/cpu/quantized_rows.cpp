@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/prefill_panels.hpp"
 
 namespace redco {
 namespace {
@@ -60,6 +61,9 @@ struct RowScales final : Encoding {
 }  // namespace
 
 Tensor quantize_rows(const Tensor& w_in) {
+  // The prefill kernel is chosen (and a bad REDCO_PREFILL refused) as the
+  // weights load, not at the first long prompt.
+  (void)cpu::prefill_unit();
   REDCO_CHECK(w_in.defined() && is_floating(w_in.dtype()) && w_in.rank() >= 2 && w_in.on_host() &&
                   !w_in.encoding(),
               "quantize_rows: needs a floating CPU tensor of rank >= 2, got {}{}",

@@ -56,12 +56,14 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-// xv [Kp / 2, Mp] 32-bit words: x rounded to bf16 in pairs of k, zero past M
-// and K. The calling thread's buffer, grown once to the largest prefill.
+// xv [Kp / 2, ldv] 32-bit words: x rounded to bf16 in pairs of k, zero past M
+// and K; ldv = Mp + 16, so a tile's 16 rows are not a power of two apart
+// (2 KB strides put them in two of L1's 64 sets). The calling thread's buffer, grown once to the
+// largest prefill.
 const uint32_t* pairs_of_k(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t Mp,
-                           int64_t Kp) {
+                           int64_t Kp, int64_t ldv) {
   thread_local std::vector<uint32_t, Eigen::aligned_allocator<uint32_t>> buf;
-  if (int64_t(buf.size()) < Kp / 2 * Mp) buf.resize(size_t(Kp / 2 * Mp));
+  if (int64_t(buf.size()) < Kp / 2 * ldv) buf.resize(size_t(Kp / 2 * ldv));
   uint32_t* v = buf.data();
   parallel_chunks(Kp / 2, grain_for(int64_t{1} << 14, Mp), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
@@ -69,18 +71,19 @@ const uint32_t* pairs_of_k(const float* x, int64_t ldx, int64_t M, int64_t K, in
         const int64_t k = 2 * r;
         const uint32_t lo = m < M && k < K ? float_to_bf16(x[m * ldx + k]) : 0;
         const uint32_t hi = m < M && k + 1 < K ? float_to_bf16(x[m * ldx + k + 1]) : 0;
-        v[r * Mp + m] = lo | hi << 16;
+        v[r * ldv + m] = lo | hi << 16;
       }
   });
   return v;
 }
 
-// Weight rows [n0, n0 + 32) widened to bf16 [32, Kp], zero past N and K.
+// Weight rows [n0, n0 + 32) widened to bf16 [32, ldb], zero past N and K
+// (ldb = Kp + 32: rows not a power of two apart, as xv's).
 // An int8 value converts to f32 exactly, and its bf16 is the f32's top half.
-void widen_rows(const int8_t* q, int64_t ldw, int64_t n0, int64_t N, int64_t K, int64_t Kp,
+void widen_rows(const int8_t* q, int64_t ldw, int64_t n0, int64_t N, int64_t K, int64_t ldb,
                 uint16_t* wb) {
   for (int64_t j = 0; j < kBlock; ++j) {
-    uint16_t* row = wb + j * Kp;
+    uint16_t* row = wb + j * ldb;
     const int64_t n = n0 + j;
     int64_t k = 0;
     if (n < N) {
@@ -94,22 +97,22 @@ void widen_rows(const int8_t* q, int64_t ldw, int64_t n0, int64_t N, int64_t K, 
       }
       for (; k < K; ++k) row[k] = float_to_bf16(float(src[k]));
     }
-    std::fill(row + k, row + Kp, uint16_t{0});
+    std::fill(row + k, row + ldb, uint16_t{0});
   }
 }
 
 // Outputs [0, 32) of wb against rows [m0, m0 + 32) of xv into t [32 outputs][32 rows].
-void amx_block(const uint16_t* wb, int64_t Kp, const uint32_t* xv, int64_t Mp, int64_t m0,
-               float* t) {
+void amx_block(const uint16_t* wb, int64_t Kp, int64_t ldb, const uint32_t* xv, int64_t ldv,
+               int64_t m0, float* t) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t k = 0; k < Kp; k += kBlock) {
-    _tile_loadd(4, wb + k, Kp * 2);
-    _tile_loadd(5, wb + 16 * Kp + k, Kp * 2);
-    _tile_loadd(6, xv + k / 2 * Mp + m0, Mp * 4);
-    _tile_loadd(7, xv + k / 2 * Mp + m0 + 16, Mp * 4);
+    _tile_loadd(4, wb + k, ldb * 2);
+    _tile_loadd(5, wb + 16 * ldb + k, ldb * 2);
+    _tile_loadd(6, xv + k / 2 * ldv + m0, ldv * 4);
+    _tile_loadd(7, xv + k / 2 * ldv + m0 + 16, ldv * 4);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
@@ -123,21 +126,21 @@ void amx_block(const uint16_t* wb, int64_t Kp, const uint32_t* xv, int64_t Mp, i
 
 void amx_kernel(const float* x, int64_t ldx, const int8_t* q, int64_t ldw, const float* scale,
                 float* y, int64_t ldy, int64_t M, int64_t N, int64_t K) {
-  const int64_t Kp = round_up(K, kBlock), Mp = round_up(M, kBlock);
-  const uint32_t* xv = pairs_of_k(x, ldx, M, K, Mp, Kp);
+  const int64_t Kp = round_up(K, kBlock), Mp = round_up(M, kBlock), ldv = Mp + 16, ldb = Kp + 32;
+  const uint32_t* xv = pairs_of_k(x, ldx, M, K, Mp, Kp, ldv);
   const int64_t groups = (N + kBlock - 1) / kBlock;
   const int64_t grain = grain_for(int64_t{1} << 22, 2 * M * K * kBlock);
   parallel_chunks(groups, grain, [&](int64_t b, int64_t e) {
     thread_local std::vector<uint16_t, Eigen::aligned_allocator<uint16_t>> wb;
-    if (int64_t(wb.size()) < kBlock * Kp) wb.resize(size_t(kBlock * Kp));
+    if (int64_t(wb.size()) < kBlock * ldb) wb.resize(size_t(kBlock * ldb));
     alignas(64) float t[kBlock * kBlock];
     static const TileConfig config;
     _tile_loadconfig(&config);
     for (int64_t g = b; g < e; ++g) {
       const int64_t n0 = g * kBlock, valid = std::min(kBlock, N - n0);
-      widen_rows(q, ldw, n0, N, K, Kp, wb.data());
+      widen_rows(q, ldw, n0, N, K, ldb, wb.data());
       for (int64_t m0 = 0; m0 < Mp; m0 += kBlock) {
-        amx_block(wb.data(), Kp, xv, Mp, m0, t);
+        amx_block(wb.data(), Kp, ldb, xv, ldv, m0, t);
         for (int64_t r = 0; r < std::min(kBlock, M - m0); ++r)
           for (int64_t j = 0; j < valid; ++j)
             y[(m0 + r) * ldy + n0 + j] = t[j * kBlock + r] * scale[n0 + j];

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/best_of_three.hpp"
 
 namespace redco::cpu {
 namespace {
@@ -408,20 +409,6 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 }
 
 namespace {
-
-// Seconds of the best of three calls of `f` after one untimed.
-template <typename F>
-double best_of_three(const F& f) {
-  f();
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // One layer-sized product (512 x 768 x 768, as GPT-2 small's projections)
 // both ways: how much faster gemm_bf16 is than sgemm.

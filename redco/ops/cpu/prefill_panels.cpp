@@ -26,6 +26,7 @@
 
 #include "redco/core/dtype.hpp"
 #include "redco/core/error.hpp"
+#include "redco/ops/cpu/best_of_three.hpp"
 #include "redco/ops/cpu/panel_layout.hpp"
 #include "redco/ops/cpu/parallel.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
@@ -183,20 +184,6 @@ PrefillUnit best_prefill_unit() {
 }
 
 namespace {
-
-// Seconds of the best of three calls of `f` after one untimed.
-template <typename F>
-double best_of_three(const F& f) {
-  f();
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // vdpbf16ps against the f32 chain on one layer-sized product (64 rows, 1024 x
 // 1024): on Zen 4 bf16 dot products run at twice the f32 FMA rate, on Intel

@@ -14,12 +14,12 @@ namespace redco::train {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr int kParts = 6;
-constexpr std::array<const char*, kParts> kNames = {"params",      "grads", "opt_state",
-                                                    "activations", "slack", "grad_peak"};
+constexpr int kParts = 7;
+constexpr std::array<const char*, kParts> kNames = {
+    "params", "grads", "opt_state", "activations", "slack", "grad_peak", "peak"};
 
 std::array<uint64_t, kParts> parts(const MemoryAccount& a) {
-  return {a.params, a.grads, a.opt_state, a.activations, a.slack, a.grad_peak};
+  return {a.params, a.grads, a.opt_state, a.activations, a.slack, a.grad_peak, a.peak};
 }
 
 }  // namespace
@@ -43,7 +43,8 @@ MemoryAccount account_now(const ParamTree& params, const ParamTree& grads,
           .grads = tree_bytes(grads),
           .opt_state = tree_bytes(opt_state),
           .activations = activations,
-          .slack = memory_stats(device).bytes_cached};
+          .slack = memory_stats(device).bytes_cached,
+          .peak = memory_stats(device).peak_bytes_in_use};
 }
 
 uint64_t tree_bytes(const ParamTree& tree) {
@@ -65,7 +66,7 @@ std::vector<MemoryAccount> gather_accounts(const MemoryAccount& mine, comm::Comm
   for (int k = 0; k < n; ++k) {
     const float* v = all.data<float>() + k * kParts;
     auto bytes = [&](int i) { return uint64_t(double(v[i]) * 1024); };
-    out[size_t(k)] = {bytes(0), bytes(1), bytes(2), bytes(3), bytes(4), bytes(5)};
+    out[size_t(k)] = {bytes(0), bytes(1), bytes(2), bytes(3), bytes(4), bytes(5), bytes(6)};
   }
   out[size_t(r)] = mine;  // exact for this rank
   return out;
@@ -85,9 +86,11 @@ io::Metrics memory_metrics(const std::vector<MemoryAccount>& ranks) {
 std::string describe(const MemoryAccount& a, int rank) {
   return fmt::format(
       "memory rank {}: params {:.1f} MiB, grads {:.1f} MiB, optimizer state {:.1f} MiB, "
-      "activations {:.1f} MiB, allocator slack {:.1f} MiB, gradient peak {:.1f} MiB",
+      "activations {:.1f} MiB, allocator slack {:.1f} MiB, gradient peak {:.1f} MiB, step peak "
+      "{:.1f} MiB",
       rank, double(a.params) / kMiB, double(a.grads) / kMiB, double(a.opt_state) / kMiB,
-      double(a.activations) / kMiB, double(a.slack) / kMiB, double(a.grad_peak) / kMiB);
+      double(a.activations) / kMiB, double(a.slack) / kMiB, double(a.grad_peak) / kMiB,
+      double(a.peak) / kMiB);
 }
 
 }  // namespace redco::train

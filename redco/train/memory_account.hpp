@@ -4,8 +4,8 @@
 // caching allocator's slack (free memory it keeps for reuse). fit() measures
 // them on its first step, prints one line per rank and writes them to
 // metrics.jsonl (split "memory": rank<r>.params_mib, .grads_mib,
-// .opt_state_mib, .activations_mib, .slack_mib, .grad_peak_mib for every
-// rank r).
+// .opt_state_mib, .activations_mib, .slack_mib, .grad_peak_mib, .peak_mib
+// for every rank r).
 //
 // The allocator figures (activations, slack) are the CPU caching allocator's, which every thread of
 // a process shares: with ranks on threads (comm::ThreadsWorld) they are all ranks' together, each
@@ -36,6 +36,10 @@ struct MemoryAccount {
   // (DataParallel::last_grad_peak), else the gradients themselves. ZeRO-2
   // lowers it to about 1/dp plus the buckets in flight.
   uint64_t grad_peak = 0;
+  // The caching allocator's high-water mark up to the end of the first step
+  // (its optimizer update included): what the rank needed at once, which
+  // plan::training_memory(...).peak() models.
+  uint64_t peak = 0;
 };
 
 // The bytes the CPU caching allocator has handed out since this was made

@@ -1,0 +1,153 @@
+// The memory model (plan/memory_model.hpp) against the caching allocator:
+// every family it models, trained one step on small shapes with and without
+// recomputation, in f32 and under Precision::bf16. Parameters, gradients and
+// optimizer state must be exact; the activations forward keeps and the
+// step's high-water mark within 10%.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "redco/core/allocator.hpp"
+#include "redco/models/bart.hpp"
+#include "redco/models/gpt2.hpp"
+#include "redco/models/gpt_neox.hpp"
+#include "redco/models/gptj.hpp"
+#include "redco/models/llama.hpp"
+#include "redco/models/opt.hpp"
+#include "redco/models/t5.hpp"
+#include "redco/optim/optimizer.hpp"
+#include "redco/plan/memory_model.hpp"
+#include "redco/train/memory_account.hpp"
+
+using namespace redco;
+
+namespace {
+
+constexpr int64_t kRows = 4, kLen = 96, kVocab = 1000;
+
+Tensor random_ids(int64_t rows, int64_t len, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Tensor t = Tensor::empty({rows, len}, DType::i64);
+  for (int64_t i = 0; i < rows * len; ++i) t.data<int64_t>()[i] = int64_t(rng() % kVocab);
+  return t;
+}
+
+struct Measured {
+  uint64_t params = 0, grads = 0, opt_state = 0, activations = 0, peak = 0;
+};
+
+// Two AdamW steps (the first makes the optimizer's state); the second is measured.
+template <typename M>
+Measured measure(const M& model, bool seq2seq, bool recompute, Precision precision) {
+  CachingAllocator& alloc = CachingAllocator::cpu();
+  alloc.empty_cache();
+  Measured m;
+  ParamTree params = nn::init_params(model, 7);
+  optim::Optimizer opt = optim::adamw(optim::constant(1e-4f));
+  const Tensor ids = random_ids(kRows, kLen, 1), labels = random_ids(kRows, kLen, 2);
+  const Tensor source = random_ids(kRows, kLen, 3);
+  for (int step = 0; step < 2; ++step) {
+    alloc.reset_peak();
+    uint64_t kept = 0;
+    auto loss = [&](const ParamTree& p) {
+      PrecisionGuard mixed(precision);
+      nn::Ctx ctx;
+      ctx.train = true;
+      ctx.recompute = recompute;
+      if (seq2seq) ctx.source = source;
+      const train::AllocatorDelta forward;
+      Tensor l = cross_entropy(nn::apply(model, p, ids, ctx), labels);
+      kept = forward.bytes();
+      return l;
+    };
+    auto [l, grads] = value_and_grad(loss, params);
+    opt.step(params, grads);
+    m.grads = train::tree_bytes(grads);
+    m.activations = kept;
+  }
+  m.peak = alloc.stats().peak_bytes_in_use;
+  m.params = train::tree_bytes(params);
+  m.opt_state = train::tree_bytes(opt.state());
+  return m;
+}
+
+template <typename M>
+plan::ModelShape shape_of(const typename models::HfFamily<M>::Config& c) {
+  return plan::model_shape(
+      models::hf::Config(models::HfFamily<M>::to_json(c, io::Json::object()), "test config"));
+}
+
+template <typename M>
+void check_family(const std::string& name, const typename models::HfFamily<M>::Config& c) {
+  // The model as its config.json builds it, which is what the planner reads.
+  const models::hf::Config file(models::HfFamily<M>::to_json(c, io::Json::object()), "test config");
+  const plan::ModelShape shape = plan::model_shape(file);
+  const M model = models::HfFamily<M>::build(models::HfFamily<M>::config(file));
+  for (const Precision precision : {Precision::f32, Precision::bf16})
+    for (const bool recompute : {false, true}) {
+      const Measured got = measure(model, shape.encoder_decoder, recompute, precision);
+      const plan::MemoryBreakdown want = plan::training_memory(
+          shape, {.seq_len = kLen, .micro_batch = kRows, .precision = precision},
+          {.recompute = recompute});
+      INFO(fmt::format("{} {} recompute {}: measured activations {} peak {}; modelled {} / {}",
+                       name, precision == Precision::bf16 ? "bf16" : "f32", recompute,
+                       got.activations, got.peak, want.activations, want.peak()));
+      fmt::print(
+          "{:<9} {:<4} recompute {:d}: activations {:7.2f} MiB modelled {:7.2f} ({:+5.1f}%), "
+          "peak {:7.2f} MiB modelled {:7.2f} ({:+5.1f}%)\n",
+          name, precision == Precision::bf16 ? "bf16" : "f32", recompute,
+          got.activations / 1048576.0, want.activations / 1048576.0,
+          100.0 * (double(want.activations) / double(got.activations) - 1), got.peak / 1048576.0,
+          want.peak() / 1048576.0, 100.0 * (double(want.peak()) / double(got.peak) - 1));
+      CHECK(want.params == got.params);
+      CHECK(want.grads == got.grads);
+      CHECK(double(want.opt_state) ==
+            Approx(double(got.opt_state)).epsilon(1e-3));  // + step counters
+      CHECK(double(want.activations) == Approx(double(got.activations)).epsilon(0.10));
+      CHECK(double(want.peak()) == Approx(double(got.peak)).epsilon(0.10));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("memory model: decoder-only families against the allocator", "[plan]") {
+  check_family<models::Gpt2>(
+      "gpt2",
+      {.vocab = kVocab, .context = 128, .dim = 128, .layers = 4, .heads = 4, .dropout = 0.1f});
+  check_family<models::Llama>(
+      "llama",
+      {.vocab = kVocab, .dim = 128, .layers = 4, .heads = 4, .kv_heads = 2, .hidden = 352});
+  check_family<models::Opt>(
+      "opt", {.vocab = kVocab, .context = 128, .dim = 128, .layers = 4, .heads = 4, .ffn = 512});
+  check_family<models::Gptj>(
+      "gptj",
+      {.vocab = kVocab, .context = 128, .dim = 128, .layers = 4, .heads = 4, .rotary_dim = 16});
+  check_family<models::GptNeox>("gpt_neox", {.vocab = kVocab,
+                                             .dim = 128,
+                                             .layers = 4,
+                                             .heads = 4,
+                                             .hidden = 512,
+                                             .rotary_dim = 8,
+                                             .context = 128});
+}
+
+TEST_CASE("memory model: encoder-decoder families against the allocator", "[plan]") {
+  check_family<models::T5>("t5", {.vocab = kVocab,
+                                  .dim = 128,
+                                  .heads = 4,
+                                  .hidden = 512,
+                                  .encoder_layers = 3,
+                                  .decoder_layers = 3,
+                                  .dropout = 0.1f});
+  check_family<models::Bart>("bart", {.vocab = kVocab,
+                                      .dim = 128,
+                                      .encoder_layers = 3,
+                                      .decoder_layers = 3,
+                                      .encoder_heads = 4,
+                                      .decoder_heads = 4,
+                                      .encoder_ffn = 512,
+                                      .decoder_ffn = 512,
+                                      .context = 128,
+                                      .dropout = 0.1f});
+}

@@ -17,7 +17,8 @@
 #include "redco/models/opt.hpp"
 #include "redco/models/t5.hpp"
 #include "redco/optim/optimizer.hpp"
-#include "redco/plan/memory_model.hpp"
+#include "redco/plan/planner.hpp"
+#include "redco/train/auto_mesh.hpp"
 #include "redco/train/memory_account.hpp"
 
 using namespace redco;
@@ -150,4 +151,98 @@ TEST_CASE("memory model: encoder-decoder families against the allocator", "[plan
                                       .decoder_ffn = 512,
                                       .context = 128,
                                       .dropout = 0.1f});
+}
+
+TEST_CASE("planner: the search, ZeRO's savings and the longest sequence", "[plan]") {
+  // GPT-2 large on two 10 GB cards (RedCoast's Table 1, first row).
+  const plan::ModelShape shape = plan::model_shape(models::hf::Config(
+      models::gpt2_hf_config(
+          {.vocab = 50257, .context = 1024, .dim = 1280, .layers = 36, .heads = 20}),
+      "gpt2-large"));
+  CHECK(shape.n_params() == 774030080);  // transformers' count for gpt2-large
+  plan::Cluster c{.device = plan::device_preset("1080ti"),
+                  .devices = 2,
+                  .intra = plan::link_preset("pcie3"),
+                  .inter = plan::link_preset("ib-hdr")};
+  c.device.memory = uint64_t(10e9);
+  plan::Request r{.model = shape, .cluster = c, .seq_len = 512};
+  const std::vector<plan::Candidate> all = plan::search(r);
+  REQUIRE(!all.empty());
+  REQUIRE(all.front().fits);
+  bool misses = false;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const plan::Candidate& k = all[i];
+    CHECK(k.par.dp * k.par.mp == 2);
+    CHECK(k.fits == (k.needed + c.device.reserved <= c.device.memory));
+    CHECK((!misses || !k.fits));  // the fitting ones first
+    misses = misses || !k.fits;
+    if (i > 0 && k.fits) CHECK(k.time.tokens_per_s <= all[i - 1].time.tokens_per_s);
+  }
+  // Two replicas: ZeRO-1 halves the optimizer's state per rank, ZeRO-2 the gradients too.
+  auto at = [&](int zero) {
+    for (const plan::Candidate& k : all)
+      if (k.par.dp == 2 && k.par.zero == zero && !k.par.recompute) return k.memory;
+    FAIL("no candidate with ZeRO-" << zero);
+    return plan::MemoryBreakdown{};
+  };
+  CHECK(at(1).opt_state == at(0).opt_state / 2);
+  CHECK(at(1).grads == at(0).grads);
+  CHECK(at(2).grads == at(0).grads / 2);
+  CHECK(at(2).peak() < at(1).peak());
+  CHECK(at(1).peak() < at(0).peak());
+  // The longest sequence: it fits, 64 tokens more do not (or the position table ends there).
+  r.zero = 0, r.recompute = false;
+  const int64_t longest = plan::max_seq_len(r);
+  REQUIRE(longest >= 512);
+  r.seq_len = longest;
+  CHECK(plan::best(r).has_value());
+  r.seq_len = longest + 64;
+  if (longest < shape.context) CHECK_FALSE(plan::best(r).has_value());
+  // Recomputation keeps one block input per block: it reaches further.
+  r.recompute = true;
+  CHECK(plan::max_seq_len(r) >= longest);
+  // OPT-66B does not fit two 10 GB cards however it is cut.
+  const plan::ModelShape opt = plan::model_shape(models::hf::Config(
+      models::opt_hf_config({.vocab = 50272, .dim = 9216, .layers = 64, .heads = 72, .ffn = 36864}),
+      "opt-66b"));
+  CHECK_FALSE(plan::best({.model = opt, .cluster = c, .seq_len = 512, .max_zero = 3}).has_value());
+}
+
+TEST_CASE("n_model_shards = auto: the planner's choice, or a clear refusal", "[plan]") {
+  const plan::ModelShape gpt2_large = plan::model_shape(models::hf::Config(
+      models::gpt2_hf_config(
+          {.vocab = 50257, .context = 1024, .dim = 1280, .layers = 36, .heads = 20}),
+      "gpt2-large"));
+  // Two 10 GB ranks: one shard with the optimizer's state whole does not fit
+  // (params 2.9 + AdamW 5.8 GiB before any activation): the planner cuts.
+  const train::MeshChoice c = train::choose_mesh(
+      gpt2_large,
+      {.seq_len = 512, .global_batch = 2, .memory_per_device = uint64_t(10e9), .world_size = 2});
+  INFO(c.why);
+  CHECK(c.plan.fits);
+  CHECK(c.plan.needed <= uint64_t(10e9));
+  CHECK((c.n_model_shards == 2 || c.zero_stage >= 1));
+  CHECK(c.why.find("auto: ") == 0);
+  // A user's pins are kept: one shard, ZeRO-2.
+  const train::MeshChoice z = train::choose_mesh(gpt2_large, {.seq_len = 512,
+                                                              .global_batch = 2,
+                                                              .memory_per_device = uint64_t(10e9),
+                                                              .n_model_shards = 1,
+                                                              .zero_stage = 2,
+                                                              .world_size = 2});
+  CHECK(z.n_model_shards == 1);
+  CHECK(z.zero_stage == 2);
+  // 3 GB each: nothing fits, said before anything is allocated, with the need.
+  try {
+    train::choose_mesh(
+        gpt2_large,
+        {.seq_len = 512, .global_batch = 2, .memory_per_device = uint64_t(3e9), .world_size = 2});
+    FAIL("choose_mesh accepted 3 GB per rank for GPT-2 large");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("does not fit 2 device(s) of 2.79 GiB") != std::string::npos);
+    CHECK(m.find("optimizer state") != std::string::npos);
+    CHECK(m.find("redco-plan") != std::string::npos);
+  }
 }

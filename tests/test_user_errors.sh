@@ -11,6 +11,8 @@
 #   merges.txt): read and kept as tokenizer.json, or, at another vocabulary
 #   size, refused by name, never silently replaced by a new one.
 # - REDCO_PREFILL naming no prefill kernel: refused as the weights load.
+# - --n-model-shards auto with too little memory per device: refused before
+#   training with the planner's breakdown (not an out-of-memory kill).
 #   test_user_errors.sh <language_modeling> <lora> <redco-generate> <tests/fixtures/hf>
 set -uo pipefail
 lm=$1 lora=$2 gen=$3 hf=$4
@@ -43,6 +45,14 @@ fails "tokenizer.json has 2001 ids but the model's vocabulary has 96" \
   "$lora" --steps 1 --init-from "$tmp/mixed" --workdir "$tmp/lora"
 fails "because $hf/gpt2 has no tokenizer.json; for text prompts put the model's tokenizer.json" \
   "$gen" "$hf/gpt2" --prompt "In the beginning"
+# --n-model-shards auto with less memory than the model needs: refused before
+# training, with the planner's breakdown; a shard count that is not one.
+fails "does not fit 1 device(s) of 1.0 MiB at 32 tokens a row" \
+  "$lm" "${tiny[@]}" --n-model-shards auto --memory-per-device 1MiB --workdir "$tmp/auto"
+fails "--n-model-shards 'two': give a number >= 1, or auto" \
+  "$lm" "${tiny[@]}" --n-model-shards two --workdir "$tmp/auto"
+fails "--memory-per-device '3 MB' is not a size" \
+  "$lm" "${tiny[@]}" --n-model-shards auto --memory-per-device "3 MB" --workdir "$tmp/auto"
 # A prefill kernel for A/B runs that names none: refused as the weights load.
 fails "REDCO_PREFILL is 'fast': use chain" \
   env REDCO_PREFILL=fast "$gen" "$hf/llama" --ids --prompt 1,2,3 --dtype int8 --max-new-tokens 1

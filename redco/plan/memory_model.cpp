@@ -44,6 +44,15 @@ uint64_t head_rows(const ModelShape& m, int mp) {
   return uint64_t(m.vocab % mp == 0 ? m.vocab / mp : m.vocab);
 }
 
+// A head cut by vocabulary over the model shards forms this rank's logits
+// [tokens, vocab / mp] and takes the loss from the parts
+// (nn/tensor_parallel.cpp vocab_parallel_cross_entropy), composed of
+// differentiable ops: the shifted logits, their exp and the label one-hot are
+// kept, each [tokens, vocab / mp]; no chunks, no gradient in forward.
+bool vocab_split(const ModelShape& m, int mp) {
+  return mp > 1 && m.vocab % mp == 0 && !m.whole_logits;
+}
+
 // One block's kept bytes (its largest stack's), for one micro-batch.
 uint64_t largest_block(const ModelShape& m, const Workload& w, const Parallelism& par) {
   const Tokens t = tokens_of(w);
@@ -75,9 +84,14 @@ uint64_t kept_by_forward(const ModelShape& m, const Workload& w, const Paralleli
       a += allocated(uint64_t(s.score_bias_heads) * pairs * kF32) + allocated(pairs * 8);
     }
   }
-  const uint64_t rows = head_rows(m, par.mp);
-  a += allocated(m.whole_logits ? t.target * rows * kF32 : rows * uint64_t(m.dim) * kF32);
-  return a + allocated(t.target * kF32);  // the loss's log-sum-exp per row
+  const uint64_t rows = head_rows(m, par.mp), logits = allocated(t.target * rows * kF32);
+  if (m.whole_logits)
+    a += logits;
+  else if (vocab_split(m, par.mp))
+    a += 3 * logits;  // the shifted logits, their exp and the label one-hot
+  else
+    a += allocated(rows * uint64_t(m.dim) * kF32);  // the table's gradient
+  return a + allocated(t.target * kF32);            // the loss's log-sum-exp per row
 }
 
 uint64_t param_bytes(const ModelShape& m, int mp) {
@@ -99,19 +113,23 @@ uint64_t state_per_param(Optimizer o) {
 }
 
 // What the LM head holds beyond the activations while it runs in forward
-// (autodiff/ops_lm_head.cpp): a chunk of logits, the GEMM's packed copy of
-// the table, the chunk's rows; under Precision::bf16 also the table rounded
-// once and the chunk's logits gradient rounded for its two products. A head
-// that forms its logits whole (then adds a bias) holds them twice for a moment.
+// (autodiff/ops_lm_head.cpp): a chunk of logits and its input, the final
+// norm's output (alive until the head returns, then recomputed when
+// needed); under Precision::bf16 also the table rounded (twice: one layout
+// per product) and each chunk's logits gradient rounded for its products. A head that forms
+// its logits whole (then adds a bias) holds them twice for a moment.
 uint64_t head_transient(const ModelShape& m, const Workload& w, const Parallelism& par) {
   const Tokens t = tokens_of(w);
   const uint64_t rows = head_rows(m, par.mp), d = uint64_t(m.dim);
   const uint64_t logits = t.target * rows * kF32;
+  // Split by vocabulary: the product and the shifted logits at once (and a
+  // product with the one-hot, summed away).
+  if (vocab_split(m, par.mp)) return 2 * allocated(logits) + allocated(t.target * d * kF32);
   const uint64_t chunk = m.whole_logits ? logits : std::min(w.head_chunk_bytes, logits);
-  const uint64_t chunk_rows =
-      m.whole_logits ? t.target : std::max<uint64_t>(1, chunk / (rows * kF32));
-  uint64_t b = allocated(chunk) + allocated(rows * d * kF32) + allocated(chunk_rows * d * kF32);
-  if (w.precision == Precision::bf16) b += allocated(chunk) + allocated(rows * d * 2);
+  uint64_t b = allocated(chunk) + allocated(t.target * d * kF32);
+  // bf16: the chunk's gradient rounded, and the table rounded for the
+  // logits' product and again, laid out for the input gradient's.
+  if (w.precision == Precision::bf16) b += allocated(chunk) + 2 * allocated(rows * d * 2);
   return b;
 }
 
@@ -150,7 +168,9 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
     r.gathered = 2 * (p - head_rows(m, par.mp) * uint64_t(m.dim) * kF32) /
                  uint64_t(std::max<int64_t>(1, m.stacks.front().layers));
   r.grads = sharded_grads ? p / uint64_t(par.dp) : p;
-  r.buckets = sharded_grads ? 2 * par.bucket_bytes : 0;
+  // With replicas, a bucket's all-reduce receives into a buffer of its own;
+  // under ZeRO-2 up to two other owners' buckets are in flight as well.
+  r.buckets = par.dp > 1 ? (sharded_grads ? 2 : 1) * par.bucket_bytes : 0;
   r.accumulated = w.accumulation > 1 ? r.grads : 0;
   r.opt_state =
       state_per_param(w.optimizer) * (par.zero >= 1 && par.dp > 1 ? p / uint64_t(par.dp) : p);
@@ -158,6 +178,10 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
   r.forward_peak = head_transient(m, w, par);
   r.block = largest_block(m, w, par);
   r.backward_peak = backward_work(m, w, par);
+  if (vocab_split(m,
+                  par.mp))  // the loss's backward through the split logits: two gradients of them
+    r.backward_peak =
+        std::max(r.backward_peak, 2 * allocated(tokens_of(w).target * head_rows(m, par.mp) * kF32));
   return r;
 }
 

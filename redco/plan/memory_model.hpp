@@ -50,7 +50,7 @@ struct MemoryBreakdown {
   uint64_t params = 0;        // this rank's parameters (f32), ZeRO-3: its partition
   uint64_t gathered = 0;      // ZeRO-3: the layers' parameters gathered at once (prefetch included)
   uint64_t grads = 0;         // the gradients held after backward (ZeRO-2/3: this rank's part)
-  uint64_t buckets = 0;       // data-parallel buckets in flight beyond `grads`
+  uint64_t buckets = 0;       // data-parallel buckets in flight beyond `grads` (receive buffers)
   uint64_t accumulated = 0;   // the sum of micro-batch gradients (accumulation > 1)
   uint64_t opt_state = 0;     // the optimizer's buffers (ZeRO >= 1: this rank's part)
   uint64_t activations = 0;   // kept by forward for backward (the LM head's included)

@@ -1,7 +1,11 @@
 // The search over meshes, ZeRO stages, recomputation and micro-batches.
 #include "redco/plan/planner.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 
 #include "redco/core/error.hpp"
 
@@ -77,9 +81,55 @@ std::vector<Candidate> search(const Request& r) {
   std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
     if (!a.fits) return a.needed < b.needed;  // the nearest misses first
-    return a.time.tokens_per_s > b.time.tokens_per_s;
+    // Within 1% of each other the model cannot tell them apart: the simpler
+    // cut wins (larger micro-batches, which the model does not reward for
+    // their larger GEMMs; fewer shards; a lower stage; no recomputation).
+    const double ta = a.time.tokens_per_s, tb = b.time.tokens_per_s;
+    if (std::abs(ta - tb) > 0.01 * std::max(ta, tb)) return ta > tb;
+    auto simple = [](const Candidate& k) {
+      return std::tuple(-k.work.micro_batch, k.par.mp, k.par.zero, k.par.recompute);
+    };
+    return simple(a) < simple(b);
   });
   return all;
+}
+
+uint64_t parse_size(const std::string& text, std::string_view flag) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit == "GB"                   ? 1e9
+                       : unit == "GiB" || unit == "G" ? double(uint64_t(1) << 30)
+                       : unit == "MB"                 ? 1e6
+                       : unit == "MiB" || unit == "M" ? double(uint64_t(1) << 20)
+                       : unit == "TB"                 ? 1e12
+                                                      : -1;
+  REDCO_CHECK(used > 0 && v > 0 && scale > 0,
+              "{} '{}' is not a size; write it like 40GB (10^9 bytes), 40GiB or 40G (2^30), "
+              "512MB or 512MiB",
+              flag, text);
+  return uint64_t(v * scale);
+}
+
+std::string bytes_text(uint64_t bytes) {
+  const double mib = double(bytes) / double(uint64_t(1) << 20);
+  return mib < 1024 ? fmt::format("{:.1f} MiB", mib) : fmt::format("{:.2f} GiB", mib / 1024);
+}
+
+std::string describe_need(const Candidate& k) {
+  const MemoryBreakdown& m = k.memory;
+  const uint64_t params = m.params + m.gathered, lasting = params + m.opt_state;
+  return fmt::format(
+      "parameters {} + optimizer state {} + the step {} (activations {}, gradients {}, with a 5% "
+      "margin) = {} per rank",
+      bytes_text(params), bytes_text(m.opt_state), bytes_text(k.needed - lasting),
+      bytes_text(m.activations), bytes_text(m.grads + m.buckets + m.accumulated),
+      bytes_text(k.needed));
 }
 
 std::optional<Candidate> best(const Request& r) {

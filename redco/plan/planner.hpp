@@ -14,6 +14,7 @@
 // them whole.
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "redco/plan/time_model.hpp"
@@ -58,5 +59,16 @@ int64_t max_seq_len(Request r);
 
 // The memory one candidate needs on one rank (its peak plus the margin).
 uint64_t needed_bytes(const MemoryBreakdown& m);
+
+// A size as a user writes it: 40GB (10^9 bytes), 40GiB or 40G (2^30), 512MB,
+// 512MiB or 512M, 1TB. Fails naming `flag` and the forms it takes.
+uint64_t parse_size(const std::string& text, std::string_view flag);
+
+// "6.42 GiB", "512.0 MiB".
+std::string bytes_text(uint64_t bytes);
+
+// "params 1.56 GiB + optimizer state 3.13 GiB + step 1.94 GiB (activations
+// 1.31, gradients 1.56) = 6.63 GiB per rank": a candidate's need in words.
+std::string describe_need(const Candidate& k);
 
 }  // namespace redco::plan

@@ -113,6 +113,8 @@ class FitDriver {
   const Position& position() const { return pos_; }
   // All epochs done, or max_steps reached.
   bool done() const;
+  // The optimizer steps this fit() takes in all (from step 0, max_steps included).
+  int64_t last_step() const;
 
   // The latest complete checkpoint in workdir/ckpt, after checking that its
   // state.json describes the same data and batches (the position and best

@@ -30,6 +30,11 @@ static AllocatorStats memory_stats(Device device) {
                          : device_memory(device).stats(device.index);
 }
 
+void reset_peak(Device device) {
+  if (device.is_cpu()) CachingAllocator::cpu().reset_peak();
+  if (device.kind == DeviceKind::test) CachingAllocator::test_device().reset_peak();
+}
+
 AllocatorDelta::AllocatorDelta(Device device)
     : device_(device), held_(memory_stats(device).bytes_in_use) {}
 

@@ -2,7 +2,8 @@
 // Where a rank's memory goes in training: its parameters, one step's
 // gradients, the optimizer's state, the activations backward reads, and the
 // caching allocator's slack (free memory it keeps for reuse). fit() measures
-// them on its first step, prints one line per rank and writes them to
+// them on its first step (the peak over its first two, so that the optimizer's
+// state is held through a whole step), prints one line per rank and writes them to
 // metrics.jsonl (split "memory": rank<r>.params_mib, .grads_mib,
 // .opt_state_mib, .activations_mib, .slack_mib, .grad_peak_mib, .peak_mib
 // for every rank r).
@@ -36,8 +37,8 @@ struct MemoryAccount {
   // (DataParallel::last_grad_peak), else the gradients themselves. ZeRO-2
   // lowers it to about 1/dp plus the buckets in flight.
   uint64_t grad_peak = 0;
-  // The caching allocator's high-water mark up to the end of the first step
-  // (its optimizer update included): what the rank needed at once, which
+  // The caching allocator's high-water mark up to the end of the second step
+  // (the first when fit() takes one): what the rank needed at once, which
   // plan::training_memory(...).peak() models.
   uint64_t peak = 0;
 };
@@ -60,7 +61,13 @@ struct StepMemory {
   uint64_t grad_peak = 0;    // MemoryAccount::grad_peak
 };
 
-// This rank's account now; slack is read from the allocator of `device`.
+// Starts the high-water mark that MemoryAccount::peak reads afresh (the CPU's
+// caching allocator and the test device's pool; a GPU's pool keeps its own
+// since the process began). fit() calls it as its first step begins. With
+// ranks on threads the allocator, and so its mark, is all ranks' together.
+void reset_peak(Device device);
+
+// This rank's account now; slack and peak are read from the allocator of `device`.
 MemoryAccount account_now(const ParamTree& params, const ParamTree& grads,
                           const ParamTree& opt_state, uint64_t activations,
                           Device device = Device::cpu());

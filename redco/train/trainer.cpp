@@ -22,9 +22,7 @@ FitDriver::FitDriver(Deployer& deployer, FitConfig config)
   validate();
   timer_ = std::make_unique<io::StepTimer>();
   if (!deployer_.quiet() && deployer_.is_main()) {
-    const int64_t total =
-        config_.max_steps > 0 ? std::min(config_.max_steps, total_steps()) : total_steps();
-    bar_ = std::make_unique<io::ProgressBar>(total, "train",
+    bar_ = std::make_unique<io::ProgressBar>(last_step(), "train",
                                              io::ProgressOptions{.out = &deployer_.console()});
   }
   // From here to the end of fit(), a rank that stops making progress while
@@ -75,6 +73,10 @@ bool FitDriver::can_save() const { return !deployer_.workdir().empty(); }
 const ShardPlan& FitDriver::plan() const {
   static const ShardPlan whole;
   return config_.plan ? *config_.plan : whole;
+}
+
+int64_t FitDriver::last_step() const {
+  return config_.max_steps > 0 ? std::min(config_.max_steps, total_steps()) : total_steps();
 }
 
 bool FitDriver::done() const {

@@ -227,7 +227,8 @@ class Trainer {
                 "per_device_batch_size x replicas",
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
     recompute_ = o.recompute;
-    memory_logged_ = false;
+    memory_logged_ = memory_measured_ = false;
+    first_memory_ = {};
     // A job the launcher restarted after a failure continues where it stopped.
     if (o.resume || deployer_->restart_count() > 0) restore(run);
     optim::GradAccumulator acc(run.accumulation());
@@ -283,9 +284,11 @@ class Trainer {
     const int64_t j = m * deployer_->dp_size() + deployer_->dp_rank();
     const nn::Ctx c = ctx(true, uint64_t(step * accumulation * deployer_->dp_size() + j));
     const Rng rng = deployer_->rng(Purpose::train, uint64_t(step)).split(uint64_t(j));
-    StepMemory mem;  // what the first step measures
+    StepMemory& mem = first_memory_;  // what the first step measures
+    if (!memory_measured_) reset_peak(deployer_->device());
     auto [loss, grads] = loss_and_grads(batch, c, rng, mem);
-    mem.grad_peak = dp_ ? dp_->last_grad_peak() : tree_bytes(grads);
+    if (!memory_measured_) mem.grad_peak = dp_ ? dp_->last_grad_peak() : tree_bytes(grads);
+    memory_measured_ = true;
     loss_sum += double(loss.item());  // the step's one host read
     // Accumulation: the k-th add completes a step (no averaging buffers when k is 1).
     if (accumulation > 1 && !acc.add(grads)) return std::nullopt;
@@ -296,14 +299,17 @@ class Trainer {
     // Under ZeRO the next forward takes the owners' updates as they arrive.
     const bool applied =
         update_->apply(params_, accumulation == 1 ? grads : acc.mean(), mean, run, true);
-    if (!memory_logged_) log_memory(run, grads, mem);
+    // Logged after the second step, whose peak holds the optimizer's state
+    // through a whole step (the first makes it at its end), or after the only one.
+    if (!memory_logged_ && (step >= 1 || step + 1 >= run.last_step()))
+      log_memory(run, grads, mem);
     return StepOutcome{mean, !applied};
   }
 
   // The loss; on the first step the bytes its forward pass left for backward.
   template <typename Bound, typename Batch>
   Tensor measured_loss(Bound& bound, const Batch& batch, const Rng& rng, StepMemory& mem) {
-    if (memory_logged_) return loss_(bound, batch, rng);
+    if (memory_measured_) return loss_(bound, batch, rng);
     const AllocatorDelta forward(deployer_->device());
     Tensor l(loss_(bound, batch, rng));
     mem.activations = forward.bytes();
@@ -505,6 +511,8 @@ class Trainer {
   EpochExamples<L> epochs_;             // which examples each epoch visits
   bool recompute_ = false;              // FitOptions::recompute of the running fit()
   bool memory_logged_ = false;          // the running fit() has logged its memory
+  bool memory_measured_ = false;        // and measured its first step's activations
+  StepMemory first_memory_;             // what that step measured
   std::unique_ptr<MeshUpdate> update_;  // the optimizer step across the mesh (and ZeRO)
 };
 

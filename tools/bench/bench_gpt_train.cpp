@@ -7,7 +7,7 @@
 //                   [--dtype f32|bf16] [--init FILE.safetensors]
 //                   [--save-init FILE.safetensors] [--losses FILE] [--lr 3e-4] [--profile]
 //                   [--trainer] [--recompute] [--n-model-shards K] [--zero 0|1|2]
-//                   [--workdir DIR] [--device cpu|cuda|test]
+//                   [--workdir DIR] [--device cpu|cuda|test] [--seq-len T] [--batch B]
 //
 // --trainer runs the same steps through Trainer::fit (one example per window,
 // batches of B per replica in order, no shuffling) instead of the hand-written
@@ -53,6 +53,7 @@
 #include "cli11_conventions.hpp"
 #include "redco/core/device_memory.hpp"
 #include "redco/ops/backend.hpp"  // profile::
+#include "redco/plan/memory_model.hpp"
 #include "redco/redco.hpp"
 
 using namespace redco;
@@ -213,7 +214,7 @@ TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<Par
 int main(int argc, char** argv) try {
   CLI::App app{"GPT-2 training-step throughput on the CPU"};
   std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path, workdir;
-  int64_t steps = 10, warmup = 2;
+  int64_t steps = 10, warmup = 2, seq_override = 0, batch_override = 0;
   int n_model_shards = 1, zero_stage = 0;
   float lr = 3e-4f;
   bool profiling = false, formed_logits = false, through_trainer = false, recompute = false,
@@ -223,6 +224,11 @@ int main(int argc, char** argv) try {
          "S: 4x256, seq 256, batch 8; M: GPT-2 small, seq 512, batch 4; G: GPT-2 small, seq "
          "1024, batch 16; L: GPT-2 large, seq 512, batch 1 (per replica)")
       ->check(CLI::IsMember({"S", "M", "G", "L"}));
+  app.add_option("--seq-len", seq_override,
+                 "tokens per row instead of the config's (the position table grows to fit)")
+      ->check(redco::cli11::at_least(1));
+  app.add_option("--batch", batch_override, "rows per replica instead of the config's")
+      ->check(redco::cli11::at_least(1));
   app.add_option("--steps", steps, "timed steps")->check(redco::cli11::at_least(1));
   app.add_option("--warmup", warmup, "untimed steps before them")->check(redco::cli11::at_least(0));
   app.add_option("--tokens", tokens_path, "little-endian int32 token ids")->required();
@@ -269,7 +275,10 @@ int main(int argc, char** argv) try {
               "--device other than cpu runs through Trainer::fit; add --trainer");
   REDCO_CHECK(through_trainer || workdir.empty(),
               "--workdir holds the trainer path's metrics; add --trainer");
-  const BenchConfig cfg = config_named(config);
+  BenchConfig cfg = config_named(config);
+  if (seq_override) cfg.seq = seq_override;
+  if (batch_override) cfg.batch = batch_override;
+  cfg.model.context = std::max(cfg.model.context, cfg.seq);
   const int64_t B = cfg.batch, T = cfg.seq;
   const std::vector<int32_t> tokens = read_tokens(tokens_path, T);
   const auto model = models::gpt2(cfg.model);
@@ -314,13 +323,24 @@ int main(int argc, char** argv) try {
                  double(r.device_peak) / 1e6);
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
+    // What the planner's memory model (plan/memory_model.hpp) says this rank needs.
+    const plan::MemoryBreakdown planned = plan::training_memory(
+        plan::model_shape(models::hf::Config(models::gpt2_hf_config(cfg.model), "bench config")),
+        {.seq_len = T, .micro_batch = B, .precision = precision},
+        {.dp = deployer.dp_size(),
+         .mp = n_model_shards,
+         .zero = zero_stage,
+         .recompute = recompute,
+         .bucket_bytes = deployer.grad_bucket_bytes()});
     // Every rank its own line (stdout, not the Deployer's console: that is rank 0's only).
     fmt::print(
         "memory rank {} (model shard {}, replica {}, zero {}): params {:.1f} MiB, "
-        "optimizer state {:.1f} MiB, peak RSS {:.1f} MiB\n",
+        "optimizer state {:.1f} MiB, allocator peak {:.1f} MiB (modelled {:.1f}), peak RSS "
+        "{:.1f} MiB\n",
         deployer.rank(), deployer.mp_rank(), deployer.dp_rank(), zero_stage,
         double(r.param_bytes) / 1048576.0, double(r.state_bytes) / 1048576.0,
-        double(ru.ru_maxrss) / 1024.0);
+        double(CachingAllocator::cpu().stats().peak_bytes_in_use) / 1048576.0,
+        double(planned.peak()) / 1048576.0, double(ru.ru_maxrss) / 1024.0);
     std::fflush(stdout);
     deployer.barrier();
     if (!deployer.is_main()) return 0;

@@ -43,28 +43,6 @@ struct Options {
   bool json = false;
 };
 
-uint64_t parse_bytes(const std::string& text) {
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  const double scale = unit == "GB"                   ? 1e9
-                       : unit == "GiB" || unit == "G" ? double(uint64_t(1) << 30)
-                       : unit == "MB"                 ? 1e6
-                       : unit == "MiB" || unit == "M" ? double(uint64_t(1) << 20)
-                       : unit == "TB"                 ? 1e12
-                                                      : -1;
-  REDCO_CHECK(used > 0 && v > 0 && scale > 0,
-              "redco-plan: --memory '{}' is not a size; write it like 40GB (10^9 bytes), 40GiB "
-              "or 40G (2^30), 512MB or 512MiB",
-              text);
-  return uint64_t(v * scale);
-}
-
 models::hf::Config read_config(const std::string& model) {
   const fs::path p(model);
   REDCO_CHECK(fs::exists(p),
@@ -81,7 +59,7 @@ models::hf::Config read_config(const std::string& model) {
 plan::Cluster cluster_of(const Options& o) {
   plan::Cluster c;
   c.device = plan::device_preset(o.device);
-  if (!o.memory.empty()) c.device.memory = parse_bytes(o.memory);
+  if (!o.memory.empty()) c.device.memory = plan::parse_size(o.memory, "redco-plan: --memory");
   if (o.flops > 0) c.device.f32_flops = c.device.bf16_flops = o.flops;
   c.devices = o.devices, c.hosts = o.hosts;
   const bool gpu = o.device != "cpu";
@@ -224,6 +202,8 @@ int main(int argc, char** argv) try {
     j["devices"] = o.devices;
     j["seq_len"] = o.seq_len;
     j["fits"] = any;
+    // The longest sequence any configuration the flags allow fits (one row per replica).
+    j["longest_seq_len"] = plan::max_seq_len(r);
     io::Json plans = io::Json::array();
     for (size_t i = 0; i < shown; ++i) plans.push_back(to_json(all[i], longest_len[i]));
     j["plans"] = plans;

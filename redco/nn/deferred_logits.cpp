@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "redco/autodiff/loss_on_parts.hpp"
+#include "redco/nn/parallel_ops.hpp"
 #include "redco/nn/tensor_parallel.hpp"
 
 namespace redco::nn {
@@ -60,19 +61,75 @@ class DeferredLogits final : public Placement, public CrossEntropyOnParts {
   Tensor h_, table_;
 };
 
+// A vocabulary-split head's logits, this rank's columns, deferred the same
+// way: cross_entropy runs vocab_parallel_linear_cross_entropy, nn::whole
+// forms this rank's columns and gathers every rank's.
+class DeferredSplitLogits final : public Placement, public CrossEntropyOnParts {
+ public:
+  DeferredSplitLogits(Tensor h, Tensor table, comm::Comm& mp)
+      : h_(std::move(h)), table_(std::move(table)), mp_(&mp) {}
+
+  std::string describe() const override {
+    return fmt::format(
+        "this rank's {} vocabulary columns of the LM head's logits {} x {}^T across {} "
+        "model-parallel ranks, not formed yet (the loss forms them a chunk at a time)",
+        table_.dim(0), h_.shape(), table_.shape(), mp_->size());
+  }
+  std::string read_hint() const override {
+    return "Call nn::whole(t) to form and gather them (cross_entropy takes them as they are), or "
+           "set ctx.split_output = nn::Ctx::SplitOutput::never";
+  }
+  bool holds_values() const override { return false; }
+  Tensor whole(const Tensor& t) const override {
+    return gather_from_parallel(part(t), *mp_, t.rank() - 1);
+  }
+  Tensor part(const Tensor& t) const {
+    check(t, "forming them");
+    return reshape(matmul(h_, table_, false, true), t.shape());
+  }
+  Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
+                       int64_t ignore_index) const override {
+    check(logits, "cross_entropy");
+    REDCO_CHECK(labels.shape() == logits.shape().drop(-1),
+                "cross_entropy: logits {} need labels of shape {}, got {}", logits.shape(),
+                logits.shape().drop(-1), labels.shape());
+    return vocab_parallel_linear_cross_entropy(h_, table_, labels.view(h_.shape().drop(-1)), *mp_,
+                                               ignore_index);
+  }
+
+ private:
+  void check(const Tensor& t, const char* op) const {
+    REDCO_CHECK(t.impl().offset == 0 && t.rank() >= 1 && t.shape().last() == table_.dim(0) &&
+                    t.numel() == h_.numel() / h_.shape().last() * table_.dim(0),
+                "{}: a tensor of shape {} was {}, but has been sliced or reshaped since; call "
+                "nn::whole() on the model output before reshaping it",
+                op, t.shape(), describe());
+  }
+  Tensor h_, table_;
+  comm::Comm* mp_;
+};
+
 }  // namespace
+
+Tensor form_split_logits(const Tensor& t) {
+  const auto* p = dynamic_cast<const DeferredSplitLogits*>(t.placement());
+  return p ? p->part(t) : t;
+}
 
 Tensor vocab_head_logits(const Tensor& h, const Tensor& table, const Ctx& ctx) {
   const bool keep = ctx.split_output == Ctx::SplitOutput::always ||
                     (ctx.split_output == Ctx::SplitOutput::in_training && ctx.train);
-  if (ctx.split_features || !keep || !needs_graph({h, table})) return matmul(h, table, false, true);
+  if (!keep || !needs_graph({h, table})) return matmul(h, table, false, true);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>();  // no values: nothing is allocated
   impl->storage->owned = false;
   impl->storage->device = h.device();
   impl->shape = h.shape().with(-1, table.dim(0));
   impl->dtype = DType::f32;
-  impl->placement = std::make_shared<DeferredLogits>(h, table);
+  if (ctx.split_features)  // this rank's columns [..., V/mp]
+    impl->placement = std::make_shared<DeferredSplitLogits>(h, table, *ctx.mp);
+  else
+    impl->placement = std::make_shared<DeferredLogits>(h, table);
   return Tensor(std::move(impl));
 }
 

@@ -142,9 +142,11 @@ Tensor LogitBias::forward(const Params& p, const Tensor& logits, Ctx& ctx) const
               "alike (cut both with train::shard_params and one plan)",
               name.view(), split == 0 ? "split by vocabulary" : "whole",
               ctx.split_features ? "split" : "whole");
-  // Logits deferred for the loss (a head with a whole table, in training) are
-  // formed first: the bias is added to every one of them.
-  const Tensor x = logits.placement() ? whole(logits) : logits;
+  // Logits deferred for the loss (a head in training) are formed first: the
+  // bias is added to every one of them (this rank's columns when split).
+  const Tensor x = !logits.placement()  ? logits
+                   : ctx.split_features ? form_split_logits(logits)
+                                        : whole(logits);
   return x + reshape(b, {b.dim(0)});
 }
 

@@ -230,6 +230,7 @@ Tensor parallel_dropout(const Tensor& x, float rate, Ctx& ctx) {
 Tensor finish_output(const Tensor& y, Ctx& ctx) {
   if (!ctx.split_features) return y;
   ctx.split_features = false;
+  if (y.placement()) return y;  // a vocabulary-split head's deferred logits
   const bool keep = ctx.split_output == Ctx::SplitOutput::always ||
                     (ctx.split_output == Ctx::SplitOutput::in_training && ctx.train);
   return keep ? split_by(y, *ctx.mp, -1) : gather_from_parallel(y, *ctx.mp, -1);

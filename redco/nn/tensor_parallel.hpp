@@ -79,12 +79,16 @@ Tensor parallel_embedding(const Tensor& table, int split, const Tensor& ids, Ctx
 // Otherwise x with whole features.
 Tensor enter_vocab_head(const Tensor& x, int split, Ctx& ctx);
 // The logits h table^T of an LM head. In training (ctx.split_output), with a
-// gradient to record and the table whole here, they are deferred: a tensor of
-// the logits' shape with no values, which cross_entropy reads a chunk of rows
-// at a time (linear_cross_entropy) and nn::whole forms
+// gradient to record, they are deferred: a tensor of the logits' shape (this
+// rank's columns when h entered a vocabulary-split head) with no values,
+// which cross_entropy reads a chunk of rows at a time (linear_cross_entropy,
+// or vocab_parallel_linear_cross_entropy when split) and nn::whole forms
 // (nn/deferred_logits.cpp). Otherwise formed, split by vocabulary when h
 // entered a vocabulary-split head.
 Tensor vocab_head_logits(const Tensor& h, const Tensor& table, const Ctx& ctx);
+// This rank's columns of a vocabulary-split head's deferred logits, formed
+// (differentiably); t itself when it holds values.
+Tensor form_split_logits(const Tensor& t);
 // Dropout whose mask is the 1-rank mask (or this rank's slice of it when x is
 // split by features): masks depend on (seed, step, call index, element).
 Tensor parallel_dropout(const Tensor& x, float rate, Ctx& ctx);
@@ -103,5 +107,13 @@ Tensor vocab_parallel_embedding(const Tensor& table_shard, const Tensor& ids, co
 // labelled ignore_index are skipped. The loss is the same on every rank.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& labels,
                                     comm::Comm& mp, int64_t ignore_index = -100);
+// cross_entropy(whole(x table^T), labels) from this rank's rows of the table
+// [V/mp, d] (rows [rank * V/mp, ...)), the logits formed a chunk of token
+// rows at a time and their gradient taken in forward (nn/vocab_parallel_head.cpp):
+// nothing of size [tokens, V/mp] outlives its chunk. x [..., d] is the head's
+// input after it entered the parallel region; labels i64 [...].
+Tensor vocab_parallel_linear_cross_entropy(const Tensor& x, const Tensor& table_shard,
+                                           const Tensor& labels, comm::Comm& mp,
+                                           int64_t ignore_index = -100);
 
 }  // namespace redco::nn

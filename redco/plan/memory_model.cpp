@@ -44,11 +44,10 @@ uint64_t head_rows(const ModelShape& m, int mp) {
   return uint64_t(m.vocab % mp == 0 ? m.vocab / mp : m.vocab);
 }
 
-// A head cut by vocabulary over the model shards forms this rank's logits
-// [tokens, vocab / mp] and takes the loss from the parts
-// (nn/tensor_parallel.cpp vocab_parallel_cross_entropy), composed of
-// differentiable ops: the shifted logits, their exp and the label one-hot are
-// kept, each [tokens, vocab / mp]; no chunks, no gradient in forward.
+// A head cut by vocabulary over the model shards runs as one op with the
+// loss as well (nn/vocab_parallel_head.cpp), a chunk of token rows at a
+// time; each chunk holds its logits, their exp, the label one-hot and a
+// product of two of them at once.
 bool vocab_split(const ModelShape& m, int mp) {
   return mp > 1 && m.vocab % mp == 0 && !m.whole_logits;
 }
@@ -85,13 +84,9 @@ uint64_t kept_by_forward(const ModelShape& m, const Workload& w, const Paralleli
     }
   }
   const uint64_t rows = head_rows(m, par.mp), logits = allocated(t.target * rows * kF32);
-  if (m.whole_logits)
-    a += logits;
-  else if (vocab_split(m, par.mp))
-    a += 3 * logits;  // the shifted logits, their exp and the label one-hot
-  else
-    a += allocated(rows * uint64_t(m.dim) * kF32);  // the table's gradient
-  return a + allocated(t.target * kF32);            // the loss's log-sum-exp per row
+  a += m.whole_logits ? logits                                     // the logits
+                      : allocated(rows * uint64_t(m.dim) * kF32);  // the table's gradient
+  return a + allocated(t.target * kF32);                           // the loss's log-sum-exp per row
 }
 
 uint64_t param_bytes(const ModelShape& m, int mp) {
@@ -122,10 +117,8 @@ uint64_t head_transient(const ModelShape& m, const Workload& w, const Parallelis
   const Tokens t = tokens_of(w);
   const uint64_t rows = head_rows(m, par.mp), d = uint64_t(m.dim);
   const uint64_t logits = t.target * rows * kF32;
-  // Split by vocabulary: the product and the shifted logits at once (and a
-  // product with the one-hot, summed away).
-  if (vocab_split(m, par.mp)) return 2 * allocated(logits) + allocated(t.target * d * kF32);
   const uint64_t chunk = m.whole_logits ? logits : std::min(w.head_chunk_bytes, logits);
+  if (vocab_split(m, par.mp)) return 4 * allocated(chunk) + allocated(t.target * d * kF32);
   uint64_t b = allocated(chunk) + allocated(t.target * d * kF32);
   // bf16: the chunk's gradient rounded, and the table rounded for the
   // logits' product and again, laid out for the input gradient's.
@@ -178,10 +171,6 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
   r.forward_peak = head_transient(m, w, par);
   r.block = largest_block(m, w, par);
   r.backward_peak = backward_work(m, w, par);
-  if (vocab_split(m,
-                  par.mp))  // the loss's backward through the split logits: two gradients of them
-    r.backward_peak =
-        std::max(r.backward_peak, 2 * allocated(tokens_of(w).target * head_rows(m, par.mp) * kF32));
   return r;
 }
 

@@ -184,9 +184,14 @@ TEST_CASE("ZeRO-1 and 2 train as the plain run and keep 1/dp of the optimizer st
         check_close(zero.losses, plain.losses, 1e-6);
         // The same updates; ZeRO-2 sums the norm's parts over the replicas in
         // another order when there are model shards or split parameters.
-        if (stage == 1 || (mp == 1 && !splits_some(model, dp, mp)))
-          check_bitwise(zero.params, plain.params);
-        check_close(without_key_bias(zero.params), without_key_bias(plain.params), 1e-6);
+        const bool same_order = stage == 1 || (mp == 1 && !splits_some(model, dp, mp));
+        if (same_order) check_bitwise(zero.params, plain.params);
+        // Another order of the clipping norm's sum differs in its last bits;
+        // ten AdamW steps (lr 1e-2, which divides by the root of tiny second
+        // moments) carry that to a few 1e-6 of a tensor's largest value
+        // (measured 5.4e-6 with the vocabulary-split head fused with its loss).
+        check_close(without_key_bias(zero.params), without_key_bias(plain.params),
+                    same_order ? 1e-6 : 2e-5);
         // Split parameters balance the state: within 10% of 1/dp each.
         check_state_shares(zero, plain, dp, mp, tied ? 1.1 : 1.25);
       }

@@ -183,11 +183,11 @@ ModelShape gptj_shape(const models::GptjConfig& c) {
   s.once_per_token.back() = whole("LM head input", d);
   s.self_width = d, s.backward_width = mlp_work(inner, c.act);
   s.reductions = 1;  // attention and MLP outputs summed, then one all-reduce
+  // Rotary positions: no table ends the sequence (n_positions is what it was trained at).
   return {.family = "gptj",
           .vocab = c.vocab,
           .dim = d,
           .heads = c.heads,
-          .context = c.context,
           .whole_logits = true,
           .stacks = {std::move(s)}};
 }

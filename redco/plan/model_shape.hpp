@@ -69,8 +69,9 @@ struct Stack {
 struct ModelShape {
   std::string family = {};  // config.json's model_type
   int64_t vocab = 0, dim = 0;
-  int64_t heads = 0;    // attention heads (the decoder's, for encoder-decoders)
-  int64_t context = 0;  // longest sequence the position table holds; 0: no table
+  int64_t heads = 0;  // attention heads (the decoder's, for encoder-decoders)
+  int64_t context =
+      0;  // longest sequence a learned position table holds; 0: none (rotary, relative)
   bool encoder_decoder = false;
   // The LM head's logits: false when the head runs as one op with the loss,
   // a chunk of rows at a time (redco's default), true when they are formed

@@ -16,6 +16,8 @@
 #include "redco/core/allocator.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
+#include "redco/plan/planner.hpp"
+#include "redco/train/auto_mesh.hpp"
 #include "redco/train/trainer.hpp"
 
 using namespace redco;
@@ -276,9 +278,9 @@ TEST_CASE("fit logs every rank's memory after its second step", "[recompute]") {
   // The step's high-water mark holds the parameters, the optimizer's state
   // and the activations at once (forward's end), and recomputation lowers it.
   for (const io::Json* m : {&a, &b})
-    CHECK(m->at("rank0.peak_mib").as_double() >=
-          m->at("rank0.params_mib").as_double() + m->at("rank0.opt_state_mib").as_double() +
-              m->at("rank0.activations_mib").as_double());
+    CHECK(m->at("rank0.peak_mib").as_double() >= m->at("rank0.params_mib").as_double() +
+                                                     m->at("rank0.opt_state_mib").as_double() +
+                                                     m->at("rank0.activations_mib").as_double());
   CHECK(b.at("rank0.peak_mib").as_double() < a.at("rank0.peak_mib").as_double());
 
   // 2 model shards x 2 replicas: each rank holds about half of the parameters
@@ -293,4 +295,66 @@ TEST_CASE("fit logs every rank's memory after its second step", "[recompute]") {
     CHECK(m.at("rank" + std::to_string(r) + ".opt_state_mib").as_double() ==
           Approx(2 * p).epsilon(1e-3));
   }
+}
+
+TEST_CASE("DeployerConfig::auto_mesh: the planner cuts the run, fit follows", "[recompute]") {
+  const train::AutoMesh mesh{
+      plan::model_shape(models::hf::Config(models::gpt2_hf_config(kGpt), "kGpt")),
+      {.seq_len = 16, .global_batch = 8}};
+  std::vector<Window> data(32);
+  std::mt19937_64 rng(5);
+  for (Window& w : data)
+    for (int t = 0; t < 17; ++t) w.ids.push_back(int64_t(rng() % 64));
+  const auto gpt = models::gpt2(kGpt);
+  // Budgets per rank: room for anything; the plain cut's need less a byte
+  // (the planner must cut further: ZeRO, recomputation or a smaller
+  // micro-batch); a tenth of the optimizer's state (nothing fits).
+  const plan::Candidate plain =
+      *plan::best({.model = mesh.model,
+                   .cluster = {.device = plan::device_preset("cpu"), .devices = 2},
+                   .seq_len = 16,
+                   .global_batch = 8,
+                   .zero = 0,
+                   .recompute = false,
+                   .micro_batch = 4});
+  for (const uint64_t budget : {uint64_t(1) << 30, plain.needed - 1}) {
+    INFO("budget " << budget << " bytes per rank; one shard, no ZeRO, 4 rows: " << plain.needed);
+    train::AutoMesh m = mesh;
+    m.options.memory_per_device = budget;
+    comm::ThreadsWorld w(2);
+    std::vector<std::vector<double>> losses(2);
+    w.run([&](comm::Comm& c) {
+      train::Deployer d({.quiet = true, .world = &c, .auto_mesh = &m});
+      const train::MeshChoice& choice = *d.mesh_choice();
+      CHECK(d.n_model_shards() == choice.n_model_shards);
+      CHECK(d.zero_stage() == choice.zero_stage);
+      CHECK(choice.plan.needed <= budget);
+      if (budget < plain.needed)  // the plain cut did not fit: something else was chosen
+        CHECK((choice.n_model_shards > 1 || choice.zero_stage > 0 || choice.recompute ||
+               choice.micro_batch < 4));
+      train::Trainer trainer(
+          d, gpt, collate,
+          [](auto& model, const LmBatch& b, train::Rng) {
+            return cross_entropy(model(b.inputs), b.targets);
+          },
+          optim::adamw(optim::constant(1e-2f)));
+      trainer.fit(data, {.global_batch_size = 8,
+                         .n_epochs = 1,
+                         .save_at_end = false,
+                         .on_step = [&](const train::StepInfo& s) {
+                           losses[size_t(c.rank())].push_back(s.loss);
+                         }});
+    });
+    CHECK(losses[0].size() == 4);
+    CHECK(losses[0] == losses[1]);
+  }
+  // Too little for the optimizer's state: the Deployer refuses, naming the need.
+  train::AutoMesh tiny = mesh;
+  tiny.options.memory_per_device = plain.memory.opt_state / 10;
+  comm::ThreadsWorld w(2);
+  w.run([&](comm::Comm& c) {
+    CHECK_THROWS_WITH(
+        train::Deployer({.quiet = true, .world = &c, .auto_mesh = &tiny}),
+        Catch::Contains("does not fit 2 device(s)") && Catch::Contains("optimizer state"));
+  });
 }

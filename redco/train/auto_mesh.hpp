@@ -51,6 +51,19 @@ struct MeshChoice {
 // Fails (redco::Error) when no configuration fits, naming the nearest one's need.
 MeshChoice choose_mesh(const plan::ModelShape& model, const AutoMeshOptions& o);
 
+// What DeployerConfig::auto_mesh points at: the model and the run, for a
+// Deployer that asks the planner for its mesh itself.
+//   const train::AutoMesh a{plan::model_shape(models::hf::Config(dir)), {.seq_len = 512,
+//                                                                     .global_batch = 32}};
+//   train::Deployer deployer({.seed = 42, .auto_mesh = &a});  // shards and ZeRO stage chosen
+//   trainer.fit(data, {.global_batch_size = 32});  // micro-batch and recomputation chosen
+// The Deployer's world (its communicator, or the launch environment) gives
+// the device count; its device's memory, unless options.memory_per_device.
+struct AutoMesh {
+  plan::ModelShape model;
+  AutoMeshOptions options = {};
+};
+
 // MemAvailable of this host (Linux /proc/meminfo), in bytes.
 uint64_t available_host_memory();
 

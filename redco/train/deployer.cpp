@@ -22,6 +22,7 @@
 #include "redco/core/error.hpp"
 #include "redco/core/heartbeat.hpp"
 #include "redco/sched/task.hpp"
+#include "redco/train/auto_mesh.hpp"
 #include "redco/train/sharded_checkpoint.hpp"
 
 // UCX is optional: without it the Deployer runs one process (or threads).
@@ -123,12 +124,31 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
     }
   }
   if (!connected_) device_ = choose_device(spec, world->rank());
+  if (config_.auto_mesh) choose_mesh_for(*world);
   REDCO_CHECK(world->size() % config_.n_model_shards == 0,
               "Deployer: n_model_shards = {} does not divide the {} ranks of this run; start a "
               "multiple of {} ranks (redco-run -n) or pass --n_model_shards with a divisor of {}",
               config_.n_model_shards, world->size(), config_.n_model_shards, world->size());
   mesh_ = std::make_unique<comm::Mesh>(*world, config_.n_model_shards);
 }
+
+void Deployer::choose_mesh_for(comm::Comm& world) {
+  AutoMeshOptions o = config_.auto_mesh->options;
+  o.world_size = world.size();
+  REDCO_CHECK(o.memory_per_device > 0 || device_.is_cpu(),
+              "Deployer: auto_mesh on {} needs the memory each device may use "
+              "(AutoMeshOptions::memory_per_device, e.g. 80e9 for an 80 GB GPU)",
+              device_.str());
+  auto choice = std::make_shared<MeshChoice>(choose_mesh(config_.auto_mesh->model, o));
+  config_.n_model_shards = choice->n_model_shards;
+  config_.zero_stage = choice->zero_stage;
+  if (!config_.quiet && world.rank() == 0)
+    (config_.console ? *config_.console : std::cout) << choice->why << '\n';
+  choice_ = std::move(choice);
+}
+
+int64_t Deployer::auto_micro_batch() const { return choice_ ? choice_->micro_batch : 0; }
+bool Deployer::auto_recompute() const { return choice_ && choice_->recompute; }
 
 ParamTree Deployer::place(ParamTree tree) const {
   CachingAllocator::LongLivedScope long_lived;  // parameters and optimizer state stay

@@ -44,6 +44,9 @@ class ThreadsWorld;
 
 namespace redco::train {
 
+struct AutoMesh;
+struct MeshChoice;
+
 // Which dimension of each parameter is split across the model shards (from
 // shard::resolve): how checkpoints gather and slice tensors.
 using ShardPlan = std::vector<shard::ParamSplit>;
@@ -77,6 +80,11 @@ struct DeployerConfig {
   // buckets start communicating earlier and, under ZeRO-2, hold less of
   // another replica's gradients at once.
   size_t grad_bucket_bytes = size_t(25) << 20;
+  // n_model_shards = auto: the planner picks the model shards and the ZeRO
+  // stage (replacing the two fields above), and the micro-batch and
+  // recomputation that Trainer::fit uses when its FitOptions leave them
+  // unset (train/auto_mesh.hpp). Not owned: it must outlive the constructor.
+  const AutoMesh* auto_mesh = nullptr;
 };
 
 // A learning-rate schedule in the units a user thinks in (examples, epochs);
@@ -129,6 +137,12 @@ class Deployer {
   int n_model_shards() const { return config_.n_model_shards; }
   int zero_stage() const { return config_.zero_stage; }
   bool zero_overlap() const { return config_.zero_overlap; }
+  // DeployerConfig::auto_mesh's choice (nullptr without one). fit() takes its
+  // micro-batch when FitOptions::per_device_batch_size is 0 (auto_micro_batch:
+  // 0 without a choice) and turns recomputation on when it says so.
+  const MeshChoice* mesh_choice() const { return choice_.get(); }
+  int64_t auto_micro_batch() const;
+  bool auto_recompute() const;
   size_t grad_bucket_bytes() const { return config_.grad_bucket_bytes; }
   int dp_size() const;  // data-parallel replicas: n_devices() / n_model_shards()
   int dp_rank() const;  // this rank's replica
@@ -187,6 +201,7 @@ class Deployer {
   void keep_last(int64_t k) const;
 
  private:
+  void choose_mesh_for(comm::Comm& world);  // DeployerConfig::auto_mesh
   DeployerConfig config_;
   Device device_;
   int restart_ = 0;
@@ -194,6 +209,7 @@ class Deployer {
   std::unique_ptr<comm::ThreadsWorld> alone_;  // the world of a single-process run
   std::unique_ptr<comm::Comm> connected_;      // the world from the launch environment
   std::unique_ptr<comm::Mesh> mesh_;
+  std::shared_ptr<const MeshChoice> choice_;
 };
 
 }  // namespace redco::train

@@ -64,9 +64,9 @@
 #include <vector>
 
 #include "redco/comm/mesh.hpp"
+#include "redco/nn/shard_plan.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/sched/task.hpp"
-#include "redco/nn/shard_plan.hpp"
 #include "redco/train/concepts.hpp"
 #include "redco/train/custom_step.hpp"
 #include "redco/train/data_parallel.hpp"
@@ -226,7 +226,7 @@ class Trainer {
                 "{} micro-batches of {} on {} replicas; set global_batch_size = "
                 "per_device_batch_size x replicas",
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
-    recompute_ = o.recompute;
+    recompute_ = o.recompute || deployer_->auto_recompute();
     memory_logged_ = memory_measured_ = false;
     first_memory_ = {};
     // A job the launcher restarted after a failure continues where it stopped.
@@ -301,8 +301,7 @@ class Trainer {
         update_->apply(params_, accumulation == 1 ? grads : acc.mean(), mean, run, true);
     // Logged after the second step, whose peak holds the optimizer's state
     // through a whole step (the first makes it at its end), or after the only one.
-    if (!memory_logged_ && (step >= 1 || step + 1 >= run.last_step()))
-      log_memory(run, grads, mem);
+    if (!memory_logged_ && (step >= 1 || step + 1 >= run.last_step())) log_memory(run, grads, mem);
     return StepOutcome{mean, !applied};
   }
 
@@ -447,7 +446,9 @@ class Trainer {
 
   template <typename Ex>
   FitConfig fit_config(const FitOptions<Ex>& o, int64_t n) const {
-    return {.per_device_batch_size = o.per_device_batch_size,
+    // 0: the planner's micro-batch (DeployerConfig::auto_mesh), else the step's share.
+    return {.per_device_batch_size =
+                o.per_device_batch_size ? o.per_device_batch_size : deployer_->auto_micro_batch(),
             .global_batch_size = o.global_batch_size,
             .n_epochs = o.n_epochs,
             .shuffle = o.shuffle,

@@ -7,6 +7,7 @@
 //   build/samples/language_modeling/language_modeling --steps 800 --workdir lm_workdir
 #include <fmt/core.h>
 
+#include "model_shards.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/generation/generate.hpp"
 #include "redco/plan/model_shape.hpp"
@@ -22,8 +23,6 @@ using Prompts = std::vector<Ids>;
 
 struct Options {
   int64_t steps = 800, batch = 16, max_new = 40, context = 128;
-  int64_t micro_batch = 0;  // rows per replica per micro-batch; 0: the whole step's share
-  bool recompute = false;
   float lr = 3e-3f;
   uint64_t seed = 0;
   std::string prompt = "And God said unto Moses,", export_dir;
@@ -64,14 +63,13 @@ bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv,
                          optim::adamw(schedule, {.weight_decay = 0.1f, .max_grad_norm = 1.f}),
                          std::move(given));
   const int64_t per_epoch = int64_t(train.size()) / o.batch;
-  trainer.fit(train, {.per_device_batch_size = o.micro_batch,
-                      .global_batch_size = o.batch,
-                      .n_epochs = (o.steps + per_epoch - 1) / per_epoch,
-                      .eval_examples = valid,
-                      .eval_every_steps = std::max<int64_t>(1, o.steps / 3),
-                      .max_steps = o.steps,
-                      .throughput = {.items_per_example = double(o.context), .item_name = "tokens"},
-                      .recompute = o.recompute});
+  trainer.fit(train,
+              {.global_batch_size = o.batch,
+               .n_epochs = (o.steps + per_epoch - 1) / per_epoch,
+               .eval_examples = valid,
+               .eval_every_steps = std::max<int64_t>(1, o.steps / 3),
+               .max_steps = o.steps,
+               .throughput = {.items_per_example = double(o.context), .item_name = "tokens"}});
   const double valid_loss = trainer.eval_loss(valid, o.batch),
                bar = data::unigram_entropy(kjv.valid);
   std::ostream& out = deployer.console();  // printed once, whatever the number of processes
@@ -98,33 +96,26 @@ bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv,
   return valid_loss < bar - 0.5;
 }
 
-// --n-model-shards N, or auto: the planner's choice for this model (the
-// folder's config.json, or the one built here), context and batch.
-train::MeshChoice choose_mesh(const std::string& shards, const std::string& memory,
-                              models::Gpt2Config cfg, const std::string& init_from,
-                              const Options& o) {
-  if (shards != "auto") {
-    int n = 0;
-    REDCO_CHECK(std::sscanf(shards.c_str(), "%d", &n) == 1 && n >= 1 && std::to_string(n) == shards,
-                "--n-model-shards '{}': give a number >= 1, or auto", shards);
-    return {.n_model_shards = n};
-  }
+// What the planner needs for --n-model-shards auto: the model (the folder's
+// config.json, or the one built here) and the run.
+train::AutoMesh auto_mesh(models::Gpt2Config cfg, const std::string& init_from,
+                          const std::string& memory, const Options& o) {
   cfg.context = o.context;
   const models::hf::Config file = init_from.empty()
                                       ? models::hf::Config(models::gpt2_hf_config(cfg), "--dim ...")
                                       : models::hf::Config(init_from);
-  return train::choose_mesh(
+  return {
       plan::model_shape(file),
       {.seq_len = o.context,
        .global_batch = o.batch,
-       .memory_per_device = memory.empty() ? 0 : plan::parse_size(memory, "--memory-per-device")});
+       .memory_per_device = memory.empty() ? 0 : plan::parse_size(memory, "--memory-per-device")}};
 }
 
 int main(int argc, char** argv) try {
   cli::App app{"Train or fine-tune a GPT on the KJV and generate text"};
   models::Gpt2Config cfg{.vocab = 2048, .dim = 128, .layers = 4, .heads = 4};
   Options o;
-  std::string shards = "1", memory;
+  std::string shards_text = "1", memory;
   std::string workdir = "lm_workdir", tokenizer, init_from;
   app.add_option("--init-from", init_from, "a Hugging Face folder to fine-tune");
   app.add_option("--export", o.export_dir, "write the trained model as a Hugging Face folder");
@@ -138,7 +129,7 @@ int main(int argc, char** argv) try {
   app.add_option("--batch-size", o.batch)->check(cli::at_least(1));
   app.add_option("--lr", o.lr, "peak AdamW learning rate (cosine decay)")->check(cli::positive());
   app.add_option("--seed", o.seed);
-  app.add_option("--n-model-shards", shards,
+  app.add_option("--n-model-shards", shards_text,
                  "a number, or auto: the planner picks the shards, "
                  "ZeRO stage and recomputation that fit (docs/planning.md)");
   app.add_option("--memory-per-device", memory,
@@ -149,13 +140,13 @@ int main(int argc, char** argv) try {
   app.add_option("--max-new", o.max_new, "tokens to generate")->check(cli::at_least(0));
   REDCO_CLI_PARSE(app, argc, argv);
 
-  const train::MeshChoice mesh = choose_mesh(shards, memory, cfg, init_from, o);
-  o.micro_batch = mesh.micro_batch, o.recompute = mesh.recompute;
-  train::Deployer deployer({.n_model_shards = mesh.n_model_shards,
+  const std::optional<int> shards = sample::model_shards(shards_text);
+  std::optional<train::AutoMesh> mesh;
+  if (!shards) mesh = auto_mesh(cfg, init_from, memory, o);
+  train::Deployer deployer({.n_model_shards = shards.value_or(1),
                             .seed = o.seed,
                             .workdir = workdir,
-                            .zero_stage = mesh.zero_stage});
-  if (!mesh.why.empty()) deployer.console() << mesh.why << '\n';
+                            .auto_mesh = mesh ? &*mesh : nullptr});
   const data::TextSplit text = data::kjv_split();  // the last 5% of the verses held out
   Corpus kjv{data::pick_tokenizer(tokenizer, init_from, deployer.workdir() / "tokenizer.json",
                                   text.train, cfg.vocab, deployer.is_main())};

@@ -53,14 +53,31 @@ bool vocab_split(const ModelShape& m, int mp) {
 }
 
 // One block's kept bytes (its largest stack's), for one micro-batch.
-uint64_t largest_block(const ModelShape& m, const Workload& w, const Parallelism& par) {
+// Under tensor parallelism each split sublayer's input enters the parallel
+// region as a copy (nn/parallel_ops.hpp copy_to_parallel), which its first
+// linear layer keeps instead of the norm output it would recompute: a whole
+// [tokens, d] per split sublayer, and for cross-attention the encoder's
+// output [source tokens, d] as well.
+uint64_t entry_copies(const ModelShape& m, const Stack& s, uint64_t n, uint64_t source, int mp) {
+  if (mp <= 1) return 0;
+  const uint64_t row = uint64_t(m.dim) * kF32;
+  const uint64_t sublayers = s.cross_width ? 3 : 2;
+  return sublayers * allocated(n * row) + (s.cross_width ? allocated(source * row) : 0);
+}
+
+// One block's kept bytes for one micro-batch, in a stack.
+uint64_t block_bytes(const ModelShape& m, const Stack& s, const Workload& w,
+                     const Parallelism& par) {
   const Tokens t = tokens_of(w);
+  const uint64_t n = s.over_source ? t.source : t.target;
+  return kept_bytes(s.per_token, n, w, par.mp) +
+         kept_bytes(s.per_source_token, t.source, w, par.mp) +
+         entry_copies(m, s, n, t.source, par.mp);
+}
+
+uint64_t largest_block(const ModelShape& m, const Workload& w, const Parallelism& par) {
   uint64_t most = 0;
-  for (const Stack& s : m.stacks) {
-    const uint64_t n = s.over_source ? t.source : t.target;
-    most = std::max(most, kept_bytes(s.per_token, n, w, par.mp) +
-                              kept_bytes(s.per_source_token, t.source, w, par.mp));
-  }
+  for (const Stack& s : m.stacks) most = std::max(most, block_bytes(m, s, w, par));
   return most;
 }
 
@@ -74,9 +91,8 @@ uint64_t kept_by_forward(const ModelShape& m, const Workload& w, const Paralleli
   for (const Stack& s : m.stacks) {
     const uint64_t n = s.over_source ? t.source : t.target;
     const int64_t len = s.over_source ? t.source_len : t.target_len;
-    const uint64_t block = par.recompute ? allocated(uint64_t(m.dim) * kF32 * n)
-                                         : kept_bytes(s.per_token, n, w, par.mp) +
-                                               kept_bytes(s.per_source_token, t.source, w, par.mp);
+    const uint64_t block =
+        par.recompute ? allocated(uint64_t(m.dim) * kF32 * n) : block_bytes(m, s, w, par);
     a += uint64_t(s.layers) * block + kept_bytes(s.once_per_token, n, w, par.mp);
     if (s.score_bias_heads > 0) {  // the bias [heads, T, T] and the bucket of each pair (i64)
       const uint64_t pairs = uint64_t(len) * uint64_t(len);
@@ -86,7 +102,9 @@ uint64_t kept_by_forward(const ModelShape& m, const Workload& w, const Paralleli
   const uint64_t rows = head_rows(m, par.mp), logits = allocated(t.target * rows * kF32);
   a += m.whole_logits ? logits                                     // the logits
                       : allocated(rows * uint64_t(m.dim) * kF32);  // the table's gradient
-  return a + allocated(t.target * kF32);                           // the loss's log-sum-exp per row
+  if (vocab_split(m, par.mp))  // the head's input, copied as it enters the parallel region
+    a += allocated(t.target * uint64_t(m.dim) * kF32);
+  return a + allocated(t.target * kF32);  // the loss's log-sum-exp per row
 }
 
 uint64_t param_bytes(const ModelShape& m, int mp) {
@@ -161,6 +179,13 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
     r.gathered = 2 * (p - head_rows(m, par.mp) * uint64_t(m.dim) * kF32) /
                  uint64_t(std::max<int64_t>(1, m.stacks.front().layers));
   r.grads = sharded_grads ? p / uint64_t(par.dp) : p;
+  // A head tied to the token embedding makes its whole table's gradient in
+  // forward and finishes it only at the embedding, at backward's end: under
+  // ZeRO-2 it is held whole until then, not this replica's part of it.
+  if (sharded_grads && m.tied_head()) {
+    const uint64_t table = head_rows(m, par.mp) * uint64_t(m.dim) * kF32;
+    r.grads += table - table / uint64_t(par.dp);
+  }
   // With replicas, a bucket's all-reduce receives into a buffer of its own;
   // under ZeRO-2 up to two other owners' buckets are in flight as well.
   r.buckets = par.dp > 1 ? (sharded_grads ? 2 : 1) * par.bucket_bytes : 0;

@@ -309,6 +309,14 @@ int64_t ModelShape::n_params() const {
   return n;
 }
 
+bool ModelShape::tied_head() const {
+  int tables = 0;
+  for (const nn::ParamEntry& e : entries)
+    tables +=
+        e.role == shard::Role::vocab && e.shape.shape().rank() == 2 && e.shape.shape()[0] == vocab;
+  return tables == 1;
+}
+
 std::vector<shard::ParamSplit> ModelShape::resolve(int n_model_shards) const {
   return shard::resolve(entries, n_model_shards);
 }

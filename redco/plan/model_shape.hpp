@@ -82,6 +82,9 @@ struct ModelShape {
   // number of model shards (filled by resolve()).
   std::vector<nn::ParamEntry> entries = {};
   int64_t n_params() const;
+  // The LM head reads the token embedding's table (one [vocab, d] parameter
+  // cut by vocabulary, not two).
+  bool tied_head() const;
   // The plan for n model shards (shard::resolve on the entries).
   std::vector<shard::ParamSplit> resolve(int n_model_shards) const;
 };

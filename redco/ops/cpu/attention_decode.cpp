@@ -187,7 +187,7 @@ inline void weigh_values16(const float* p, const KV* vb, int64_t D, int64_t d0, 
 
 template <typename KV>
 void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j1, float* o,
-                  bool prefetch) {
+                  [[maybe_unused]] bool prefetch) {  // read by the AVX-512 path only
   int64_t d = 0;
 #if REDCO_DECODE_AVX512
   for (; d + 64 <= D; d += 64) weigh_values16<4>(p, vb, D, d, j0, j1, o, prefetch);

@@ -27,7 +27,9 @@
 namespace redco::cpu {
 namespace {
 
-int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+[[maybe_unused]] int64_t round_up(int64_t v, int64_t to) {  // the AMX path's
+  return (v + to - 1) / to * to;
+}
 
 // Weight rows a task keeps in L2 while every row of x passes (64 x 2048
 // bytes for LLaMA 1.1B's projections).

@@ -149,8 +149,10 @@ bool amx_permitted() {
 #endif
 
 // x rounded to bf16, [round_up(M, 32), Kp], zero-padded: the calling thread's
-// buffer, grown once to the largest prefill (no allocation per call).
-const uint16_t* to_bf16_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t Kp) {
+// buffer, grown once to the largest prefill (no allocation per call). Used
+// by the AMX and vdpbf16ps kernels only, which a CPU without them compiles out.
+[[maybe_unused]] const uint16_t* to_bf16_rows(const float* x, int64_t ldx, int64_t M, int64_t K,
+                                              int64_t Kp) {
   thread_local std::vector<uint16_t, Eigen::aligned_allocator<uint16_t>> buf;
   const int64_t Mp = round_up(M, 32);
   if (int64_t(buf.size()) < Mp * Kp) buf.resize(size_t(Mp * Kp));

@@ -158,8 +158,9 @@ TEST_CASE("trainer: the loss falls and training is logged", "[trainer]") {
       CHECK(j.at("max_rss_mib").as_double() > 0);
     } else if (j.at("split").as_string() == "memory") {
       ++memory_lines;
-      CHECK(j.at("step").as_int() == 1);
+      CHECK(j.at("step").as_int() == 2);  // after the second step: the optimizer's state held
       CHECK(j.at("rank0.params_mib").as_double() > 0);
+      CHECK(j.at("rank0.peak_mib").as_double() > j.at("rank0.params_mib").as_double());
     } else {
       ++eval_lines;
       CHECK(j.at("split").as_string() == "eval");

@@ -28,6 +28,11 @@ Check positive() {
 }
 Check non_negative() { return bounds(0, kInf, false); }
 Check in_range(double lo, double hi) { return bounds(lo, hi, false); }
+Check at_least_or(int64_t lo, std::string word) {
+  Check c = bounds(double(lo), kInf, true);
+  c.names = {std::move(word)};
+  return c;
+}
 Check one_of(std::vector<std::string> names) {
   Check c;
   c.kind = Check::Kind::one_of, c.names = std::move(names);
@@ -43,9 +48,19 @@ Option* Option::check(const Check& c) {
     case Check::Kind::one_of:
       o->check(CLI::IsMember(c.names));
       break;
-    case Check::Kind::bounds:
-      o->check(c.integer ? cli11::detail::bounds(c.lo, c.hi, true) : cli11::in_range(c.lo, c.hi));
+    case Check::Kind::bounds: {
+      CLI::Validator v =
+          c.integer ? cli11::detail::bounds(c.lo, c.hi, true) : cli11::in_range(c.lo, c.hi);
+      if (c.names.empty()) {
+        o->check(v);
+      } else {  // the number, or the one word also allowed (at_least_or)
+        const std::string word = c.names[0];
+        o->check(CLI::Validator(
+            [v, word](std::string& text) mutable { return text == word ? std::string() : v(text); },
+            v.get_description() + " or " + word));
+      }
       break;
+    }
   }
   return this;
 }

@@ -31,6 +31,7 @@ Check positive();                       // a number > 0 (a learning rate)
 Check non_negative();                   // a number >= 0 (a timeout)
 Check in_range(double lo, double hi);   // a number in [lo, hi] (a probability)
 Check one_of(std::vector<std::string> names);
+Check at_least_or(int64_t lo, std::string word);  // an integer >= lo, or `word` ("auto")
 
 class App;
 // An option just added: app.add_option(...)->check(...)->delimiter(',').

@@ -131,7 +131,8 @@ int main(int argc, char** argv) try {
   app.add_option("--seed", o.seed);
   app.add_option("--n-model-shards", shards_text,
                  "a number, or auto: the planner picks the shards, "
-                 "ZeRO stage and recomputation that fit (docs/planning.md)");
+                 "ZeRO stage and recomputation that fit (docs/planning.md)")
+      ->check(cli::at_least_or(1, "auto"));
   app.add_option("--memory-per-device", memory,
                  "auto: what each rank may use (16GB); default: "
                  "the host's available memory shared by its ranks");

@@ -142,7 +142,8 @@ int main(int argc, char** argv) try {
   app.add_option("--eval-every", o.eval_every, "steps between validations")
       ->check(cli::at_least(1));
   app.add_option("--seed", o.seed);
-  app.add_option("--n-model-shards", shards_text, "a number, or auto (docs/planning.md)");
+  app.add_option("--n-model-shards", shards_text, "a number, or auto (docs/planning.md)")
+      ->check(cli::at_least_or(1, "auto"));
   app.add_option("--workdir", workdir, "tokenizer, checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
   if (o.copy_steps < 0) o.copy_steps = o.init_from.empty() ? 1500 : 0;

@@ -19,15 +19,23 @@
 namespace redco::nn {
 namespace {
 
+// `mp` set: a vocabulary-split head's logits, this rank's columns [..., V/mp]:
+// cross_entropy runs vocab_parallel_linear_cross_entropy, nn::whole forms
+// this rank's columns and gathers every rank's.
 class DeferredLogits final : public Placement, public CrossEntropyOnParts {
  public:
-  DeferredLogits(Tensor h, Tensor table) : h_(std::move(h)), table_(std::move(table)) {}
+  DeferredLogits(Tensor h, Tensor table, comm::Comm* mp)
+      : h_(std::move(h)), table_(std::move(table)), mp_(mp) {}
 
   std::string describe() const override {
+    const std::string which =
+        mp_ ? fmt::format("this rank's {} vocabulary columns (of {} model-parallel ranks) of ",
+                          table_.dim(0), mp_->size())
+            : std::string();
     return fmt::format(
-        "the LM head's logits {} x {}^T, not formed yet (they are formed a chunk "
-        "at a time by the loss)",
-        h_.shape(), table_.shape());
+        "{}the LM head's logits {} x {}^T, not formed yet (they are formed a chunk at a time "
+        "by the loss)",
+        which, h_.shape(), table_.shape());
   }
   std::string read_hint() const override {
     return "Call nn::whole(t) to form them (cross_entropy takes them as they are, without "
@@ -35,15 +43,22 @@ class DeferredLogits final : public Placement, public CrossEntropyOnParts {
   }
   bool holds_values() const override { return false; }
   Tensor whole(const Tensor& t) const override {
-    return reshape(matmul(h_, table_, false, true), check_layout(t, "whole()"));
+    return mp_ ? gather_from_parallel(part(t), *mp_, t.rank() - 1) : part(t);
   }
+  // This rank's logits (all of them without a split), formed differentiably.
+  Tensor part(const Tensor& t) const {
+    return reshape(matmul(h_, table_, false, true), check_layout(t, "forming them"));
+  }
+  bool split() const { return mp_ != nullptr; }
   Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                        int64_t ignore_index) const override {
     check_layout(logits, "cross_entropy");
     REDCO_CHECK(labels.shape() == logits.shape().drop(-1),
                 "cross_entropy: logits {} need labels of shape {}, got {}", logits.shape(),
                 logits.shape().drop(-1), labels.shape());
-    return linear_cross_entropy(h_, table_, labels.view(h_.shape().drop(-1)), ignore_index);
+    const Tensor rows = labels.view(h_.shape().drop(-1));
+    return mp_ ? vocab_parallel_linear_cross_entropy(h_, table_, rows, *mp_, ignore_index)
+               : linear_cross_entropy(h_, table_, rows, ignore_index);
   }
 
  private:
@@ -59,61 +74,14 @@ class DeferredLogits final : public Placement, public CrossEntropyOnParts {
     return t.shape();
   }
   Tensor h_, table_;
-};
-
-// A vocabulary-split head's logits, this rank's columns, deferred the same
-// way: cross_entropy runs vocab_parallel_linear_cross_entropy, nn::whole
-// forms this rank's columns and gathers every rank's.
-class DeferredSplitLogits final : public Placement, public CrossEntropyOnParts {
- public:
-  DeferredSplitLogits(Tensor h, Tensor table, comm::Comm& mp)
-      : h_(std::move(h)), table_(std::move(table)), mp_(&mp) {}
-
-  std::string describe() const override {
-    return fmt::format(
-        "this rank's {} vocabulary columns of the LM head's logits {} x {}^T across {} "
-        "model-parallel ranks, not formed yet (the loss forms them a chunk at a time)",
-        table_.dim(0), h_.shape(), table_.shape(), mp_->size());
-  }
-  std::string read_hint() const override {
-    return "Call nn::whole(t) to form and gather them (cross_entropy takes them as they are), or "
-           "set ctx.split_output = nn::Ctx::SplitOutput::never";
-  }
-  bool holds_values() const override { return false; }
-  Tensor whole(const Tensor& t) const override {
-    return gather_from_parallel(part(t), *mp_, t.rank() - 1);
-  }
-  Tensor part(const Tensor& t) const {
-    check(t, "forming them");
-    return reshape(matmul(h_, table_, false, true), t.shape());
-  }
-  Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
-                       int64_t ignore_index) const override {
-    check(logits, "cross_entropy");
-    REDCO_CHECK(labels.shape() == logits.shape().drop(-1),
-                "cross_entropy: logits {} need labels of shape {}, got {}", logits.shape(),
-                logits.shape().drop(-1), labels.shape());
-    return vocab_parallel_linear_cross_entropy(h_, table_, labels.view(h_.shape().drop(-1)), *mp_,
-                                               ignore_index);
-  }
-
- private:
-  void check(const Tensor& t, const char* op) const {
-    REDCO_CHECK(t.impl().offset == 0 && t.rank() >= 1 && t.shape().last() == table_.dim(0) &&
-                    t.numel() == h_.numel() / h_.shape().last() * table_.dim(0),
-                "{}: a tensor of shape {} was {}, but has been sliced or reshaped since; call "
-                "nn::whole() on the model output before reshaping it",
-                op, t.shape(), describe());
-  }
-  Tensor h_, table_;
-  comm::Comm* mp_;
+  comm::Comm* mp_;  // nullptr: the whole table is here
 };
 
 }  // namespace
 
 Tensor form_split_logits(const Tensor& t) {
-  const auto* p = dynamic_cast<const DeferredSplitLogits*>(t.placement());
-  return p ? p->part(t) : t;
+  const auto* p = dynamic_cast<const DeferredLogits*>(t.placement());
+  return p && p->split() ? p->part(t) : t;
 }
 
 Tensor vocab_head_logits(const Tensor& h, const Tensor& table, const Ctx& ctx) {
@@ -126,10 +94,9 @@ Tensor vocab_head_logits(const Tensor& h, const Tensor& table, const Ctx& ctx) {
   impl->storage->device = h.device();
   impl->shape = h.shape().with(-1, table.dim(0));
   impl->dtype = DType::f32;
-  if (ctx.split_features)  // this rank's columns [..., V/mp]
-    impl->placement = std::make_shared<DeferredSplitLogits>(h, table, *ctx.mp);
-  else
-    impl->placement = std::make_shared<DeferredLogits>(h, table);
+  // Split by vocabulary: this rank's columns [..., V/mp].
+  impl->placement =
+      std::make_shared<DeferredLogits>(h, table, ctx.split_features ? ctx.mp : nullptr);
   return Tensor(std::move(impl));
 }
 

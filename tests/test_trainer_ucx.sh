@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A tiny GPT trained by 2 UCX processes under redco-run, data-parallel and then
-# model-parallel, then data-parallel with ZeRO stages 1 and 2 (also with an
-# embedding large enough that ZeRO splits it), gives the 1-process losses
+# model-parallel, then data-parallel with ZeRO stages 1, 2 and 3 (also with
+# an embedding large enough that ZeRO splits it), gives the 1-process losses
 # within 1e-5 relative.
 #   test_trainer_ucx.sh <trainer_dist_worker> <redco-run>
 set -euo pipefail
@@ -9,7 +9,7 @@ worker=$1
 run=$2
 # TCP between the processes: shared-memory transports are not always usable in containers.
 export UCX_TLS=${UCX_TLS:-tcp,self}
-for cfg in "1 0 32" "2 0 32" "1 1 32" "1 2 32" "1 1 512" "1 2 512"; do
+for cfg in "1 0 32" "2 0 32" "1 1 32" "1 2 32" "1 3 32" "1 1 512" "1 2 512" "1 3 512"; do
   read -r shards zero vocab <<< "$cfg"
   one=$("$worker" 1 0 "$vocab" | grep '^loss')
   [ "$(echo "$one" | wc -l)" = 10 ] || { echo "1 process: expected 10 losses, got: $one"; exit 1; }

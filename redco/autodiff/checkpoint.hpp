@@ -46,6 +46,8 @@ class CaptureScope {
   friend void note_inputs(const TensorList& inputs);
 };
 void note_inputs(const TensorList& inputs);  // called by needs_graph
+// Whether a CaptureScope is alive on this thread (a checkpointed block's first run).
+bool capturing();
 
 // While a Substitution is alive on a thread, an op recording a node links an
 // input that is `from[i]` (the same tensor object) to `to[i]`'s history

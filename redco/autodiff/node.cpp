@@ -89,6 +89,14 @@ Tensor record(const char* name, const TensorList& inputs, Tensor output, Node::B
   return record(name, inputs, TensorList{std::move(output)}, std::move(backward))[0];
 }
 
+Tensor rejoin(Tensor values, std::shared_ptr<Node> node, int slot) {
+  REDCO_CHECK(!values.requires_grad() && values.is_leaf(),
+              "rejoin: the values already have autograd history");
+  const bool floating = is_floating(values.dtype());
+  attach(values, std::move(node), slot, floating);
+  return values;
+}
+
 SavedOutput::SavedOutput(const Tensor& out) : data_(out.detach()) {
   if (const AutogradMeta* m = autograd_meta(out)) {
     node_ = m->grad_fn;
@@ -110,6 +118,7 @@ CaptureScope::CaptureScope(TensorList& seen) : previous_(t_capture), seen_(&seen
   t_capture = this;
 }
 CaptureScope::~CaptureScope() { t_capture = previous_; }
+bool capturing() { return t_capture != nullptr; }
 
 void note_inputs(const TensorList& inputs) {
   TensorList& seen = *t_capture->seen_;

@@ -92,6 +92,12 @@ TensorList record(const char* name, const TensorList& inputs, TensorList outputs
                   Node::Backward backward);
 Tensor record(const char* name, const TensorList& inputs, Tensor output, Node::Backward backward);
 
+// `values` as one more handle of output `slot` of `node` (values equal to
+// that output's: a ZeRO-3 parameter gathered again for a second read).
+// Gradients reaching either handle are summed at the node, as for one
+// tensor read twice.
+Tensor rejoin(Tensor values, std::shared_ptr<Node> node, int slot);
+
 // An op's own output, captured for its backward rule without owning the node.
 class SavedOutput {
  public:

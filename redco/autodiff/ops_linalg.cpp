@@ -61,24 +61,26 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   // Fold every leading dim into the GEMM's M: one [tokens, in] x [in, out]
   // product forward, and dW = dY^T X is a single GEMM too (no batch to sum).
   // x is saved as a SavedInput: a norm's output is recomputed in backward.
+  // So is w: a ZeRO-3 weight, gathered for this read, is gathered again when
+  // backward needs it rather than kept whole in between (train/param_gather.hpp).
   const int64_t in = w.dim(1), out = w.dim(0);
   const Shape x_shape = x.shape(), out_shape = x.shape().with(-1, out);
   const Precision precision = matmul_precision();
   Tensor y =
       record("linear", {x, w}, kernels::matmul(x.view({-1, in}), w, false, true).view(out_shape),
-             [saved_x = SavedInput(x), w, in, out, x_shape, precision](const Node& self,
-                                                                       const TensorList& g) {
+             [saved_x = SavedInput(x), saved_w = SavedInput(w), in, out, x_shape, precision](
+                 const Node& self, const TensorList& g) {
                PrecisionGuard same(precision);
                const Tensor x = saved_x.get();
                if (building_higher_order())
-                 return reference_vjp(self, {x, w}, g[0], [&](const TensorList& a) {
+                 return reference_vjp(self, {x, saved_w.get()}, g[0], [&](const TensorList& a) {
                    return reshape(matmul(reshape(a[0], {-1, in}), a[1], false, true),
                                   x_shape.with(-1, out));
                  });
                const Tensor dy = g[0].view({-1, out});  // [rows, out]
                TensorList grads(2);
                if (self.needs_grad(0))
-                 grads[0] = kernels::matmul(dy, w, false, false).view(x_shape);
+                 grads[0] = kernels::matmul(dy, saved_w.get(), false, false).view(x_shape);
                if (self.needs_grad(1))
                  grads[1] = kernels::matmul(dy, x.view({-1, in}), true, false);
                return grads;
@@ -148,17 +150,24 @@ Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& b
   TensorList inputs{x};
   inputs.insert(inputs.end(), ws.begin(), ws.end());
   inputs.insert(inputs.end(), bs.begin(), bs.end());
-  TensorList kept = inputs;  // all but x, which is saved as a SavedInput
-  kept[0] = Tensor();
+  // Every input saved as a SavedInput (x a norm's output, the weights
+  // possibly ZeRO-3's gathered ones); the weights are read again only for dx.
+  std::vector<SavedInput> saved;
+  for (const Tensor& t : inputs) saved.emplace_back(t);
+  std::vector<int64_t> rows_of;  // each weight's output rows
+  for (const Tensor& w : ws) rows_of.push_back(w.dim(0));
   return record(
       "linear", inputs, y.view(x.shape().with(-1, out)),
-      [kept, saved_x = SavedInput(x), n = ws.size(), has_bias = !bs.empty(), in, out, precision](
+      [saved, rows_of, n = ws.size(), has_bias = !bs.empty(), in, out, precision](
           const Node& self, const TensorList& g) {
         PrecisionGuard same(precision);
-        TensorList inputs = kept;
-        inputs[0] = saved_x.get();
+        const bool higher = building_higher_order();
+        TensorList inputs(saved.size());
+        for (size_t i = 0; i < saved.size(); ++i)
+          if (i == 0 || (i <= n && (higher || self.needs_grad(0))) || (i > n && higher))
+            inputs[i] = saved[i].get();
         const TensorList ws(inputs.begin() + 1, inputs.begin() + 1 + long(n));
-        if (building_higher_order())
+        if (higher)
           return reference_vjp(self, inputs, g[0], [n, has_bias](const TensorList& a) {
             const TensorList w(a.begin() + 1, a.begin() + 1 + long(n));
             return linear(
@@ -175,7 +184,7 @@ Tensor linear_stacked(const Tensor& x, const TensorList& ws, const TensorList& b
             has_bias ? kernels::reduce(ReduceOp::sum, dy, rows).view({out}) : Tensor();
         int64_t at = 0;
         for (size_t i = 0; i < n; ++i) {
-          const int64_t r = ws[i].dim(0);
+          const int64_t r = rows_of[i];
           grads[1 + i] = kernels::slice(dw, 0, at, r);
           if (has_bias) grads[1 + n + i] = kernels::slice(db, 0, at, r);
           at += r;

@@ -146,13 +146,15 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& labe
       head_chunks(x2, w, labels1, ignore_index, step, scale, recorded ? saved.get() : nullptr);
   const Tensor loss = kernels::binary_scalar(BinaryOp::mul, total.view(Shape{}), scale);
   return record("linear_cross_entropy", {x, w}, loss,
-                [saved_x = detail::SavedInput(x), w, labels, ignore_index, precision, saved](
-                    const Node& self, const TensorList& g) {
+                [saved_x = detail::SavedInput(x), saved_w = detail::SavedInput(w), labels,
+                 ignore_index, precision, saved](const Node& self, const TensorList& g) {
                   if (building_higher_order())
-                    return reference_vjp(self, {saved_x.get(), w}, g[0], [&](const TensorList& in) {
-                      PrecisionGuard same(precision);
-                      return cross_entropy(matmul(in[0], in[1], false, true), labels, ignore_index);
-                    });
+                    return reference_vjp(self, {saved_x.get(), saved_w.get()}, g[0],
+                                         [&](const TensorList& in) {
+                                           PrecisionGuard same(precision);
+                                           return cross_entropy(matmul(in[0], in[1], false, true),
+                                                                labels, ignore_index);
+                                         });
                   TensorList grads(2);
                   if (self.needs_grad(0))
                     grads[0] = scaled(saved->dx, g[0]).view(self.input_meta()[0].shape);

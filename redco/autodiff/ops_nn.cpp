@@ -205,9 +205,10 @@ Tensor bias_gelu_linear(const Tensor& y, const Tensor& b, const Tensor& w, bool 
       kernels::matmul(activations(kept).second, w, false, true).view(y.shape().with(-1, out));
   return record(
       "bias_gelu_linear", {y, b, w}, std::move(z),
-      [kept, b, w, tanh_approx, precision, activations, out](const Node& self,
-                                                             const TensorList& g) {
+      [kept, b, saved_w = detail::SavedInput(w), tanh_approx, precision, activations, out](
+          const Node& self, const TensorList& g) {
         PrecisionGuard same(precision);
+        const Tensor w = saved_w.get();  // a ZeRO-3 weight is gathered again here
         if (building_higher_order()) {
           REDCO_CHECK(kept.dtype() != DType::bf16,
                       "bias_gelu_linear: gradients of gradients (create_graph) through an MLP "

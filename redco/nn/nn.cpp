@@ -31,11 +31,9 @@ Name Params::next_scope_name() const {
   return scope_[(*pos_)++];
 }
 
-const Tensor& Params::operator[](std::string_view leaf) const {
-  return lookup(path_.dot(leaf).view());
-}
+Tensor Params::operator[](std::string_view leaf) const { return lookup(path_.dot(leaf).view()); }
 
-const Tensor& Params::at_root(std::string_view name) const {
+Tensor Params::at_root(std::string_view name) const {
   return root_.size() == 0 ? lookup(name) : lookup(root_.dot(name).view());
 }
 
@@ -64,9 +62,12 @@ ParamReadHook*& param_read_hook() {
   return hook;
 }
 
-const Tensor& Params::lookup(std::string_view name) const {
-  if (ParamReadHook* hook = param_read_hook()) hook->before_read(name);
+Tensor Params::lookup(std::string_view name) const {
+  ParamReadHook* hook = param_read_hook();
+  if (hook) hook->before_read(name);
   auto it = tree_->find(std::string(name));
+  if (it == tree_->end() && hook)
+    if (Tensor provided = hook->provide(name); provided.defined()) return provided;
   REDCO_CHECK(it != tree_->end(),
               "parameter '{}' is missing from the parameter tree ({} entries); build it with "
               "nn::init_params(model, seed) or load a checkpoint of this model",

@@ -4,13 +4,20 @@
 // announced to it first. ZeRO uses it to start the next step's forward while
 // the owners' updated parameters are still on their way
 // (train/param_share.hpp): a read waits only for what carries that parameter.
+// ZeRO-3 keeps only a part of each trained parameter on a replica, and the
+// hook provides the whole one when a forward reads it (train/param_gather.hpp).
 #include <string_view>
+
+#include "redco/core/tensor.hpp"
 
 namespace redco::nn {
 
 class ParamReadHook {
  public:
   virtual void before_read(std::string_view name) = 0;
+  // The parameter `name` when the tree being read does not hold it (ZeRO-3:
+  // gathered from its owners); undefined when this hook has none either.
+  virtual Tensor provide(std::string_view name) { return (void)name, Tensor(); }
 
  protected:
   ~ParamReadHook() = default;

@@ -299,8 +299,10 @@ class Params {
   // nn::parts: "actor.0.weight"); at_root names resolve under it too.
   Params(const ParamTree& tree, const Name& root, std::shared_ptr<const SplitTable> splits = {})
       : tree_(&tree), splits_(std::move(splits)), path_(root), root_(root) {}
-  const Tensor& operator[](std::string_view leaf) const;
-  const Tensor& at_root(std::string_view name) const;  // e.g. a tied embedding
+  // By value: a parameter the tree lacks may be made for this read (ZeRO-3
+  // gathers it, nn::ParamReadHook::provide) and lives as long as its users.
+  Tensor operator[](std::string_view leaf) const;
+  Tensor at_root(std::string_view name) const;  // e.g. a tied embedding
   // The dimension of parameter `leaf` (or of the root name `name`) that the
   // plan cuts across the model shards; -1: whole here.
   int split(std::string_view leaf) const;
@@ -355,7 +357,7 @@ class Params {
 
  private:
   Name next_scope_name() const;
-  const Tensor& lookup(std::string_view full_name) const;
+  Tensor lookup(std::string_view full_name) const;
   int split_of(std::string_view model_name) const;
   const ParamTree* tree_;
   std::shared_ptr<const SplitTable> splits_;

@@ -184,7 +184,24 @@ void arrive(DataParallel::Step& step, const std::string& name, const Tensor& g, 
 
 }  // namespace
 
-void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>& order) {
+void DataParallel::begin(const ParamTree& params, const std::vector<std::string>& order) {
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : params) shapes.emplace(name, p.shape());
+  begin(shapes, params.empty() ? Device::cpu() : params.begin()->second.device(), order);
+}
+
+void DataParallel::start(const std::map<std::string, Shape>& shapes, Device device,
+                         const std::vector<std::string>& order) {
+  begin(shapes, device, order);
+}
+
+void DataParallel::hand_over(const std::string& name, const Tensor& grad) {
+  REDCO_CHECK(step_, "DataParallel::hand_over: no step in flight (call start() first)");
+  arrive(*step_, name, grad, *dp_);
+}
+
+void DataParallel::begin(const std::map<std::string, Shape>& shapes, Device device,
+                         const std::vector<std::string>& order) {
   REDCO_CHECK(!step_, "DataParallel: finish() the previous step before starting another");
   REDCO_CHECK(order.size() == shapes.size(),
               "DataParallel: {} parameters but {} names in the order", shapes.size(), order.size());
@@ -192,7 +209,6 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
   // One bucket being filled per owner (just one without ZeRO-2); a bucket's
   // slots are numbered when it is closed, so buckets keep their closing order.
   std::map<int, Bucket> pending;
-  const Device device = shapes.empty() ? Device::cpu() : shapes.begin()->second.device();
   std::map<int, int64_t> numel;
   auto close = [&](int owner) {
     Bucket& b = pending[owner];
@@ -214,7 +230,7 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
   size_t limit = bucket_bytes_;
   if (owners_) {
     int64_t total = 0;
-    for (const auto& [name, t] : shapes) total += t.numel();
+    for (const auto& [name, shape] : shapes) total += shape.numel();
     const auto per_owner = size_t(total) * sizeof(float) / size_t(dp_->size());
     limit = std::min(limit, std::max<size_t>(per_owner / 4, 4096));
   }
@@ -224,7 +240,7 @@ void DataParallel::begin(const ParamTree& shapes, const std::vector<std::string>
     // ZeRO-2: each part of a split gradient goes to its own owner's bucket.
     static const std::vector<int> kAllReduce{-1};
     const std::vector<int>& owners = owners_ ? owners_->part_owners(*it) : kAllReduce;
-    const Shape& shape = found->second.shape();
+    const Shape& shape = found->second;
     for (int k = 0; k < int(owners.size()); ++k) {
       const int owner = owners[size_t(k)];
       std::pair<int64_t, int64_t> rows{0, -1};

@@ -72,6 +72,13 @@ class DataParallel {
   // are started at once.
   void average(ParamTree& grads, const std::vector<std::string>& order);
 
+  // ZeRO-3 (ParamGather): a step whose gradients the caller hands over one
+  // by one as backward completes them (each whole, of `shapes`), then
+  // finish(grads) as after watch().
+  void start(const std::map<std::string, Shape>& shapes, Device device,
+             const std::vector<std::string>& order);
+  void hand_over(const std::string& name, const Tensor& grad);
+
   // ZeRO stage 2: each gradient is averaged into its owner only (buckets hold
   // one owner's parameters and are sent to it instead of all-reduced), and
   // finish() leaves in `grads` only the gradients this replica owns. The mean
@@ -94,7 +101,9 @@ class DataParallel {
   struct Step;  // the buckets of the step in flight
 
  private:
-  void begin(const ParamTree& shapes, const std::vector<std::string>& order);
+  void begin(const std::map<std::string, Shape>& shapes, Device device,
+             const std::vector<std::string>& order);
+  void begin(const ParamTree& params, const std::vector<std::string>& order);
 
   comm::Comm* dp_;
   size_t bucket_bytes_;

@@ -97,9 +97,9 @@ Deployer::Deployer(DeployerConfig config) : config_(std::move(config)) {
   REDCO_CHECK(config_.n_model_shards >= 1, "Deployer: n_model_shards must be >= 1, got {}",
               config_.n_model_shards);
   heartbeat::start();  // a launcher watching for hangs hears from this rank from now on
-  REDCO_CHECK(config_.zero_stage >= 0 && config_.zero_stage <= 2,
+  REDCO_CHECK(config_.zero_stage >= 0 && config_.zero_stage <= 3,
               "Deployer: zero_stage must be 0 (off), 1 (optimizer state partitioned over the "
-              "data-parallel replicas) or 2 (gradients too), got {}",
+              "data-parallel replicas), 2 (gradients too) or 3 (parameters too), got {}",
               config_.zero_stage);
   REDCO_CHECK(config_.grad_bucket_bytes > 0,
               "Deployer: grad_bucket_bytes must be > 0 (the default is 25 MiB)");

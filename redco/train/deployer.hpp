@@ -63,7 +63,9 @@ struct DeployerConfig {
   comm::Comm* world = nullptr;
   // ZeRO over the data-parallel replicas (train/zero.hpp): 0 off, 1 the
   // optimizer's state partitioned by replica, 2 the gradients as well (each
-  // averaged into its owner only). Combines with n_model_shards.
+  // averaged into its owner only), 3 the parameters too (each gathered whole
+  // as a forward or backward reads it: train/param_gather.hpp). Combines
+  // with n_model_shards.
   int zero_stage = 0;
   // Under ZeRO, whether the next step's forward starts while the owners'
   // updated parameters are still on their way, each read waiting for its own

@@ -9,6 +9,7 @@
 #include "redco/comm/mesh.hpp"
 #include "redco/core/error.hpp"
 #include "redco/sched/task.hpp"
+#include "redco/train/param_gather.hpp"
 
 namespace redco::train {
 
@@ -23,6 +24,22 @@ MeshUpdate::MeshUpdate(Deployer& deployer, const ShardPlan& plan, ParamGroups& g
 }
 
 MeshUpdate::~MeshUpdate() = default;
+
+bool MeshUpdate::zero3() const { return zero_ && deployer_->zero_stage() >= 3; }
+
+ParamTree MeshUpdate::keep_parts(const ParamTree& local) {
+  return zero3() ? zero_->keep_parts(local) : local;
+}
+
+ParamTree MeshUpdate::gathered(const ParamTree& params) const {
+  if (!zero3()) return params;
+  ParamTree out;
+  for (const auto& [name, t] : params)
+    out.emplace(name, zero_->has(name)
+                          ? ParamGather::gather(*zero_, name, t, deployer_->mesh().dp_comm())
+                          : t);
+  return out;
+}
 
 // The non-finite check is the global gradient norm the step needs anyway.
 // With model shards the optimizer is handed the global norm, so its clipping
@@ -72,7 +89,10 @@ bool MeshUpdate::apply_groups(ParamTree& params, const ParamTree& grads, double 
   ParamGroups::StepScope scope;
   if (zero_) {
     const ZeroPartition* z = zero_.get();
-    scope.own_params = [z](const ParamTree& t) { return z->owned(t); };
+    if (deployer_->zero_stage() >= 3)  // the parameters are this replica's parts already
+      scope.own_params = [z](const ParamTree& t) { return z->owned_parts(t); };
+    else
+      scope.own_params = [z](const ParamTree& t) { return z->owned(t); };
     if (deployer_->zero_stage() >= 2)  // the gradients are this replica's parts already
       scope.squares = zero_->squares(grads, deployer_->mesh().dp_comm());
     else
@@ -97,8 +117,10 @@ void MeshUpdate::optimizer_step(ParamTree& params, const ParamTree& grads, doubl
   if (!zero_) {
     opt.step(params, grads, norm);
   } else {
-    // Under ZeRO-2 the gradients are this replica's parts already.
-    ParamTree mine = zero_->owned(params);
+    // Under ZeRO-2 the gradients are this replica's parts already, under
+    // ZeRO-3 the parameters too.
+    ParamTree mine =
+        deployer_->zero_stage() >= 3 ? zero_->owned_parts(params) : zero_->owned(params);
     opt.step(mine, deployer_->zero_stage() >= 2 ? grads : zero_->owned(grads), norm);
   }
   if (deployer_->n_model_shards() > 1) sync_replicated(params);
@@ -108,7 +130,8 @@ void MeshUpdate::optimizer_step(ParamTree& params, const ParamTree& grads, doubl
 // Under ZeRO every replica's updated parameters go to the others: started
 // now and, with `overlap`, left on their way for the next forward.
 void MeshUpdate::share(ParamTree& params, bool overlap) {
-  if (!zero_) return;
+  // ZeRO-3: nobody keeps the others' parameters; the next forward gathers them.
+  if (!zero_ || deployer_->zero_stage() >= 3) return;
   share_ = std::make_unique<ParamShare>(zero_->share_buckets(params), deployer_->mesh().dp_comm());
   if (!overlap || !deployer_->zero_overlap()) settle();
 }

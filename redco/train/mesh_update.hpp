@@ -35,6 +35,13 @@ class MeshUpdate {
 
   // The ZeRO partition; nullptr without ZeRO.
   const ZeroPartition* zero() const { return zero_.get(); }
+  // ZeRO-3: whether the trained parameters are kept as this replica's parts,
+  // and those parts of `local` (the rank's whole shards), other entries kept.
+  bool zero3() const;
+  ParamTree keep_parts(const ParamTree& local);
+  // ZeRO-3: `params` (parts) with every partitioned parameter gathered
+  // whole; the same tree otherwise. Collective over the replicas.
+  ParamTree gathered(const ParamTree& params) const;
 
   // The optimizer step on `params` (this rank's shards, updated in place),
   // unless the loss or a gradient is not finite on any rank: then

@@ -78,6 +78,7 @@
 #include "redco/train/mesh_update.hpp"
 #include "redco/train/on_device.hpp"
 #include "redco/train/parallel.hpp"
+#include "redco/train/param_gather.hpp"
 #include "redco/train/param_groups.hpp"
 #include "redco/train/per_epoch.hpp"
 #include "redco/train/pipeline.hpp"
@@ -111,6 +112,7 @@ class Trainer {
       dp_ = std::make_unique<DataParallel>(deployer.mesh().dp_comm(), deployer.grad_bucket_bytes());
     update_ = std::make_unique<MeshUpdate>(deployer, plan_, groups_);
     if (deployer.zero_stage() >= 2 && dp_) dp_->reduce_to_owners(update_->zero());
+    params_ = update_->keep_parts(params_);  // ZeRO-3: this replica's parts only
   }
 
   template <typename Ex>
@@ -163,14 +165,20 @@ class Trainer {
   }
 
   // This rank's shards of the parameters (whole ones with one model shard).
+  // Under ZeRO-3 the trained ones are this replica's parts of them
+  // (train/param_gather.hpp): local_params() gathers them.
   const ParamTree& params() const { return update_->settle(), params_; }
   ParamTree& params() { return update_->settle(), params_; }
-  // Every parameter whole, on every rank. Collective over the model shards.
+  // This rank's shards whole (under ZeRO-3 gathered over the replicas:
+  // collective), params() otherwise.
+  ParamTree local_params() const { return update_->settle(), update_->gathered(params_); }
+  // Every parameter whole, on every rank. Collective over the model shards
+  // (and under ZeRO-3 over the replicas).
   ParamTree whole_params() const {
-    update_->settle();
+    const ParamTree local = local_params();
     ParamTree out;
     for (const shard::ParamSplit& s : plan_)
-      out.emplace(s.name, gather_whole(params_.at(s.name), s, deployer_->mesh().mp_comm()));
+      out.emplace(s.name, gather_whole(local.at(s.name), s, deployer_->mesh().mp_comm()));
     return out;
   }
   const ShardPlan& plan() const { return plan_; }
@@ -227,6 +235,14 @@ class Trainer {
                 "per_device_batch_size x replicas",
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
     recompute_ = o.recompute || deployer_->auto_recompute();
+    REDCO_CHECK(!custom || !update_->zero3(),
+                "fit: a custom step reads whole parameters, which ZeRO-3 does not keep; run it "
+                "with zero_stage 2 or less");
+    if constexpr (is_per_epoch<Source>::value)
+      if constexpr (!EpochOnlyFn<decltype(source.fn)>)
+        REDCO_CHECK(!update_->zero3(),
+                    "fit: per_epoch examples made from the model need its whole parameters, "
+                    "which ZeRO-3 does not keep; run with zero_stage 2 or less");
     memory_logged_ = memory_measured_ = false;
     first_memory_ = {};
     // A job the launcher restarted after a failure continues where it stopped.
@@ -333,6 +349,7 @@ class Trainer {
   template <typename Batch>
   std::pair<Tensor, ParamTree> loss_and_grads(const Batch& batch, const nn::Ctx& c, const Rng& rng,
                                               StepMemory& mem) {
+    if (update_->zero3()) return zero3_loss_and_grads(batch, c, rng, mem);
     auto loss = [&](const ParamTree& p) {
       if (groups_.single()) {
         BoundModel<L> bound(model_, p, c);
@@ -348,6 +365,45 @@ class Trainer {
     const ParamTree& trained = groups_.single() ? params_ : some;
     if (dp_) return dp_->value_and_grad(loss, trained, order_);
     return value_and_grad(loss, trained);
+  }
+
+  // ZeRO-3: the model reads the frozen parameters from the tree and the
+  // trained ones from a ParamGather, which gathers each from this replica's
+  // part (a leaf) and hands its gradient to the owner's bucket.
+  template <typename Batch>
+  std::pair<Tensor, ParamTree> zero3_loss_and_grads(const Batch& batch, const nn::Ctx& c,
+                                                    const Rng& rng, StepMemory& mem) {
+    const ZeroPartition& z = *update_->zero();
+    ParamTree leaves, frozen;
+    TensorList inputs;
+    std::map<std::string, Shape> shapes;  // of the gradients: this rank's whole shards
+    for (const auto& [name, t] : params_) {
+      if (!z.has(name)) {
+        frozen.emplace(name, t);
+        continue;
+      }
+      Tensor leaf = t.detach().set_requires_grad(true).set_name(name);
+      leaves.emplace(name, leaf);
+      inputs.push_back(leaf);
+      shapes.emplace(name, z.local_shape(name));
+    }
+    dp_->start(shapes, deployer_->device(), order_);
+    Tensor loss;
+    {
+      ParamGather gather(z, std::move(leaves), order_, deployer_->mesh().dp_comm(),
+                         [this](const std::string& n, const Tensor& g) { dp_->hand_over(n, g); });
+      BoundModel<L> bound(model_, frozen, c);
+      loss = measured_loss(bound, batch, rng, mem);
+      REDCO_CHECK(loss.defined() && loss.numel() == 1,
+                  "fit: the loss function must return a scalar, got shape {}",
+                  loss.defined() ? loss.shape() : Shape{});
+      gather.end_forward();
+      grad({loss}, inputs, {}, {.allow_unused = true});  // the gather's nodes take every gradient
+      gather.flush();
+    }
+    ParamTree grads;
+    dp_->finish(grads);
+    return {loss, std::move(grads)};
   }
 
   // A custom step on one micro-batch: its gradients averaged over the
@@ -410,7 +466,8 @@ class Trainer {
     if (o.eval_examples.empty()) return m;
     m.emplace_back("loss", eval_loss_checked(o.eval_examples, batch));
     if (o.evaluate) {
-      for (auto& kv : o.evaluate(o.eval_examples, batch, params_)) m.push_back(std::move(kv));
+      const ParamTree local = update_->gathered(params_);  // ZeRO-3: whole for the callback
+      for (auto& kv : o.evaluate(o.eval_examples, batch, local)) m.push_back(std::move(kv));
     }
     return m;
   }
@@ -431,9 +488,16 @@ class Trainer {
     };
     NoGradGuard no_grad;
     double total = 0;
+    // ZeRO-3: the trained parameters gathered as the forward reads them.
+    const bool zero3 = update_->zero3();
+    ParamTree held, parts;  // the tree the model reads (ZeRO-3: frozen ones only), the parts
+    for (const auto& [name, t] : params_)
+      (zero3 && update_->zero()->has(name) ? parts : held).emplace(name, t);
     auto use = [&](int64_t b, const Batch& x) {
       const uint64_t id = uint64_t(slices.id(b));
-      BoundModel<L> bound(model_, params_, ctx(false, id));
+      std::optional<ParamGather> gather;
+      if (zero3) gather.emplace(*update_->zero(), parts, order_, deployer_->mesh().dp_comm());
+      BoundModel<L> bound(model_, held, ctx(false, id));
       const Tensor l = loss_(bound, x, deployer_->rng(Purpose::eval, id));
       total += double(l.to(Device::cpu()).item()) * double(slices.size(b));
       return true;
@@ -469,7 +533,7 @@ class Trainer {
             .on_non_finite = o.on_non_finite,
             .opt_state = update_->zero() ? std::function<ParamTree(const ParamGroups&)>(
                                                [this](const ParamGroups&) {
-                                                 return update_->full_state(params_);
+                                                 return update_->full_state(params_);  // (parts)
                                                })
                                          : nullptr};
   }
@@ -481,19 +545,23 @@ class Trainer {
     std::optional<CheckpointData> ck = run.resume();
     if (!ck) return;
     if (groups_.single()) {
-      params_ = std::move(ck->params);
+      params_ = update_->keep_parts(ck->params);  // ZeRO-3: cut into this replica's parts
     } else {
-      for (auto& [name, t] : ck->params) params_.insert_or_assign(name, std::move(t));
+      ParamTree local = update_->gathered(params_);
+      for (auto& [name, t] : ck->params) local.insert_or_assign(name, std::move(t));
+      params_ = update_->keep_parts(local);
     }
     epochs_.restore_from(ck->opt_state, params_);
     groups_.load_state(update_->owned_state(ck->opt_state));
   }
 
   // What checkpoints hold: every parameter but frozen ones saved with .checkpoint = false.
+  // Under ZeRO-3 gathered whole for the while (collective over the replicas).
   const ParamTree& saved_params() {
     update_->settle();
-    if (groups_.single()) return params_;
-    saved_ = groups_.saved_of(params_);
+    if (groups_.single() && !update_->zero3()) return params_;
+    saved_ = update_->gathered(params_);
+    if (!groups_.single()) saved_ = groups_.saved_of(saved_);
     return saved_;
   }
 

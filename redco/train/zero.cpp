@@ -177,16 +177,19 @@ ParamTree ZeroPartition::full_state(const ParamTree& state, const ParamTree& par
         const auto it = state.find(key);
         const bool have = r == rank_ && it != state.end();
         names.push_back(key);
-        const Tensor& like = params.at(n);
+        // Under ZeRO-3 `params` are parts: the whole shape is the remembered one.
+        const Tensor& part_or_whole = params.at(n);
+        const Tensor like = local_shapes_.empty()
+                                ? part_or_whole
+                                : Tensor::empty(Shape{0}, DType::f32, part_or_whole.device());
+        const Shape& shape = local_shapes_.empty() ? like.shape() : local_shape(n);
         if (!split(n)) {
-          parts.push_back(have ? it->second
-                               : Tensor::zeros(like.shape(), DType::f32, like.device()));
+          parts.push_back(have ? it->second : Tensor::zeros(shape, DType::f32, like.device()));
           continue;
         }
         auto whole = assembled.find(key);
         if (whole == assembled.end())
-          whole =
-              assembled.emplace(key, Tensor::zeros(like.shape(), DType::f32, like.device())).first;
+          whole = assembled.emplace(key, Tensor::zeros(shape, DType::f32, like.device())).first;
         Tensor into = part(n, whole->second, r);  // received in place
         if (have) into.copy_from(it->second);
         parts.push_back(into);
@@ -259,6 +262,39 @@ ParamTree ZeroPartition::owned_state(const ParamTree& state) const {
       out.emplace(key, part(p, t, rank_));  // load_state copies it in
     }
   }
+  return out;
+}
+
+ParamTree ZeroPartition::keep_parts(const ParamTree& local) {
+  ParamTree out;
+  for (const auto& [name, t] : local) {
+    if (!owners_.count(name)) {
+      out.emplace(name, t);
+      continue;
+    }
+    local_shapes_.insert_or_assign(name, t.shape());
+    REDCO_CHECK(t.dtype() == DType::f32, "ZeRO-3: parameters must be f32, got {} for '{}'",
+                dtype_name(t.dtype()), name);
+    // A copy, so that the whole tensor's buffer goes back to the allocator.
+    const Tensor none =
+        t.rank() == 0 ? Tensor::empty(Shape{0}, DType::f32, t.device()) : t.slice0(0, 0);
+    const Tensor mine = owns(name) ? part(name, t, rank_) : none;
+    out.emplace(name, mine.clone());
+  }
+  return out;
+}
+
+const Shape& ZeroPartition::local_shape(const std::string& name) const {
+  const auto it = local_shapes_.find(name);
+  REDCO_CHECK(it != local_shapes_.end(), "ZeRO-3: no shape is known for '{}' (keep_parts first)",
+              name);
+  return it->second;
+}
+
+ParamTree ZeroPartition::owned_parts(const ParamTree& parts) const {
+  ParamTree out;
+  for (const std::string& n : names_[size_t(rank_)])
+    if (const auto it = parts.find(n); it != parts.end()) out.emplace(n, it->second);
   return out;
 }
 

@@ -101,12 +101,29 @@ class ZeroPartition {
   // buffers, or the parts of buffers, of the parameters it owns).
   ParamTree owned_state(const ParamTree& state) const;
 
+  // ZeRO-3 (the parameters themselves partitioned, param_gather.hpp): this
+  // replica's part of every parameter of the partition in `local` (the rank's
+  // shards, whole across the replicas), each a tensor of its own: its rows
+  // of a split one, a parameter owned whole at its owner and as an empty
+  // [0, ...] tensor at the others. Other entries are kept as they are. The
+  // first call remembers the shapes (local_shape).
+  ParamTree keep_parts(const ParamTree& local);
+  // A partitioned parameter's shape on this rank (whole across the replicas).
+  const Shape& local_shape(const std::string& name) const;
+  // The entries of a tree of parts (keep_parts) that this replica owns.
+  ParamTree owned_parts(const ParamTree& parts) const;
+  // Whether `name` is a parameter of the partition.
+  bool has(const std::string& name) const { return owners_.count(name) > 0; }
+  // Every partitioned parameter's name, in key order.
+  const std::vector<std::string>& names() const { return all_; }
+
  private:
   // names[r]: the parameters replica r owns whole or a part of, in key order.
   std::vector<std::vector<std::string>> names_;
   std::unordered_map<std::string, std::vector<int>> owners_;  // part_owners()
   std::vector<std::string> all_;                              // every parameter, in key order
-  std::vector<std::string> in_plan_order_;  // every parameter, as the plan has them
+  std::vector<std::string> in_plan_order_;     // every parameter, as the plan has them
+  std::map<std::string, Shape> local_shapes_;  // ZeRO-3: keep_parts' wholes
   int rank_ = 0;
 };
 

@@ -1,0 +1,203 @@
+// ZeRO-3's parameters gathered as a forward pass reads them (param_gather.hpp).
+#include "redco/train/param_gather.hpp"
+
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "redco/autodiff/autograd_meta.hpp"
+#include "redco/autodiff/checkpoint.hpp"
+#include "redco/comm/comm.hpp"
+#include "redco/core/error.hpp"
+#include "redco/core/profile.hpp"
+#include "redco/ops/backend.hpp"
+#include "redco/sched/background.hpp"
+#include "redco/sched/task.hpp"
+
+namespace redco::train {
+namespace {
+
+// The broadcasts that make `name` whole on every replica, each handed to
+// `run` (waited for now, or started in the background). Returns the whole
+// tensor, which holds the values once they have all ended.
+template <typename Run>
+Tensor start_gather(const ZeroPartition& zero, const std::string& name, const Tensor& part,
+                    comm::Comm& dp, Run&& run) {
+  const std::vector<int>& owners = zero.part_owners(name);
+  const int me = dp.rank();
+  if (owners.size() == 1) {  // owned whole: the owner sends its own tensor
+    Tensor whole = owners[0] == me
+                       ? part.detach()
+                       : Tensor::empty(zero.local_shape(name), DType::f32, part.device());
+    run(dp.broadcast(whole, owners[0]));
+    return whole;
+  }
+  // [rows, ...] this rank's shape; part k holds rows part_rows(rows, k, dp)
+  Tensor whole = Tensor::empty(zero.local_shape(name), DType::f32, part.device());
+  for (int k = 0; k < int(owners.size()); ++k) {
+    const auto [a, b] = ZeroPartition::part_rows(whole.dim(0), k, int(owners.size()));
+    Tensor rows = whole.slice0(a, b);
+    if (owners[size_t(k)] == me) rows.copy_from(part);
+    run(dp.broadcast(rows, owners[size_t(k)]));
+  }
+  return whole;
+}
+
+}  // namespace
+
+struct ParamGather::State {
+  const ZeroPartition* zero = nullptr;
+  ParamTree parts;
+  std::vector<std::string> order;
+  std::map<std::string, size_t> position;  // in `order`
+  comm::Comm* dp = nullptr;
+  Sink sink;
+  bool forward = true;
+  // Each parameter's nodes made by this forward (the last one first joined
+  // by a later read, so that the engine sums its gradients as it sums the
+  // unpartitioned run's), and its reads in checkpointed blocks' first runs.
+  std::map<std::string, std::vector<std::weak_ptr<Node>>> nodes;
+  std::map<std::string, int> captured;
+  // From end_forward: the gradients each parameter will receive (its live
+  // nodes and its checkpointed reads, whose replays make theirs), and those
+  // received so far, summed until the last.
+  std::map<std::string, int> uses, reported;
+  std::map<std::string, Tensor> pending;
+  std::set<std::string> read;  // read in this forward (not prefetched again)
+  // The next parameter in forward order, on its way.
+  struct Ahead {
+    std::string name;
+    Tensor whole;
+    std::vector<size_t> tasks;
+  };
+  std::optional<Ahead> ahead;
+  sched::Background background;
+
+  void wait_ahead() {
+    if (!ahead) return;
+    const profile::Scope scope("zero3.gather_wait");  // what the layer before could not hide
+    for (const size_t t : ahead->tasks) background.wait(t);
+  }
+
+  Tensor take_or_gather(const std::string& name) {
+    if (ahead && ahead->name == name) {
+      wait_ahead();
+      return std::exchange(ahead, std::nullopt)->whole;
+    }
+    const profile::Scope scope("zero3.gather");
+    return start_gather(*zero, name, parts.at(name), *dp,
+                        [](sched::Task<void> t) { sched::sync_wait(std::move(t)); });
+  }
+
+  // Starts gathering the parameter after `name` in forward order, unless
+  // this forward has read it already or it is on its way.
+  void prefetch_after(const std::string& name) {
+    read.insert(name);
+    const auto at = position.find(name);
+    if (at == position.end() || at->second + 1 >= order.size()) return;
+    const std::string& next = order[at->second + 1];
+    if (read.count(next) || (ahead && ahead->name == next)) return;
+    wait_ahead();  // one on its way at a time (a read out of order leaves it unused)
+    Ahead a{next, Tensor(), {}};
+    a.whole = start_gather(*zero, next, parts.at(next), *dp, [&](sched::Task<void> t) {
+      a.tasks.push_back(background.start(std::move(t)));
+    });
+    ahead = std::move(a);
+  }
+
+  void arrived(const std::string& name, const Tensor& g) {
+    Tensor& sum = pending[name];
+    sum = sum.defined() ? kernels::binary(BinaryOp::add, sum, g) : g;
+    if (++reported[name] < std::max(uses[name], 1)) return;
+    const Tensor whole = std::move(sum);
+    pending.erase(name);
+    sink(name, whole);
+  }
+};
+
+ParamGather::ParamGather(const ZeroPartition& zero, ParamTree parts, std::vector<std::string> order,
+                         comm::Comm& dp, Sink sink)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.zero = &zero;
+  s.parts = std::move(parts);
+  s.order = std::move(order);
+  for (size_t i = 0; i < s.order.size(); ++i) s.position.emplace(s.order[i], i);
+  s.dp = &dp;
+  s.sink = std::move(sink);
+  outer_ = std::exchange(nn::param_read_hook(), this);
+}
+
+ParamGather::~ParamGather() {
+  if (nn::param_read_hook() == this) nn::param_read_hook() = outer_;
+  try {
+    state_->wait_ahead();
+  } catch (...) {  // a failure nobody waited for: the step is being abandoned anyway
+  }
+  state_->ahead.reset();
+}
+
+Tensor ParamGather::provide(std::string_view name_view) {
+  State& s = *state_;
+  const std::string name(name_view);
+  const auto part = s.parts.find(name);
+  if (part == s.parts.end()) return outer_ ? outer_->provide(name_view) : Tensor();
+  Tensor whole = s.take_or_gather(name);
+  const Tensor& leaf = part->second;
+  const bool training = s.sink && leaf.requires_grad();
+  if (s.forward) s.prefetch_after(name);
+  if (!training) return whole;
+  // A handle of its own: a broadcast still finishing may hold `whole`'s, and
+  // what keeps a node alive must be its consumers only.
+  Tensor values = whole.detach();
+  std::vector<std::weak_ptr<Node>>& made = s.nodes[name];
+  std::shared_ptr<Node> node =
+      s.forward && GradMode::enabled() && !made.empty() ? made.back().lock() : nullptr;
+  Tensor w;
+  if (node) {
+    w = rejoin(std::move(values), std::move(node), 0);
+  } else {
+    w = record("zero3_gather", {leaf}, std::move(values),
+               [state = state_, name](const Node&, const TensorList& g) -> TensorList {
+                 state->arrived(name, g[0]);
+                 return {Tensor()};  // the part's gradient is the owner's bucket
+               });
+    if (s.forward && w.requires_grad()) made.push_back(grad_fn_of(w));
+    // Not recorded in a checkpointed block's first run: its replay records it.
+    if (s.forward && !GradMode::enabled() && detail::capturing()) ++s.captured[name];
+  }
+  // Read in the forward: an op keeping it for backward keeps this recipe
+  // instead (SavedInput). A replay's reads stay whole through its block's backward.
+  if (s.forward && w.requires_grad())
+    autograd_meta(w)->recompute = [zero = s.zero, name, mine = leaf.detach(), dp = s.dp] {
+      const profile::Scope scope("zero3.regather");
+      return gather(*zero, name, mine, *dp);
+    };
+  return w;
+}
+
+void ParamGather::end_forward() {
+  State& s = *state_;
+  s.forward = false;
+  // A node nothing consumed (a read for a shape) is gone and never reports.
+  for (const auto& [name, made] : s.nodes)
+    for (const std::weak_ptr<Node>& n : made) s.uses[name] += n.expired() ? 0 : 1;
+  for (const auto& [name, k] : s.captured) s.uses[name] += k;
+  s.wait_ahead();
+  s.ahead.reset();
+}
+
+void ParamGather::flush() {
+  State& s = *state_;
+  std::map<std::string, Tensor> pending = std::move(s.pending);
+  s.pending.clear();
+  for (const auto& [name, g] : pending) s.sink(name, g);
+}
+
+Tensor ParamGather::gather(const ZeroPartition& zero, const std::string& name, const Tensor& part,
+                           comm::Comm& dp) {
+  return start_gather(zero, name, part, dp,
+                      [](sched::Task<void> t) { sched::sync_wait(std::move(t)); });
+}
+
+}  // namespace redco::train

@@ -43,11 +43,14 @@ class CaptureScope {
  private:
   CaptureScope* previous_;
   TensorList* seen_;
+  uint64_t id_;
+  friend uint64_t capture_id();
   friend void note_inputs(const TensorList& inputs);
 };
 void note_inputs(const TensorList& inputs);  // called by needs_graph
-// Whether a CaptureScope is alive on this thread (a checkpointed block's first run).
-bool capturing();
+// The innermost CaptureScope alive on this thread (a checkpointed block's
+// first run), by a number no other scope of the thread has had; 0 when none.
+uint64_t capture_id();
 
 // While a Substitution is alive on a thread, an op recording a node links an
 // input that is `from[i]` (the same tensor object) to `to[i]`'s history

@@ -115,10 +115,12 @@ Tensor SavedOutput::get() const {
 namespace detail {
 
 CaptureScope::CaptureScope(TensorList& seen) : previous_(t_capture), seen_(&seen) {
+  thread_local uint64_t made = 0;
+  id_ = ++made;
   t_capture = this;
 }
 CaptureScope::~CaptureScope() { t_capture = previous_; }
-bool capturing() { return t_capture != nullptr; }
+uint64_t capture_id() { return t_capture ? t_capture->id_ : 0; }
 
 void note_inputs(const TensorList& inputs) {
   TensorList& seen = *t_capture->seen_;

@@ -53,11 +53,14 @@ struct ParamGather::State {
   comm::Comm* dp = nullptr;
   Sink sink;
   bool forward = true;
-  // Each parameter's nodes made by this forward (the last one first joined
-  // by a later read, so that the engine sums its gradients as it sums the
-  // unpartitioned run's), and its reads in checkpointed blocks' first runs.
+  // Each parameter's nodes made by this forward (the last one joined by a
+  // later read while alive, so that the engine sums its gradients as it sums
+  // the unpartitioned run's), and the checkpointed blocks whose first runs
+  // read it (each replay makes one node of its own, joined likewise).
   std::map<std::string, std::vector<std::weak_ptr<Node>>> nodes;
+  std::map<std::string, std::weak_ptr<Node>> replay_node;
   std::map<std::string, int> captured;
+  std::map<std::string, uint64_t> last_capture;  // the block that counted last
   // From end_forward: the gradients each parameter will receive (its live
   // nodes and its checkpointed reads, whose replays make theirs), and those
   // received so far, summed until the last.
@@ -151,8 +154,9 @@ Tensor ParamGather::provide(std::string_view name_view) {
   // what keeps a node alive must be its consumers only.
   Tensor values = whole.detach();
   std::vector<std::weak_ptr<Node>>& made = s.nodes[name];
-  std::shared_ptr<Node> node =
-      s.forward && GradMode::enabled() && !made.empty() ? made.back().lock() : nullptr;
+  std::shared_ptr<Node> node;
+  if (GradMode::enabled())
+    node = !s.forward ? s.replay_node[name].lock() : made.empty() ? nullptr : made.back().lock();
   Tensor w;
   if (node) {
     w = rejoin(std::move(values), std::move(node), 0);
@@ -162,9 +166,13 @@ Tensor ParamGather::provide(std::string_view name_view) {
                  state->arrived(name, g[0]);
                  return {Tensor()};  // the part's gradient is the owner's bucket
                });
-    if (s.forward && w.requires_grad()) made.push_back(grad_fn_of(w));
-    // Not recorded in a checkpointed block's first run: its replay records it.
-    if (s.forward && !GradMode::enabled() && detail::capturing()) ++s.captured[name];
+    if (w.requires_grad()) (s.forward ? made.emplace_back() : s.replay_node[name]) = grad_fn_of(w);
+  }
+  // Not recorded in a checkpointed block's first run: its replay records it.
+  const uint64_t block = detail::capture_id();
+  if (s.forward && !GradMode::enabled() && block && s.last_capture[name] != block) {
+    s.last_capture[name] = block;
+    ++s.captured[name];
   }
   // Read in the forward: an op keeping it for backward keeps this recipe
   // instead (SavedInput). A replay's reads stay whole through its block's backward.

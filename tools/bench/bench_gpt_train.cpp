@@ -6,7 +6,7 @@
 //   bench_gpt_train --config S|M|L --steps N --warmup W --tokens FILE
 //                   [--dtype f32|bf16] [--init FILE.safetensors]
 //                   [--save-init FILE.safetensors] [--losses FILE] [--lr 3e-4] [--profile]
-//                   [--trainer] [--recompute] [--n-model-shards K] [--zero 0|1|2]
+//                   [--trainer] [--recompute] [--n-model-shards K] [--zero 0|1|2|3]
 //                   [--workdir DIR] [--device cpu|cuda|test] [--seq-len T] [--batch B]
 //
 // --trainer runs the same steps through Trainer::fit (one example per window,
@@ -250,8 +250,8 @@ int main(int argc, char** argv) try {
       ->check(redco::cli11::at_least(1));
   app.add_option("--zero", zero_stage,
                  "ZeRO stage over the data-parallel replicas (trainer path): 0 off, 1 optimizer "
-                 "state, 2 gradients too")
-      ->check(CLI::Range(0, 2));
+                 "state, 2 gradients too, 3 parameters too")
+      ->check(CLI::Range(0, 3));
   app.add_flag("--zero-wait", zero_wait,
                "ZeRO: wait for every updated parameter after the step (the default overlaps "
                "their broadcast with the next forward)");

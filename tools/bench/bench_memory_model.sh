@@ -2,7 +2,7 @@
 # The memory model (redco/plan/memory_model.hpp) against the caching
 # allocator under the Trainer: GPT-2 small (bench_gpt_train --config M),
 # 4 rows per replica, one or two processes (redco-run -n 2, UCX), model
-# shards, replicas, ZeRO 0-2, recomputation, bf16, two sequence lengths.
+# shards, replicas, ZeRO 0-3, recomputation, bf16, two sequence lengths.
 # Each run takes two steps and prints, per rank, the allocator's high-water
 # mark and the model's figure for that rank; this prints one Markdown row
 # per rank.
@@ -43,5 +43,7 @@ run 2 "2 replicas, 512, ZeRO-0"
 run 2 "2 replicas, 512, ZeRO-1" --zero 1
 run 2 "2 replicas, 512, ZeRO-2" --zero 2
 run 2 "2 replicas, 512, ZeRO-2, recompute" --zero 2 --recompute
+run 2 "2 replicas, 512, ZeRO-3" --zero 3
+run 2 "2 replicas, 512, ZeRO-3, recompute" --zero 3 --recompute
 run 2 "2 shards, 1024, bf16" --n-model-shards 2 --seq-len 1024 --dtype bf16
 run 2 "2 replicas, 1024, ZeRO-1" --zero 1 --seq-len 1024

@@ -35,7 +35,9 @@ struct Request {
   std::optional<int> zero = {};        // ZeRO stage
   std::optional<bool> recompute = {};  // activation recomputation
   std::optional<int64_t> micro_batch = {};
-  int max_zero = 2;  // the highest stage redco runs (3 is modelled, for comparison)
+  // The highest ZeRO stage searched. Stage 3 gathers every parameter twice a
+  // step, so the time model ranks it last unless nothing else fits.
+  int max_zero = 3;
 };
 
 struct Candidate {

@@ -105,7 +105,14 @@ bool MeshUpdate::apply_groups(ParamTree& params, const ParamTree& grads, double 
   }
   if (sharded) sync_replicated(params);
   share(params, false);  // the polyak targets read every parameter next
-  groups_->after_step(params);
+  if (zero3() && groups_->moves_targets()) {
+    // The targets (frozen, whole here) move towards the whole trained
+    // parameters: gathered for the while, the targets written in place.
+    ParamTree whole = gathered(params);
+    groups_->after_step(whole);
+  } else {
+    groups_->after_step(params);
+  }
   return true;
 }
 

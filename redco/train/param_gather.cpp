@@ -1,6 +1,7 @@
 // ZeRO-3's parameters gathered as a forward pass reads them (param_gather.hpp).
 #include "redco/train/param_gather.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <utility>
@@ -75,6 +76,8 @@ struct ParamGather::State {
   };
   std::optional<Ahead> ahead;
   sched::Background background;
+  GatherTrace* trace = nullptr;
+  size_t trace_at = 0;  // the next gather the trace expects in backward
 
   void wait_ahead() {
     if (!ahead) return;
@@ -99,7 +102,30 @@ struct ParamGather::State {
     const auto at = position.find(name);
     if (at == position.end() || at->second + 1 >= order.size()) return;
     const std::string& next = order[at->second + 1];
-    if (read.count(next) || (ahead && ahead->name == next)) return;
+    if (read.count(next)) return;
+    start_ahead(next);
+  }
+
+  // Backward gathers `name` again for an op that kept its recipe; on a
+  // recorded trace, the gather after it is started meanwhile.
+  Tensor regather(const std::string& name) {
+    const profile::Scope scope("zero3.regather");
+    if (!trace) return take_or_gather(name);
+    if (!trace->recorded) {
+      trace->backward.push_back(name);
+      return take_or_gather(name);
+    }
+    Tensor whole = take_or_gather(name);
+    const std::vector<std::string>& b = trace->backward;
+    // Resynchronised on a gather out of the recorded order (none expected).
+    const auto it = std::find(b.begin() + long(std::min(trace_at, b.size())), b.end(), name);
+    trace_at = it == b.end() ? trace_at : size_t(it - b.begin()) + 1;
+    if (it != b.end() && trace_at < b.size()) start_ahead(b[trace_at]);
+    return whole;
+  }
+
+  void start_ahead(const std::string& next) {
+    if (ahead && ahead->name == next) return;
     wait_ahead();  // one on its way at a time (a read out of order leaves it unused)
     Ahead a{next, Tensor(), {}};
     a.whole = start_gather(*zero, next, parts.at(next), *dp, [&](sched::Task<void> t) {
@@ -119,9 +145,10 @@ struct ParamGather::State {
 };
 
 ParamGather::ParamGather(const ZeroPartition& zero, ParamTree parts, std::vector<std::string> order,
-                         comm::Comm& dp, Sink sink)
+                         comm::Comm& dp, Sink sink, GatherTrace* trace)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
+  s.trace = trace;
   s.zero = &zero;
   s.parts = std::move(parts);
   s.order = std::move(order);
@@ -177,10 +204,7 @@ Tensor ParamGather::provide(std::string_view name_view) {
   // Read in the forward: an op keeping it for backward keeps this recipe
   // instead (SavedInput). A replay's reads stay whole through its block's backward.
   if (s.forward && w.requires_grad())
-    autograd_meta(w)->recompute = [zero = s.zero, name, mine = leaf.detach(), dp = s.dp] {
-      const profile::Scope scope("zero3.regather");
-      return gather(*zero, name, mine, *dp);
-    };
+    autograd_meta(w)->recompute = [state = state_, name] { return state->regather(name); };
   return w;
 }
 
@@ -197,6 +221,9 @@ void ParamGather::end_forward() {
 
 void ParamGather::flush() {
   State& s = *state_;
+  if (s.trace) s.trace->recorded = true;
+  s.wait_ahead();  // a prefetch the trace expected in vain
+  s.ahead.reset();
   std::map<std::string, Tensor> pending = std::move(s.pending);
   s.pending.clear();
   for (const auto& [name, g] : pending) s.sink(name, g);

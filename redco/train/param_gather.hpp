@@ -15,7 +15,9 @@
 // op that needs it in backward (a linear's dx) saves a recipe instead of
 // its values (autodiff SavedInput: the tensor carries AutogradMeta::recompute),
 // so backward gathers it again when it gets there. A replica therefore holds
-// its parts plus the parameters of the layer running, not the model.
+// its parts plus the parameters of the layer running, not the model. The
+// order of backward's gathers is recorded on the first step (GatherTrace)
+// and the next steps gather each one's successor meanwhile.
 //
 // Gradients: the whole tensor is the output of a recorded "zero3_gather" op
 // on this replica's part (a leaf). Its backward hands the gradient to
@@ -54,6 +56,15 @@ class Comm;
 
 namespace redco::train {
 
+// The order in which backward gathered the parameters again (for linear
+// layers' dX), recorded on a training step and followed by the next ones:
+// each such gather starts the next one's, as forward's reads do. Every
+// replica records the same order. The Trainer keeps one across steps.
+struct GatherTrace {
+  std::vector<std::string> backward;
+  bool recorded = false;
+};
+
 class ParamGather final : public nn::ParamReadHook {
  public:
   // Where a parameter's complete gradient goes (whole, of the rank's shape).
@@ -62,9 +73,11 @@ class ParamGather final : public nn::ParamReadHook {
   // `parts`: this replica's part of every partitioned parameter (leaves that
   // require a gradient while training, plain tensors for evaluation);
   // `order`: the partitioned parameters in forward order (prefetch);
-  // `sink`: null when no gradient is taken. Installs the hook on this thread.
+  // `sink`: null when no gradient is taken; `trace`: backward's order of
+  // gathers, recorded by this step or followed (null: none). Installs the
+  // hook on this thread.
   ParamGather(const ZeroPartition& zero, ParamTree parts, std::vector<std::string> order,
-              comm::Comm& dp, Sink sink = {});
+              comm::Comm& dp, Sink sink = {}, GatherTrace* trace = nullptr);
   ~ParamGather();
   ParamGather(const ParamGather&) = delete;
   ParamGather& operator=(const ParamGather&) = delete;
@@ -79,7 +92,8 @@ class ParamGather final : public nn::ParamReadHook {
   // forward did not take.
   void end_forward();
   // After backward: hands over the gradients of parameters that backward
-  // reached by fewer than all their reads (the sum of those it reached).
+  // reached by fewer than all their reads (the sum of those it reached);
+  // the trace is recorded from now on.
   void flush();
 
   // A parameter whole, now: its parts broadcast from their owners into one

@@ -126,6 +126,8 @@ class ParamGroups {
   }
   // The polyak updates, after every step.
   void after_step(ParamTree& params) const;
+  // Whether after_step moves any target (a group has a polyak target).
+  bool moves_targets() const { return !polyak_.empty(); }
   // Every polyak target set to its source (bitwise): where a Trainer that
   // initialises the parameters itself starts them.
   void start_targets(ParamTree& params) const;

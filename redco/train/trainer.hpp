@@ -235,6 +235,7 @@ class Trainer {
                 "per_device_batch_size x replicas",
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
     recompute_ = o.recompute || deployer_->auto_recompute();
+    trace_ = {};  // ZeRO-3's backward order, recorded again (recomputation changes it)
     REDCO_CHECK(!custom || !update_->zero3(),
                 "fit: a custom step reads whole parameters, which ZeRO-3 does not keep; run it "
                 "with zero_stage 2 or less");
@@ -390,8 +391,9 @@ class Trainer {
     dp_->start(shapes, deployer_->device(), order_);
     Tensor loss;
     {
-      ParamGather gather(z, std::move(leaves), order_, deployer_->mesh().dp_comm(),
-                         [this](const std::string& n, const Tensor& g) { dp_->hand_over(n, g); });
+      ParamGather gather(
+          z, std::move(leaves), order_, deployer_->mesh().dp_comm(),
+          [this](const std::string& n, const Tensor& g) { dp_->hand_over(n, g); }, &trace_);
       BoundModel<L> bound(model_, frozen, c);
       loss = measured_loss(bound, batch, rng, mem);
       REDCO_CHECK(loss.defined() && loss.numel() == 1,
@@ -579,6 +581,7 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;    // with more than one replica
   EpochExamples<L> epochs_;             // which examples each epoch visits
   bool recompute_ = false;              // FitOptions::recompute of the running fit()
+  GatherTrace trace_;                   // ZeRO-3: backward's gathers, in their order
   bool memory_logged_ = false;          // the running fit() has logged its memory
   bool memory_measured_ = false;        // and measured its first step's activations
   StepMemory first_memory_;             // what that step measured

@@ -3,7 +3,7 @@
 paper's training length), whether the paper's strategy fits (tensor
 parallelism over any number of shards, no ZeRO, no recomputation, f32,
 AdamW, one row per replica), the longest length that strategy fits, and the
-longest length redco's best plan fits (ZeRO up to --max-zero, recomputation)
+longest length redco's best plan fits (ZeRO up to stage 2, then 3, recomputation)
 on the same devices (ZeRO up to 2, what redco runs today; and up to 3,
 modelled), and whether the paper's length fits on half the devices. Prints a
 Markdown table.
@@ -53,22 +53,24 @@ def main():
     ap.add_argument("--redco-plan", required=True)
     a = ap.parse_args()
     print("| cluster | model | paper's length | paper's strategy (TP only) | its longest "
-          "| redco today (ZeRO <= 2, recompute) | its longest | with ZeRO-3 (modelled): longest "
-          "| half the devices, ZeRO-3 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| redco (ZeRO <= 2, recompute) | its longest | redco with ZeRO-3 | its longest "
+          "| half the devices |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, device, memory, devices, hosts, model, length in CELLS:
         cell = (a.redco_plan, device, memory, devices, hosts, model, length)
         paper = plan(*cell, "--zero", "0", "--recompute", "off")
-        today = plan(*cell, "--max-zero", "2")
-        zero3 = plan(*cell, "--max-zero", "3")
+        two = plan(*cell, "--max-zero", "2")
+        three = plan(*cell, "--max-zero", "3")
         half = plan(a.redco_plan, device, memory, devices // 2, max(1, hosts // 2), model, length,
                     "--max-zero", "3")
-        fits = describe(paper) if paper["fits"] else "does not fit"
-        ours = describe(today) if today["fits"] else "does not fit"
-        half_text = describe(half) if half["fits"] else f"does not fit (longest {half['longest_seq_len']})"
-        print(f"| {label} | {model} | {length} | {fits} | {paper['longest_seq_len']} | {ours} | "
-              f"{today['longest_seq_len']} | {zero3['longest_seq_len']} | {half_text} |")
 
+        def text(p):
+            return describe(p) if p["fits"] else "does not fit"
+
+        half_text = describe(half) if half["fits"] else f"does not fit (longest {half['longest_seq_len']})"
+        print(f"| {label} | {model} | {length} | {text(paper)} | {paper['longest_seq_len']} | "
+              f"{text(two)} | {two['longest_seq_len']} | {text(three)} | "
+              f"{three['longest_seq_len']} | {half_text} |")
 
 if __name__ == "__main__":
     main()

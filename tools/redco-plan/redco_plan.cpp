@@ -36,7 +36,7 @@ struct Options {
   std::string link = "", inter_link = "ib-hdr";
   int64_t seq_len = 512, source_len = 0, global_batch = 0;
   std::string precision = "f32", optimizer = "adamw";
-  int shards = 0, zero = -1, max_zero = 2;
+  int shards = 0, zero = -1, max_zero = 3;
   std::string recompute = "auto";
   int64_t micro_batch = 0;
   int top = 8;
@@ -165,7 +165,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"adamw", "sgd-momentum", "sgd"}));
   app.add_option("--n-model-shards", o.shards, "pin the model shards (0: search)");
   app.add_option("--zero", o.zero, "pin the ZeRO stage (-1: search)")->check(CLI::Range(-1, 3));
-  app.add_option("--max-zero", o.max_zero, "highest ZeRO stage to search (3 is modelled only)")
+  app.add_option("--max-zero", o.max_zero, "highest ZeRO stage to search")
       ->check(CLI::Range(0, 3));
   app.add_option("--recompute", o.recompute, "on, off or auto")
       ->check(CLI::IsMember({"on", "off", "auto"}));

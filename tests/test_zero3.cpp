@@ -144,3 +144,27 @@ TEST_CASE("ZeRO-3 gathers a parameter from its owners into one tensor", "[zero3]
     check_bitwise(gathered[size_t(r)], whole);
   }
 }
+
+TEST_CASE("Trainer::params() under ZeRO-3 is the whole of this rank's parameters", "[zero3]") {
+  const std::vector<Window> data = windows();
+  const auto gpt = models::gpt2(kTied);
+  std::vector<ParamTree> got(2), whole(2);
+  comm::ThreadsWorld w(2);
+  w.run([&](comm::Comm& c) {
+    train::Deployer d({.seed = 3, .quiet = true, .world = &c, .zero_stage = 3});
+    train::Trainer trainer(
+        d, gpt, collate,
+        [](auto& model, const LmBatch& b, train::Rng) {
+          return cross_entropy(model(b.inputs), b.targets);
+        },
+        optim::adamw(optim::constant(1e-2f)));
+    trainer.fit(data,
+                {.global_batch_size = 8, .n_epochs = 1, .save_at_end = false, .max_steps = 2});
+    got[size_t(c.rank())] = trainer.params();  // gathered: collective
+    whole[size_t(c.rank())] = trainer.whole_params();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    check_bitwise(got[size_t(r)], whole[size_t(r)]);
+  }
+}

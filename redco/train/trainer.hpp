@@ -165,10 +165,17 @@ class Trainer {
   }
 
   // This rank's shards of the parameters (whole ones with one model shard).
-  // Under ZeRO-3 the trained ones are this replica's parts of them
-  // (train/param_gather.hpp): local_params() gathers them.
-  const ParamTree& params() const { return update_->settle(), params_; }
-  ParamTree& params() { return update_->settle(), params_; }
+  // Under ZeRO-3, where a replica keeps only its parts of the trained ones
+  // (train/param_gather.hpp), a copy gathered whole (collective over the
+  // replicas: every rank calls it), held until the next fit(): writing to it
+  // does not reach training there.
+  const ParamTree& params() const {
+    update_->settle();
+    if (!update_->zero3()) return params_;
+    gathered_ = update_->gathered(params_);
+    return gathered_;
+  }
+  ParamTree& params() { return const_cast<ParamTree&>(std::as_const(*this).params()); }
   // This rank's shards whole (under ZeRO-3 gathered over the replicas:
   // collective), params() otherwise.
   ParamTree local_params() const { return update_->settle(), update_->gathered(params_); }
@@ -236,6 +243,7 @@ class Trainer {
                 run.global_batch(), run.accumulation(), run.micro_batch(), deployer_->dp_size());
     recompute_ = o.recompute || deployer_->auto_recompute();
     trace_ = {};  // ZeRO-3's backward order, recorded again (recomputation changes it)
+    gathered_ = {};
     REDCO_CHECK(!custom || !update_->zero3(),
                 "fit: a custom step reads whole parameters, which ZeRO-3 does not keep; run it "
                 "with zero_stage 2 or less");
@@ -582,6 +590,7 @@ class Trainer {
   EpochExamples<L> epochs_;             // which examples each epoch visits
   bool recompute_ = false;              // FitOptions::recompute of the running fit()
   GatherTrace trace_;                   // ZeRO-3: backward's gathers, in their order
+  mutable ParamTree gathered_;          // ZeRO-3: params(), gathered whole
   bool memory_logged_ = false;          // the running fit() has logged its memory
   bool memory_measured_ = false;        // and measured its first step's activations
   StepMemory first_memory_;             // what that step measured

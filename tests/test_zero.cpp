@@ -197,10 +197,7 @@ TEST_CASE("a checkpoint saved under ZeRO resumes without it, and the other way",
   const Result straight = fit({.world = 2, .max_steps = 10});
   for (const auto& [first, then] : {std::pair{1, 0}, std::pair{0, 1}, std::pair{2, 0}}) {
     INFO("first half with zero_stage " << first << ", second half with " << then);
-    TempDir dir;
-    fit({.world = 2, .zero = first, .max_steps = 5, .workdir = dir.path, .save_every = 5});
-    const Result resumed =
-        fit({.world = 2, .zero = then, .max_steps = 10, .workdir = dir.path, .resume = true});
+    const Result resumed = save_then_resume(first, then, kGpt);
     REQUIRE(resumed.losses.size() == 5);
     check_close(resumed.losses, {straight.losses.begin() + 5, straight.losses.end()}, 1e-6);
     check_bitwise(resumed.params, straight.params);
@@ -209,19 +206,7 @@ TEST_CASE("a checkpoint saved under ZeRO resumes without it, and the other way",
     const Result tied = fit({.world = 2, .max_steps = 10, .model = kTied});
     for (const auto& [first, then] : {std::pair{1, 0}, std::pair{0, 1}, std::pair{2, 1}}) {
       INFO("first half with zero_stage " << first << ", second half with " << then);
-      TempDir dir;
-      fit({.world = 2,
-           .zero = first,
-           .max_steps = 5,
-           .workdir = dir.path,
-           .save_every = 5,
-           .model = kTied});
-      const Result resumed = fit({.world = 2,
-                                  .zero = then,
-                                  .max_steps = 10,
-                                  .workdir = dir.path,
-                                  .resume = true,
-                                  .model = kTied});
+      const Result resumed = save_then_resume(first, then, kTied);
       REQUIRE(resumed.losses.size() == 5);
       check_close(resumed.losses, {tied.losses.begin() + 5, tied.losses.end()}, 1e-6);
       if (first != 2) check_bitwise(resumed.params, tied.params);
@@ -229,10 +214,7 @@ TEST_CASE("a checkpoint saved under ZeRO resumes without it, and the other way",
     }
   }
   SECTION("and on another mesh: 2 model shards x 2 replicas under ZeRO") {
-    TempDir dir;
-    fit({.world = 2, .zero = 1, .max_steps = 5, .workdir = dir.path, .save_every = 5});
-    const Result resumed =
-        fit({.world = 4, .mp = 2, .zero = 1, .max_steps = 10, .workdir = dir.path, .resume = true});
+    const Result resumed = save_then_resume(1, 1, kGpt, 4, 2);
     check_close(resumed.losses, {straight.losses.begin() + 5, straight.losses.end()}, 1e-5);
   }
 }

@@ -91,19 +91,7 @@ TEST_CASE("a checkpoint saved under ZeRO-3 resumes without it, and the other way
     const Result straight = fit({.world = 2, .max_steps = 10, .model = model});
     for (const auto& [first, then] : {std::pair{3, 0}, std::pair{0, 3}, std::pair{3, 3}}) {
       INFO("first half with zero_stage " << first << ", second half with " << then);
-      TempDir dir;
-      fit({.world = 2,
-           .zero = first,
-           .max_steps = 5,
-           .workdir = dir.path,
-           .save_every = 5,
-           .model = model});
-      const Result resumed = fit({.world = 2,
-                                  .zero = then,
-                                  .max_steps = 10,
-                                  .workdir = dir.path,
-                                  .resume = true,
-                                  .model = model});
+      const Result resumed = save_then_resume(first, then, model);
       REQUIRE(resumed.losses.size() == 5);
       // ZeRO-2's and 3's norm of a split embedding is summed in another order.
       check_close(resumed.losses, {straight.losses.begin() + 5, straight.losses.end()}, 1e-6);
@@ -112,10 +100,7 @@ TEST_CASE("a checkpoint saved under ZeRO-3 resumes without it, and the other way
   }
   SECTION("and on another mesh: 2 model shards x 2 replicas under ZeRO-3") {
     const Result straight = fit({.world = 2, .max_steps = 10});
-    TempDir dir;
-    fit({.world = 2, .zero = 3, .max_steps = 5, .workdir = dir.path, .save_every = 5});
-    const Result resumed =
-        fit({.world = 4, .mp = 2, .zero = 3, .max_steps = 10, .workdir = dir.path, .resume = true});
+    const Result resumed = save_then_resume(3, 3, kGpt, 4, 2);
     check_close(resumed.losses, {straight.losses.begin() + 5, straight.losses.end()}, 1e-5);
   }
 }

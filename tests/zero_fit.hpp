@@ -145,4 +145,25 @@ inline io::Json memory_line(const fs::path& workdir) {
   return m;
 }
 
+// Five steps on 2 replicas with ZeRO stage `first`, saved; then a run
+// resumed from that checkpoint to step 10 with stage `then` on `world` ranks
+// of `mp` shards: the resumed run's result (its five losses).
+inline Result save_then_resume(int first, int then, const models::Gpt2Config& model, int world = 2,
+                               int mp = 1) {
+  TempDir dir;
+  fit({.world = 2,
+       .zero = first,
+       .max_steps = 5,
+       .workdir = dir.path,
+       .save_every = 5,
+       .model = model});
+  return fit({.world = world,
+              .mp = mp,
+              .zero = then,
+              .max_steps = 10,
+              .workdir = dir.path,
+              .resume = true,
+              .model = model});
+}
+
 }  // namespace zero_fit

@@ -176,6 +176,9 @@ class Trainer {
     return gathered_;
   }
   ParamTree& params() { return const_cast<ParamTree&>(std::as_const(*this).params()); }
+  // What this rank keeps: params(), except under ZeRO-3 its parts of the
+  // trained parameters (no gathering; what its memory holds).
+  const ParamTree& kept_params() const { return update_->settle(), params_; }
   // This rank's shards whole (under ZeRO-3 gathered over the replicas:
   // collective), params() otherwise.
   ParamTree local_params() const { return update_->settle(), update_->gathered(params_); }

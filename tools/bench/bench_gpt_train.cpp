@@ -204,7 +204,7 @@ TrainerRun run_trainer(Deployer& deployer, const Model& model, std::optional<Par
                      t0 = t1, cpu0 = cpu1;
                    },
                .recompute = recompute});
-  r.param_bytes = train::tree_bytes(trainer.params());
+  r.param_bytes = train::tree_bytes(trainer.kept_params());  // ZeRO-3: this rank's parts
   r.state_bytes = train::tree_bytes(trainer.groups().state());
   return r;
 }

@@ -229,6 +229,13 @@ void ParamGather::flush() {
   for (const auto& [name, g] : pending) s.sink(name, g);
 }
 
+std::pair<ParamTree, ParamTree> split_partitioned(const ZeroPartition& zero,
+                                                  const ParamTree& kept) {
+  std::pair<ParamTree, ParamTree> out;
+  for (const auto& [name, t] : kept) (zero.has(name) ? out.second : out.first).emplace(name, t);
+  return out;
+}
+
 Tensor ParamGather::gather(const ZeroPartition& zero, const std::string& name, const Tensor& part,
                            comm::Comm& dp) {
   return start_gather(zero, name, part, dp,

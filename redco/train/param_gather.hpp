@@ -47,7 +47,9 @@
 #include <string_view>
 #include <vector>
 
+#include "redco/core/error.hpp"
 #include "redco/nn/param_read_hook.hpp"
+#include "redco/train/data_parallel.hpp"
 #include "redco/train/zero.hpp"
 
 namespace redco::comm {
@@ -107,5 +109,52 @@ class ParamGather final : public nn::ParamReadHook {
   std::shared_ptr<State> state_;
   nn::ParamReadHook* outer_ = nullptr;
 };
+
+// `kept` (a rank's tree under ZeRO-3) cut into the parameters outside the
+// partition (frozen ones, whole) and this replica's parts of the others.
+std::pair<ParamTree, ParamTree> split_partitioned(const ZeroPartition& zero, const ParamTree& kept);
+
+// ZeRO-3's DataParallel::value_and_grad: the loss f(frozen) of a model that
+// reads the frozen parameters from `frozen` and the trained ones from a
+// ParamGather over this replica's parts (leaves), each gradient handed to
+// `dp`'s buckets (ZeRO-2's, averaged into the owner). Returns the loss and
+// this replica's own gradients. `order`: the trained parameters in forward
+// order. Collective over `dp_comm`.
+template <typename F>
+std::pair<Tensor, ParamTree> zero3_value_and_grad(F&& f, const ZeroPartition& zero,
+                                                  const ParamTree& kept,
+                                                  const std::vector<std::string>& order,
+                                                  DataParallel& dp, comm::Comm& dp_comm,
+                                                  GatherTrace& trace) {
+  auto [frozen, parts] = split_partitioned(zero, kept);
+  ParamTree leaves;
+  TensorList inputs;
+  std::map<std::string, Shape> shapes;  // of the gradients: this rank's whole shards
+  Device device = Device::cpu();
+  for (const auto& [name, t] : parts) {
+    Tensor leaf = t.detach().set_requires_grad(true).set_name(name);
+    leaves.emplace(name, leaf);
+    inputs.push_back(leaf);
+    shapes.emplace(name, zero.local_shape(name));
+    device = t.device();
+  }
+  dp.start(shapes, device, order);
+  Tensor loss;
+  {
+    ParamGather gather(
+        zero, std::move(leaves), order, dp_comm,
+        [&dp](const std::string& n, const Tensor& g) { dp.hand_over(n, g); }, &trace);
+    loss = Tensor(f(frozen));
+    REDCO_CHECK(loss.defined() && loss.numel() == 1,
+                "fit: the loss function must return a scalar, got shape {}",
+                loss.defined() ? loss.shape() : Shape{});
+    gather.end_forward();
+    grad({loss}, inputs, {}, {.allow_unused = true});  // the gather's nodes take every gradient
+    gather.flush();
+  }
+  ParamTree grads;
+  dp.finish(grads);
+  return {loss, std::move(grads)};
+}
 
 }  // namespace redco::train

@@ -361,7 +361,13 @@ class Trainer {
   template <typename Batch>
   std::pair<Tensor, ParamTree> loss_and_grads(const Batch& batch, const nn::Ctx& c, const Rng& rng,
                                               StepMemory& mem) {
-    if (update_->zero3()) return zero3_loss_and_grads(batch, c, rng, mem);
+    if (update_->zero3())  // the frozen parameters in the tree, the trained ones gathered
+      return zero3_value_and_grad(
+          [&](const ParamTree& frozen) {
+            BoundModel<L> bound(model_, frozen, c);
+            return measured_loss(bound, batch, rng, mem);
+          },
+          *update_->zero(), params_, order_, *dp_, deployer_->mesh().dp_comm(), trace_);
     auto loss = [&](const ParamTree& p) {
       if (groups_.single()) {
         BoundModel<L> bound(model_, p, c);
@@ -377,46 +383,6 @@ class Trainer {
     const ParamTree& trained = groups_.single() ? params_ : some;
     if (dp_) return dp_->value_and_grad(loss, trained, order_);
     return value_and_grad(loss, trained);
-  }
-
-  // ZeRO-3: the model reads the frozen parameters from the tree and the
-  // trained ones from a ParamGather, which gathers each from this replica's
-  // part (a leaf) and hands its gradient to the owner's bucket.
-  template <typename Batch>
-  std::pair<Tensor, ParamTree> zero3_loss_and_grads(const Batch& batch, const nn::Ctx& c,
-                                                    const Rng& rng, StepMemory& mem) {
-    const ZeroPartition& z = *update_->zero();
-    ParamTree leaves, frozen;
-    TensorList inputs;
-    std::map<std::string, Shape> shapes;  // of the gradients: this rank's whole shards
-    for (const auto& [name, t] : params_) {
-      if (!z.has(name)) {
-        frozen.emplace(name, t);
-        continue;
-      }
-      Tensor leaf = t.detach().set_requires_grad(true).set_name(name);
-      leaves.emplace(name, leaf);
-      inputs.push_back(leaf);
-      shapes.emplace(name, z.local_shape(name));
-    }
-    dp_->start(shapes, deployer_->device(), order_);
-    Tensor loss;
-    {
-      ParamGather gather(
-          z, std::move(leaves), order_, deployer_->mesh().dp_comm(),
-          [this](const std::string& n, const Tensor& g) { dp_->hand_over(n, g); }, &trace_);
-      BoundModel<L> bound(model_, frozen, c);
-      loss = measured_loss(bound, batch, rng, mem);
-      REDCO_CHECK(loss.defined() && loss.numel() == 1,
-                  "fit: the loss function must return a scalar, got shape {}",
-                  loss.defined() ? loss.shape() : Shape{});
-      gather.end_forward();
-      grad({loss}, inputs, {}, {.allow_unused = true});  // the gather's nodes take every gradient
-      gather.flush();
-    }
-    ParamTree grads;
-    dp_->finish(grads);
-    return {loss, std::move(grads)};
   }
 
   // A custom step on one micro-batch: its gradients averaged over the
@@ -503,9 +469,9 @@ class Trainer {
     double total = 0;
     // ZeRO-3: the trained parameters gathered as the forward reads them.
     const bool zero3 = update_->zero3();
-    ParamTree held, parts;  // the tree the model reads (ZeRO-3: frozen ones only), the parts
-    for (const auto& [name, t] : params_)
-      (zero3 && update_->zero()->has(name) ? parts : held).emplace(name, t);
+    // The tree the model reads (ZeRO-3: the frozen parameters only), and the parts.
+    const auto [held, parts] =
+        zero3 ? split_partitioned(*update_->zero(), params_) : std::pair{params_, ParamTree()};
     auto use = [&](int64_t b, const Batch& x) {
       const uint64_t id = uint64_t(slices.id(b));
       std::optional<ParamGather> gather;

@@ -28,6 +28,7 @@
 
 #include "redco/comm/rendezvous.hpp"
 #include "redco/comm/ucx_comm.hpp"
+#include "redco/comm/ucx_world.hpp"
 #include "redco/core/error.hpp"
 #include "redco/sched/when_all.hpp"
 
@@ -479,4 +480,17 @@ TEST_CASE("UCX all_reduce bus bandwidth, 64 MB on 2 processes", "[.][bench]") {
         std::fflush(stdout);  // the child leaves through _exit, which does not flush
       });
   for (const std::string& e : errors) CHECK(e.empty());
+}
+
+TEST_CASE("UCX_TLS lists that keep UCX on TCP are told apart", "[ucx]") {
+  using comm::ucx_detail::tcp_only;
+  CHECK(tcp_only("tcp,self"));
+  CHECK(tcp_only("tcp"));
+  CHECK(tcp_only("self,tcp"));
+  CHECK_FALSE(tcp_only(nullptr));
+  CHECK_FALSE(tcp_only(""));
+  CHECK_FALSE(tcp_only("self"));
+  CHECK_FALSE(tcp_only("tcp,sm,self"));
+  CHECK_FALSE(tcp_only("^shm"));
+  CHECK_FALSE(tcp_only("rc,tcp"));
 }

@@ -153,3 +153,60 @@ TEST_CASE("Trainer::params() under ZeRO-3 is the whole of this rank's parameters
     check_bitwise(got[size_t(r)], whole[size_t(r)]);
   }
 }
+
+namespace {
+
+// Calls of the profile's un-prefetched ZeRO-3 gather ("zero3.gather", any
+// path) while `body` runs.
+template <typename F>
+int64_t gathers_not_ahead(F&& body) {
+  profile::enable(true);
+  profile::reset();
+  body();
+  int64_t calls = 0;
+  for (const profile::Entry& e : profile::report())
+    if (e.path.ends_with("zero3.gather")) calls += e.calls;
+  profile::enable(false);
+  return calls;
+}
+
+}  // namespace
+
+TEST_CASE("a shape read under ZeRO-3 gathers nothing; a value read gathers", "[zero3]") {
+  const auto gpt = models::gpt2(kTied);
+  const std::vector<shard::ParamSplit> plan = shard::resolve(gpt, 1);
+  const ParamTree whole = nn::init_params(gpt, 7);
+  const std::string name = "h.0.attn.q_proj.weight";
+  std::vector<Shape> shapes(2);
+  // Each rank reads `name` through a ParamGather over its parts (the model's
+  // tree lacks it): its shape only, or its values.
+  auto read = [&](bool values) {
+    return gathers_not_ahead([&] {
+      comm::ThreadsWorld w(2);
+      w.run([&](comm::Comm& c) {
+        train::ZeroPartition zero(plan, 2, c.rank());
+        train::ParamGather gather(zero, zero.keep_parts(whole), {}, c);
+        const ParamTree empty;
+        const nn::Params p(empty);
+        if (values) (void)p[name];
+        shapes[size_t(c.rank())] = p.shape(name);
+      });
+    });
+  };
+  CHECK(read(false) == 0);
+  CHECK(shapes[0] == whole.at(name).shape());
+  CHECK(shapes[1] == whole.at(name).shape());
+  CHECK(read(true) == 2);  // one on each rank
+}
+
+TEST_CASE("from its second step ZeRO-3 sets every gather going before its read", "[zero3]") {
+  // The first step reads in forward order and records the reads (q, k, v
+  // weights before their biases; the tied table twice); later steps follow
+  // the record, so each gather is on its way before the model asks.
+  auto misses = [](int64_t steps) {
+    return gathers_not_ahead([&] { fit({.world = 2, .zero = 3, .max_steps = steps}); });
+  };
+  const int64_t first = misses(1);
+  CHECK(first > 0);
+  CHECK(misses(3) == first);
+}

@@ -8,8 +8,10 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string>
 
 #include "redco/core/error.hpp"
 
@@ -289,12 +291,38 @@ ucs_log_func_rc_t swallow_dead_peer_read(const char* file, unsigned, const char*
 
 }  // namespace
 
+bool tcp_only(const char* tls) {
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return false;
+  bool tcp = false;
+  for (const char* p = tls; *p != '\0';) {
+    const char* end = std::strchr(p, ',');
+    const std::string t(p, end ? size_t(end - p) : std::strlen(p));
+    if (t == "tcp")
+      tcp = true;
+    else if (t != "self")
+      return false;
+    p = end ? end + 1 : p + t.size();
+  }
+  return tcp;
+}
+
 // UCX context and worker; returns "identity\0address" for the rendezvous.
 std::string init_worker(World& w) {
   static std::once_flag hook;
   std::call_once(hook, [] { ucs_log_push_handler(swallow_dead_peer_read); });
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  // Over TCP a large message goes as a rendezvous whose handshake (the
+  // receiver's reply) waits behind the bulk data flowing the other way in the
+  // same socket: with both directions busy (ZeRO's owners sending to each
+  // other, a gather) a 1 Gbit/s link carried about half its rate each way.
+  // Eager sends keep it full (tools/bench/wire_bound.sh; docs/performance.md).
+  // A user's own UCX_RNDV_THRESH wins.
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr && tcp_only(std::getenv("UCX_TLS"))) {
+    const ucs_status_t eager = ucp_config_modify(config, "RNDV_THRESH", "inf");
+    if (eager != UCS_OK) ucp_config_release(config);
+    check_ucs(eager, "ucp_config_modify(RNDV_THRESH)");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG;

@@ -136,6 +136,11 @@ void deliver(std::vector<std::pair<OpPtr, std::string>> fired);
 // UCX context and worker; returns "identity\0address" for the rendezvous.
 std::string init_worker(World& w);
 
+// Whether a UCX_TLS value limits UCX to TCP (and loopback to itself):
+// "tcp,self", "tcp". A list that excludes ("^shm") or names another
+// transport does not. init_worker then sends every message eagerly.
+bool tcp_only(const char* tls);
+
 // Under the lock: opens the endpoints to every peer from the rendezvous'
 // blobs (see ucx_world.cpp for why same-host peers get two).
 void connect_peers(World& w, const std::vector<std::string>& blobs);

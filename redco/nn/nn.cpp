@@ -37,6 +37,15 @@ Tensor Params::at_root(std::string_view name) const {
   return root_.size() == 0 ? lookup(name) : lookup(root_.dot(name).view());
 }
 
+Shape Params::shape(std::string_view leaf) const {
+  const Name full = path_.dot(leaf);
+  if (auto it = tree_->find(std::string(full.view())); it != tree_->end())
+    return it->second.shape();
+  if (ParamReadHook* hook = param_read_hook())
+    if (std::optional<Shape> s = hook->shape_of(full.view())) return *s;
+  return lookup(full.view()).shape();  // a missing parameter fails there, with its message
+}
+
 int Params::split(std::string_view leaf) const {
   const Name full = path_.dot(leaf);
   // The plan names parameters relative to the model, without its root.

@@ -119,11 +119,10 @@ int tp_size(const Ctx& ctx) { return ctx.mp ? ctx.mp->size() : 1; }
 
 namespace {
 // Whether `w` is `full` with one dimension cut by a whole factor > 1.
-bool looks_like_shard(const Tensor& w, const Shape& full) {
+bool looks_like_shard(const Shape& w, const Shape& full) {
   if (w.rank() != full.rank()) return false;
   for (int d = 0; d < full.rank(); ++d)
-    if (w.shape().with(d, full[d]) == full && w.dim(d) > 0 && w.dim(d) < full[d] &&
-        full[d] % w.dim(d) == 0)
+    if (w.with(d, full[d]) == full && w[d] > 0 && w[d] < full[d] && full[d] % w[d] == 0)
       return true;
   return false;
 }
@@ -133,23 +132,23 @@ int split_of(const Params& p, std::string_view leaf, const Shape& full, const Ct
   const int split = p.split(leaf);
   const int n = tp_size(ctx);
   const Shape expected = split < 0 ? full : full.with(split, full[split] / n);
-  const Tensor& w = p[leaf];
-  if (w.shape() == expected) return split;
+  const Shape w = p.shape(leaf);
+  if (w == expected) return split;
   const Name what = p.path().dot(leaf);
   REDCO_CHECK(n > 1 || !looks_like_shard(w, full),
               "'{}' has shape {} but the model needs {}: it looks like a model-parallel shard; "
               "set nn::Ctx::mp to the model-parallel group it was cut for",
-              what.view(), w.shape(), full);
+              what.view(), w, full);
   if (n == 1)
     fail(
         "'{}' has shape {} but the model needs {}; build the parameters with "
         "nn::init_params(model, seed) or load a checkpoint of this model",
-        what.view(), w.shape(), full);
+        what.view(), w, full);
   fail(
       "'{}' has shape {}, but the shard plan for {} model shards gives each rank {} of the "
       "whole {} ({}); cut the parameters with train::shard_params(full, shard::resolve(model, "
       "{}), rank, {})",
-      what.view(), w.shape(), n, expected, full,
+      what.view(), w, n, expected, full,
       split < 0 ? std::string("replicated") : fmt::format("split along dim {}", split), n, n);
 }
 

@@ -303,6 +303,9 @@ class Params {
   // gathers it, nn::ParamReadHook::provide) and lives as long as its users.
   Tensor operator[](std::string_view leaf) const;
   Tensor at_root(std::string_view name) const;  // e.g. a tied embedding
+  // The shape of parameter `leaf` without reading its values (a read waits
+  // for them, or under ZeRO-3 gathers them).
+  Shape shape(std::string_view leaf) const;
   // The dimension of parameter `leaf` (or of the root name `name`) that the
   // plan cuts across the model shards; -1: whole here.
   int split(std::string_view leaf) const;

@@ -8,6 +8,7 @@
 
 #include "redco/autodiff/functional.hpp"
 #include "redco/core/error.hpp"
+#include "redco/core/profile.hpp"
 #include "redco/ops/backend.hpp"
 #include "redco/sched/background.hpp"
 #include "redco/sched/run_queue.hpp"
@@ -299,7 +300,10 @@ void DataParallel::finish(ParamTree& grads) {
     bucket.arrived = bucket.names.size();
     launch(*step, b, *dp_, false);
   }
-  for (size_t b = 0; b < step->buckets.size(); ++b) wait_for(*step, b);
+  {
+    const profile::Scope scope("dp.finish_wait");  // what backward could not hide (--profile)
+    for (size_t b = 0; b < step->buckets.size(); ++b) wait_for(*step, b);
+  }
   last_peak_ = uint64_t(step->held.peak);
   if (step->error) std::rethrow_exception(step->error);
   for (const Bucket& b : step->buckets)

@@ -2,6 +2,7 @@
 #include "redco/train/param_gather.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <set>
 #include <utility>
@@ -68,46 +69,65 @@ struct ParamGather::State {
   std::map<std::string, int> uses, reported;
   std::map<std::string, Tensor> pending;
   std::set<std::string> read;  // read in this forward (not prefetched again)
-  // The next parameter in forward order, on its way.
+  // Gathers on their way, in the order the reads will take them: the next
+  // parameter in forward order on the first step; on later steps as many of
+  // the recorded trace's next reads as fit kAheadBytes (at least one), so
+  // that a run of small parameters (biases, norms) does not leave the wire
+  // idle for a round trip each.
   struct Ahead {
     std::string name;
     Tensor whole;
     std::vector<size_t> tasks;
   };
-  std::optional<Ahead> ahead;
+  static constexpr uint64_t kAheadBytes = uint64_t(16) << 20;
+  std::deque<Ahead> ahead;
+  uint64_t ahead_bytes = 0;
+  size_t forward_started = 0, backward_started = 0;  // trace positions set going
   sched::Background background;
   GatherTrace* trace = nullptr;
-  size_t trace_at = 0;  // the next gather the trace expects in backward
+  size_t forward_at = 0, backward_at = 0;  // the next read the trace expects
 
-  void wait_ahead() {
-    if (!ahead) return;
-    const profile::Scope scope("zero3.gather_wait");  // what the layer before could not hide
-    for (const size_t t : ahead->tasks) background.wait(t);
+  // Waits for every gather on its way and lets them go (a read out of the
+  // expected order; the end of a pass).
+  void drop_ahead() {
+    const profile::Scope scope("zero3.gather_wait");
+    for (Ahead& a : ahead)
+      for (const size_t t : a.tasks) background.wait(t);
+    ahead.clear();
+    ahead_bytes = 0;
   }
 
   Tensor take_or_gather(const std::string& name) {
-    if (ahead && ahead->name == name) {
-      wait_ahead();
-      return std::exchange(ahead, std::nullopt)->whole;
+    if (!ahead.empty() && ahead.front().name == name) {
+      const profile::Scope scope("zero3.gather_wait");  // what the layer before could not hide
+      for (const size_t t : ahead.front().tasks) background.wait(t);
+      Tensor whole = std::move(ahead.front().whole);
+      ahead_bytes -= uint64_t(whole.nbytes());
+      ahead.pop_front();
+      return whole;
     }
+    drop_ahead();
     const profile::Scope scope("zero3.gather");
-    return start_gather(*zero, name, parts.at(name), *dp,
-                        [](sched::Task<void> t) { sched::sync_wait(std::move(t)); });
+    start_ahead(name);  // its parts' broadcasts all at once, then waited for
+    return take_or_gather(name);
   }
 
-  // Starts gathering the parameter after `name` in forward order, unless
-  // this forward has read it already or it is on its way.
+  // Starts gathering the parameter read after `name`: as the recorded trace
+  // says, else the next in forward order unless this forward has read it
+  // already.
   void prefetch_after(const std::string& name) {
+    if (trace && trace->recorded) return follow(trace->forward, forward_at, forward_started, name);
+    if (trace) trace->forward.push_back(name);
     read.insert(name);
     const auto at = position.find(name);
     if (at == position.end() || at->second + 1 >= order.size()) return;
     const std::string& next = order[at->second + 1];
-    if (read.count(next)) return;
+    if (read.count(next) || !ahead.empty()) return;
     start_ahead(next);
   }
 
   // Backward gathers `name` again for an op that kept its recipe; on a
-  // recorded trace, the gather after it is started meanwhile.
+  // recorded trace, the gathers after it are started meanwhile.
   Tensor regather(const std::string& name) {
     const profile::Scope scope("zero3.regather");
     if (!trace) return take_or_gather(name);
@@ -116,22 +136,33 @@ struct ParamGather::State {
       return take_or_gather(name);
     }
     Tensor whole = take_or_gather(name);
-    const std::vector<std::string>& b = trace->backward;
-    // Resynchronised on a gather out of the recorded order (none expected).
-    const auto it = std::find(b.begin() + long(std::min(trace_at, b.size())), b.end(), name);
-    trace_at = it == b.end() ? trace_at : size_t(it - b.begin()) + 1;
-    if (it != b.end() && trace_at < b.size()) start_ahead(b[trace_at]);
+    follow(trace->backward, backward_at, backward_started, name);
     return whole;
   }
 
+  // `name` was just read at `at` of the recorded `order`: starts the reads
+  // after it up to the budget. Resynchronised on a read out of the recorded
+  // order (none expected: every step runs the same code).
+  void follow(const std::vector<std::string>& order, size_t& at, size_t& started,
+              const std::string& name) {
+    const auto it = std::find(order.begin() + long(std::min(at, order.size())), order.end(), name);
+    if (it == order.end()) return;
+    at = size_t(it - order.begin()) + 1;
+    started = std::max(started, at);
+    fill(order, started);
+  }
+  void fill(const std::vector<std::string>& order, size_t& started) {
+    while (started < order.size() && (ahead.empty() || ahead_bytes < kAheadBytes))
+      start_ahead(order[started++]);
+  }
+
   void start_ahead(const std::string& next) {
-    if (ahead && ahead->name == next) return;
-    wait_ahead();  // one on its way at a time (a read out of order leaves it unused)
     Ahead a{next, Tensor(), {}};
     a.whole = start_gather(*zero, next, parts.at(next), *dp, [&](sched::Task<void> t) {
       a.tasks.push_back(background.start(std::move(t)));
     });
-    ahead = std::move(a);
+    ahead_bytes += uint64_t(a.whole.nbytes());
+    ahead.push_back(std::move(a));
   }
 
   void arrived(const std::string& name, const Tensor& g) {
@@ -156,15 +187,22 @@ ParamGather::ParamGather(const ZeroPartition& zero, ParamTree parts, std::vector
   s.dp = &dp;
   s.sink = std::move(sink);
   outer_ = std::exchange(nn::param_read_hook(), this);
+  // A recorded step's first reads are set going before the model asks.
+  if (trace && trace->recorded) s.fill(trace->forward, s.forward_started);
 }
 
 ParamGather::~ParamGather() {
   if (nn::param_read_hook() == this) nn::param_read_hook() = outer_;
   try {
-    state_->wait_ahead();
+    state_->drop_ahead();
   } catch (...) {  // a failure nobody waited for: the step is being abandoned anyway
   }
-  state_->ahead.reset();
+}
+
+std::optional<Shape> ParamGather::shape_of(std::string_view name) {
+  State& s = *state_;
+  if (s.parts.count(std::string(name))) return s.zero->local_shape(std::string(name));
+  return outer_ ? outer_->shape_of(name) : std::nullopt;
 }
 
 Tensor ParamGather::provide(std::string_view name_view) {
@@ -215,15 +253,15 @@ void ParamGather::end_forward() {
   for (const auto& [name, made] : s.nodes)
     for (const std::weak_ptr<Node>& n : made) s.uses[name] += n.expired() ? 0 : 1;
   for (const auto& [name, k] : s.captured) s.uses[name] += k;
-  s.wait_ahead();
-  s.ahead.reset();
+  s.drop_ahead();
+  // Backward's first gathers again, on their way while the loss's backward runs.
+  if (s.trace && s.trace->recorded) s.fill(s.trace->backward, s.backward_started);
 }
 
 void ParamGather::flush() {
   State& s = *state_;
   if (s.trace) s.trace->recorded = true;
-  s.wait_ahead();  // a prefetch the trace expected in vain
-  s.ahead.reset();
+  s.drop_ahead();  // a prefetch the trace expected in vain
   std::map<std::string, Tensor> pending = std::move(s.pending);
   s.pending.clear();
   for (const auto& [name, g] : pending) s.sink(name, g);

@@ -8,8 +8,10 @@
 // runs, this object is the thread's nn::ParamReadHook: the trained
 // parameters are missing from the tree the model reads, so each read asks
 // provide(name), which broadcasts the parts from their owners into one whole
-// tensor of the rank's shape. The next parameter in forward order is
-// gathered meanwhile (prefetch), so the wire works while the layer computes.
+// tensor of the rank's shape. The next parameter read is gathered meanwhile
+// (prefetch: in `order` on the first step, then as that step's reads went),
+// so the wire works while the layer computes. A layer asking only a
+// parameter's shape (nn::Params::shape) gathers nothing.
 //
 // Where the whole tensor lives: the layer holds it while it computes; an
 // op that needs it in backward (a linear's dx) saves a recipe instead of
@@ -43,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,12 +61,13 @@ class Comm;
 
 namespace redco::train {
 
-// The order in which backward gathered the parameters again (for linear
-// layers' dX), recorded on a training step and followed by the next ones:
-// each such gather starts the next one's, as forward's reads do. Every
+// The order in which a training step's forward read the parameters (a tied
+// one twice; the q/k/v projections' weights before their biases) and
+// backward gathered them again (for linear layers' dX), recorded on one step
+// and followed by the next ones: each gather starts the next one's. Every
 // replica records the same order. The Trainer keeps one across steps.
 struct GatherTrace {
-  std::vector<std::string> backward;
+  std::vector<std::string> forward, backward;
   bool recorded = false;
 };
 
@@ -88,6 +92,7 @@ class ParamGather final : public nn::ParamReadHook {
   // The whole parameter (recorded as computed from this replica's part);
   // undefined for a name that is not partitioned. Collective over dp.
   Tensor provide(std::string_view name) override;
+  std::optional<Shape> shape_of(std::string_view name) override;
 
   // The forward pass has returned: reads from now on are recomputations in
   // backward (not counted as uses, no prefetch). Waits for a prefetch the

@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli11_conventions.hpp"
 #include "redco/comm/launch_env.hpp"
 #include "redco/comm/ucx_comm.hpp"
 #include "redco/core/error.hpp"
+#include "redco/sched/background.hpp"
 
 using namespace redco;
 using Clock = std::chrono::steady_clock;
@@ -27,12 +29,31 @@ namespace {
 // Enough calls for ~256 MiB of traffic per size, at least 3.
 int default_iters(size_t bytes) { return int(std::max<size_t>(3, (size_t(256) << 20) / bytes)); }
 
-double bench_size(comm::Comm& comm, size_t bytes, int iters) {
-  Tensor t = Tensor::full(Shape{int64_t(bytes / 4)}, 1.0f);    // [bytes/4] f32
-  sched::sync_wait(comm.all_reduce(t, comm::ReduceOp::mean));  // warm-up: wires the peers
+// ZeRO-3's gather: one broadcast from each rank of its 1/n of `t`, all
+// started before any is awaited.
+void gather_by_broadcasts(comm::Comm& comm, Tensor& t) {
+  const int n = comm.size();
+  std::vector<sched::Task<void>> parts;
+  for (int r = 0; r < n; ++r) {
+    Tensor part = t.slice0(t.dim(0) * r / n, t.dim(0) * (r + 1) / n);
+    parts.push_back(comm.broadcast(part, r));
+  }
+  sched::Background background;
+  std::vector<size_t> started;
+  for (auto& p : parts) started.push_back(background.start(std::move(p)));
+  for (size_t id : started) background.wait(id);
+}
+
+double bench_size(comm::Comm& comm, size_t bytes, int iters, bool broadcasts) {
+  Tensor t = Tensor::full(Shape{int64_t(bytes / 4)}, 1.0f);  // [bytes/4] f32
+  auto once = [&] {
+    if (broadcasts) return gather_by_broadcasts(comm, t);
+    sched::sync_wait(comm.all_reduce(t, comm::ReduceOp::mean));
+  };
+  once();  // warm-up: wires the peers
   sched::sync_wait(comm.barrier());
   const Clock::time_point t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) sched::sync_wait(comm.all_reduce(t, comm::ReduceOp::mean));
+  for (int i = 0; i < iters; ++i) once();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
   // The mean of equal buffers is the buffer: anything else is a broken reduction.
   const float* x = t.data<float>();
@@ -53,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed calls per size (default: ~256 MiB of traffic)");
   app.add_option("--small-kb", small_kb, "all-reduce up to this size directly (UcxOptions)");
   app.add_option("--segment-kb", segment_kb, "ring segment size (UcxOptions)");
+  std::string op = "allreduce";
+  app.add_option("--op", op, "allreduce, or broadcasts: one from each rank of its 1/n (ZeRO-3)")
+      ->check(CLI::IsMember({"allreduce", "broadcasts"}));
   REDCO_CLI11_PARSE(app, argc, argv);
   try {
     const comm::LaunchEnv env = comm::detect_launch_env();
@@ -68,11 +92,12 @@ int main(int argc, char** argv) {
     for (double mb : sizes_mb) {
       const size_t bytes = size_t(mb * double(1 << 20)) / 4 * 4;
       const int it = iters > 0 ? iters : default_iters(bytes);
-      const double secs = bench_size(*comm, bytes, it);
+      const bool broadcasts = op == "broadcasts";
+      const double secs = bench_size(*comm, bytes, it, broadcasts);
       const double algbw = double(bytes) / secs / 1e9;
       if (comm->rank() == 0)
-        std::printf("allreduce bytes=%zu iters=%d ms=%.3f algbw=%.3f busbw=%.3f\n", bytes, it,
-                    secs * 1e3, algbw, algbw * 2.0 * (n - 1) / n);
+        std::printf("%s bytes=%zu iters=%d ms=%.3f algbw=%.3f busbw=%.3f\n", op.c_str(), bytes, it,
+                    secs * 1e3, algbw, algbw * (broadcasts ? 1.0 : 2.0) * (n - 1) / n);
       std::fflush(stdout);
     }
     sched::sync_wait(comm->barrier());

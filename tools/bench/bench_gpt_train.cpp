@@ -52,6 +52,7 @@
 
 #include "cli11_conventions.hpp"
 #include "redco/core/device_memory.hpp"
+#include "redco/core/threads.hpp"
 #include "redco/ops/backend.hpp"  // profile::
 #include "redco/plan/memory_model.hpp"
 #include "redco/redco.hpp"
@@ -215,7 +216,7 @@ int main(int argc, char** argv) try {
   CLI::App app{"GPT-2 training-step throughput on the CPU"};
   std::string config = "S", tokens_path, dtype = "f32", init, save_init, losses_path, workdir;
   int64_t steps = 10, warmup = 2, seq_override = 0, batch_override = 0;
-  int n_model_shards = 1, zero_stage = 0;
+  int n_model_shards = 1, zero_stage = 0, threads = 0;
   float lr = 3e-4f;
   bool profiling = false, formed_logits = false, through_trainer = false, recompute = false,
        zero_wait = false;
@@ -257,7 +258,10 @@ int main(int argc, char** argv) try {
                "their broadcast with the next forward)");
   app.add_option("--workdir", workdir,
                  "trainer path: write metrics.jsonl here (the first step's memory per rank)");
+  app.add_option("--threads", threads, "compute threads (0: every core)")
+      ->check(redco::cli11::at_least(0));
   REDCO_CLI11_PARSE(app, argc, argv);
+  set_num_threads(threads);
 
   Deployer deployer({.n_model_shards = n_model_shards,
                      .seed = 0,

@@ -79,7 +79,7 @@ import random, struct, sys
 random.seed(0)
 sys.stdout.buffer.write(struct.pack('<200000i', *[random.randrange(50257) for _ in range(200000)]))" >"$tokens"
 
-gpt=(--config M --trainer --threads 1 --tokens "$tokens" --batch 2 --seq-len 128 --steps 3 --warmup 1)
+gpt=(--config M --trainer --threads 1 --tokens "$tokens" --batch 2 --seq-len 128 --steps 5 --warmup 1)
 overlap=(--dim 768 --layers 12 --heads 12 --vocab 50257 --len 128 --batch 2 --bucket-kb 25600
   --steps 2)
 step_ms() { grep -o "step_ms_median=[0-9.]*" | cut -d= -f2; }

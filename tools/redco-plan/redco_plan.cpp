@@ -70,7 +70,12 @@ plan::Cluster cluster_of(const Options& o) {
                               : gpu                                      ? "pcie3"
                                                                          : "shm");
   c.inter = plan::link_preset(o.inter_link);
-  c.overlap = gpu ? 1.0 : 0.0;
+  // CPUs both compute and move the bytes: within a host (shared memory) the
+  // overlap hides about nothing; across hosts the NIC and the kernel carry
+  // the wire time and 0.4 of the compute hides it (GPT-2 small on two hosts
+  // joined by 1 Gbit/s, ZeRO-0/2/3: 0.15-0.51 measured, 0.4 puts every step
+  // within 7%; tools/bench/wire_bound.sh, docs/performance.md).
+  c.overlap = gpu ? 1.0 : c.hosts > 1 ? 0.4 : 0.0;
   return c;
 }
 
@@ -165,8 +170,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"adamw", "sgd-momentum", "sgd"}));
   app.add_option("--n-model-shards", o.shards, "pin the model shards (0: search)");
   app.add_option("--zero", o.zero, "pin the ZeRO stage (-1: search)")->check(CLI::Range(-1, 3));
-  app.add_option("--max-zero", o.max_zero, "highest ZeRO stage to search")
-      ->check(CLI::Range(0, 3));
+  app.add_option("--max-zero", o.max_zero, "highest ZeRO stage to search")->check(CLI::Range(0, 3));
   app.add_option("--recompute", o.recompute, "on, off or auto")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   app.add_option("--micro-batch", o.micro_batch, "pin the micro-batch (0: search)");

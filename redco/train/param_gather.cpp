@@ -106,10 +106,16 @@ struct ParamGather::State {
       ahead.pop_front();
       return whole;
     }
-    drop_ahead();
+    // Not expected (a recomputed block's reads; the first step's reads out of
+    // forward order): gathered now, its parts' broadcasts all at once; the
+    // gathers on their way stay for the reads they were started for.
     const profile::Scope scope("zero3.gather");
-    start_ahead(name);  // its parts' broadcasts all at once, then waited for
-    return take_or_gather(name);
+    std::vector<size_t> tasks;
+    Tensor whole = start_gather(*zero, name, parts.at(name), *dp, [&](sched::Task<void> t) {
+      tasks.push_back(background.start(std::move(t)));
+    });
+    for (const size_t t : tasks) background.wait(t);
+    return whole;
   }
 
   // Starts gathering the parameter read after `name`: as the recorded trace
@@ -122,7 +128,8 @@ struct ParamGather::State {
     const auto at = position.find(name);
     if (at == position.end() || at->second + 1 >= order.size()) return;
     const std::string& next = order[at->second + 1];
-    if (read.count(next) || !ahead.empty()) return;
+    if (read.count(next) || (!ahead.empty() && ahead.front().name == next)) return;
+    drop_ahead();  // one on its way at a time: a read out of order left it unused
     start_ahead(next);
   }
 

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <random>
+#include <utility>
 
 #include "redco/core/allocator.hpp"
 #include "redco/models/bart.hpp"
@@ -18,6 +19,7 @@
 #include "redco/models/t5.hpp"
 #include "redco/optim/optimizer.hpp"
 #include "redco/plan/planner.hpp"
+#include "redco/plan/time_model.hpp"
 #include "redco/train/auto_mesh.hpp"
 #include "redco/train/memory_account.hpp"
 
@@ -210,6 +212,44 @@ TEST_CASE("planner: the search, ZeRO's savings and the longest sequence", "[plan
       models::opt_hf_config({.vocab = 50272, .dim = 9216, .layers = 64, .heads = 72, .ffn = 36864}),
       "opt-66b"));
   CHECK_FALSE(plan::best({.model = opt, .cluster = c, .seq_len = 512, .max_zero = 3}).has_value());
+}
+
+TEST_CASE("time model: the steps measured where the wire is the bottleneck", "[plan]") {
+  // Golden values from tools/bench/wire_bound.sh (docs/performance.md, "Over a
+  // slow wire"): GPT-2 small, 2 rows x 128 tokens a replica, two hosts joined
+  // by a 1 Gbit/s link, one rank each. Per round: the step alone on one host
+  // (ms), then the two-host steps under ZeRO-0, 2 and 3. The device rate is
+  // set so that the model's compute is the one-host step; the link is tcp1.
+  const plan::ModelShape gpt2 = plan::model_shape(models::hf::Config(
+      models::gpt2_hf_config(
+          {.vocab = 50257, .context = 1024, .dim = 768, .layers = 12, .heads = 12}),
+      "gpt2"));
+  struct Round {
+    double alone, zero0, zero2, zero3;
+  };
+  const Round rounds[] = {
+      {3222, 7038, 6659, 8064}, {2894, 6863, 6158, 8001}, {2951, 6781, 6421, 8014}};
+  const plan::Workload w{.seq_len = 128, .micro_batch = 2};
+  for (const Round& r : rounds) {
+    plan::Cluster c{.device = plan::device_preset("cpu"),
+                    .devices = 2,
+                    .hosts = 2,
+                    .intra = plan::link_preset("shm"),
+                    .inter = plan::link_preset("tcp1"),
+                    .overlap = plan::overlap_of(false, 2)};
+    const double flops = plan::step_time(gpt2, w, {.dp = 2}, c).flops;
+    c.device.f32_flops = flops / (r.alone / 1e3);
+    for (const auto [zero, measured] : {std::pair{0, r.zero0}, {2, r.zero2}, {3, r.zero3}}) {
+      const plan::StepTime t = plan::step_time(gpt2, w, {.dp = 2, .zero = zero}, c);
+      INFO("one host " << r.alone << " ms, ZeRO-" << zero << ": measured " << measured
+                       << " ms, modelled " << t.seconds * 1e3 << " ms");
+      CHECK(t.compute * 1e3 == Approx(r.alone));
+      CHECK(t.seconds * 1e3 / measured == Approx(1.0).margin(0.15));
+    }
+  }
+  // A CPU hides no communication inside a host; accelerators hide all they can.
+  CHECK(plan::overlap_of(false, 1) == 0.0);
+  CHECK(plan::overlap_of(true, 1) == 1.0);
 }
 
 TEST_CASE("n_model_shards = auto: the planner's choice, or a clear refusal", "[plan]") {

@@ -109,6 +109,8 @@ LinkSpec link_preset(const std::string& name) {
 std::vector<std::string> device_names() { return names_of(devices()); }
 std::vector<std::string> link_names() { return names_of(links()); }
 
+double overlap_of(bool accelerator, int hosts) { return accelerator ? 1.0 : hosts > 1 ? 0.4 : 0.0; }
+
 double forward_flops_per_token(const ModelShape& m, int64_t len) {
   double per_token = 0;  // 2 FLOPs per weight of every matmul a token goes through
   for (const nn::ParamEntry& e : m.entries)

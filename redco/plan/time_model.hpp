@@ -56,6 +56,14 @@ struct Cluster {
   double overlap = 1.0;
 };
 
+// The overlap fraction (Cluster::overlap) of a device kind: 1 where an
+// accelerator computes while its links move the buckets; on CPUs 0 within one
+// host (the same cores compute and copy through shared memory) and 0.4 across
+// hosts, where the NIC and the kernel carry the wire time (fitted to GPT-2
+// small on two hosts joined by 1 Gbit/s under ZeRO-0/2/3, 0.15-0.51 measured;
+// tools/bench/wire_bound.sh, docs/performance.md "Over a slow wire").
+double overlap_of(bool accelerator, int hosts);
+
 struct StepTime {
   double flops = 0;         // per rank per optimizer step
   double compute = 0;       // seconds

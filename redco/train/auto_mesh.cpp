@@ -14,17 +14,17 @@ namespace redco::train {
 namespace {
 
 // The processes of this job as its launcher describes them: the CPU's
-// devices, on shared-memory links inside a host and TCP between hosts,
-// computing and communicating on the same cores (no overlap).
+// devices, on shared-memory links inside a host and TCP between hosts
+// (plan::overlap_of: the cores compute and copy, the NIC carries the wire).
 plan::Cluster cluster_of(const AutoMeshOptions& o) {
   const comm::LaunchEnv env = comm::detect_launch_env();
   plan::Cluster c{.device = plan::device_preset("cpu"),
                   .devices = o.world_size > 0 ? o.world_size : env.world_size,
                   .hosts = env.nnodes,
                   .intra = plan::link_preset("shm"),
-                  .inter = plan::link_preset("tcp10"),
-                  .overlap = 0.0};
+                  .inter = plan::link_preset("tcp10")};
   if (c.hosts < 1 || c.devices % c.hosts != 0) c.hosts = 1;
+  c.overlap = plan::overlap_of(false, c.hosts);
   c.device.memory = o.memory_per_device
                         ? o.memory_per_device
                         : available_host_memory() / uint64_t(std::max(1, env.local_world_size));

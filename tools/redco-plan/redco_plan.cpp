@@ -70,12 +70,7 @@ plan::Cluster cluster_of(const Options& o) {
                               : gpu                                      ? "pcie3"
                                                                          : "shm");
   c.inter = plan::link_preset(o.inter_link);
-  // CPUs both compute and move the bytes: within a host (shared memory) the
-  // overlap hides about nothing; across hosts the NIC and the kernel carry
-  // the wire time and 0.4 of the compute hides it (GPT-2 small on two hosts
-  // joined by 1 Gbit/s, ZeRO-0/2/3: 0.15-0.51 measured, 0.4 puts every step
-  // within 7%; tools/bench/wire_bound.sh, docs/performance.md).
-  c.overlap = gpu ? 1.0 : c.hosts > 1 ? 0.4 : 0.0;
+  c.overlap = plan::overlap_of(gpu, c.hosts);
   return c;
 }
 

@@ -239,7 +239,7 @@ TEST_CASE("time model: the steps measured where the wire is the bottleneck", "[p
                     .overlap = plan::overlap_of(false, 2)};
     const double flops = plan::step_time(gpt2, w, {.dp = 2}, c).flops;
     c.device.f32_flops = flops / (r.alone / 1e3);
-    for (const auto [zero, measured] : {std::pair{0, r.zero0}, {2, r.zero2}, {3, r.zero3}}) {
+    for (const auto& [zero, measured] : {std::pair{0, r.zero0}, {2, r.zero2}, {3, r.zero3}}) {
       const plan::StepTime t = plan::step_time(gpt2, w, {.dp = 2, .zero = zero}, c);
       INFO("one host " << r.alone << " ms, ZeRO-" << zero << ": measured " << measured
                        << " ms, modelled " << t.seconds * 1e3 << " ms");

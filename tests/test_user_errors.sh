@@ -52,6 +52,13 @@ fails "does not fit 1 device(s) of 1.0 MiB at 32 tokens a row" \
   "$lm" "${tiny[@]}" --n-model-shards auto --memory-per-device 1MiB --workdir "$tmp/auto"
 fails "--memory-per-device '3 MB' is not a size" \
   "$lm" "${tiny[@]}" --n-model-shards auto --memory-per-device "3 MB" --workdir "$tmp/auto"
+# A shard count given with a budget is checked against it the same way; the
+# LoRA sample plans (as full fine-tuning) like the others.
+fails "does not fit 1 device(s) of 1.0 MiB at 32 tokens a row: the nearest configuration, 1 model shard(s)" \
+  "$lm" "${tiny[@]}" --n-model-shards 1 --memory-per-device 1MiB --workdir "$tmp/auto"
+fails "does not fit 1 device(s) of 1.0 MiB at 32 tokens a row" \
+  "$lora" --steps 1 --base-steps 1 --dim 32 --layers 1 --context 32 --n-model-shards auto \
+  --memory-per-device 1MiB --workdir "$tmp/auto-lora"
 # A prefill kernel for A/B runs that names none: refused as the weights load.
 fails "REDCO_PREFILL is 'fast': use chain" \
   env REDCO_PREFILL=fast "$gen" "$hf/llama" --ids --prompt 1,2,3 --dtype int8 --max-new-tokens 1

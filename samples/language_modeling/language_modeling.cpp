@@ -10,9 +10,7 @@
 #include "model_shards.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/generation/generate.hpp"
-#include "redco/plan/model_shape.hpp"
 #include "redco/redco.hpp"
-#include "redco/train/auto_mesh.hpp"
 #include "redco/train/export_pretrained.hpp"
 #include "redco/train/trainer.hpp"
 #include "redco_cli.hpp"
@@ -96,26 +94,10 @@ bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv,
   return valid_loss < bar - 0.5;
 }
 
-// What the planner needs for --n-model-shards auto: the model (the folder's
-// config.json, or the one built here) and the run.
-train::AutoMesh auto_mesh(models::Gpt2Config cfg, const std::string& init_from,
-                          const std::string& memory, const Options& o) {
-  cfg.context = o.context;
-  const models::hf::Config file = init_from.empty()
-                                      ? models::hf::Config(models::gpt2_hf_config(cfg), "--dim ...")
-                                      : models::hf::Config(init_from);
-  return {
-      plan::model_shape(file),
-      {.seq_len = o.context,
-       .global_batch = o.batch,
-       .memory_per_device = memory.empty() ? 0 : plan::parse_size(memory, "--memory-per-device")}};
-}
-
 int main(int argc, char** argv) try {
   cli::App app{"Train or fine-tune a GPT on the KJV and generate text"};
   models::Gpt2Config cfg{.vocab = 2048, .dim = 128, .layers = 4, .heads = 4};
   Options o;
-  std::string shards_text = "1", memory;
   std::string workdir = "lm_workdir", tokenizer, init_from;
   app.add_option("--init-from", init_from, "a Hugging Face folder to fine-tune");
   app.add_option("--export", o.export_dir, "write the trained model as a Hugging Face folder");
@@ -129,25 +111,23 @@ int main(int argc, char** argv) try {
   app.add_option("--batch-size", o.batch)->check(cli::at_least(1));
   app.add_option("--lr", o.lr, "peak AdamW learning rate (cosine decay)")->check(cli::positive());
   app.add_option("--seed", o.seed);
-  app.add_option("--n-model-shards", shards_text,
-                 "a number, or auto: the planner picks the shards, "
-                 "ZeRO stage and recomputation that fit (docs/planning.md)")
-      ->check(cli::at_least_or(1, "auto"));
-  app.add_option("--memory-per-device", memory,
-                 "auto: what each rank may use (16GB); default: "
-                 "the host's available memory shared by its ranks");
+  sample::ModelShards shards(app);  // --n-model-shards N|auto, --memory-per-device
   app.add_option("--workdir", workdir, "tokenizer, checkpoints and metrics");
   app.add_option("--prompt", o.prompt);
   app.add_option("--max-new", o.max_new, "tokens to generate")->check(cli::at_least(0));
   REDCO_CLI_PARSE(app, argc, argv);
 
-  const std::optional<int> shards = sample::model_shards(shards_text);
-  std::optional<train::AutoMesh> mesh;
-  if (!shards) mesh = auto_mesh(cfg, init_from, memory, o);
-  train::Deployer deployer({.n_model_shards = shards.value_or(1),
+  shards.plan(  // auto: the planner cuts the run for the folder's model, or the one built here
+      [&] {
+        cfg.context = o.context;
+        return init_from.empty() ? models::hf::Config(models::gpt2_hf_config(cfg), "--dim ...")
+                                 : models::hf::Config(init_from);
+      },
+      {.seq_len = o.context, .global_batch = o.batch});
+  train::Deployer deployer({.n_model_shards = shards.count(),
                             .seed = o.seed,
                             .workdir = workdir,
-                            .auto_mesh = mesh ? &*mesh : nullptr});
+                            .auto_mesh = shards.auto_mesh()});
   const data::TextSplit text = data::kjv_split();  // the last 5% of the verses held out
   Corpus kjv{data::pick_tokenizer(tokenizer, init_from, deployer.workdir() / "tokenizer.json",
                                   text.train, cfg.vocab, deployer.is_main())};

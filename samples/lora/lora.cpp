@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 
 #include "datasets/bibles.hpp"
+#include "model_shards.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/redco.hpp"
 #include "redco_cli.hpp"
@@ -108,7 +109,6 @@ int main(int argc, char** argv) try {
   cli::App app{"Adapt a causal LM from the KJV to modern English (WEB) with LoRA"};
   models::Gpt2Config cfg{.vocab = 2048, .dim = 128, .layers = 4, .heads = 4};
   Options o;
-  int64_t shards = 1;
   uint64_t seed = 0;
   std::string workdir = "lora_workdir", init_from;
   app.add_option("--init-from", init_from, "a Hugging Face folder to adapt (its tokenizer)");
@@ -120,13 +120,24 @@ int main(int argc, char** argv) try {
   auto count = [&](const char* f, int64_t& v) { app.add_option(f, v)->check(cli::at_least(1)); };
   count("--steps", o.steps), count("--base-steps", o.base_steps), count("--rank", o.lora.rank);
   count("--batch-size", o.batch), count("--context", o.context), count("--dim", cfg.dim);
-  count("--layers", cfg.layers), count("--n-model-shards", shards);
+  count("--layers", cfg.layers);
+  sample::ModelShards shards(app);  // auto plans full fine-tuning: an upper bound for adapters
   app.add_option("--vocab", cfg.vocab, "BPE vocabulary size")->check(cli::between(256, 65536));
   app.add_option("--seed", seed);
   app.add_option("--workdir", workdir, "tokenizer, base, adapter checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
 
-  Deployer d({.n_model_shards = int(shards), .seed = seed, .workdir = workdir});
+  shards.plan(
+      [&] {
+        cfg.context = o.context;
+        return init_from.empty() ? models::hf::Config(models::gpt2_hf_config(cfg), "--dim ...")
+                                 : models::hf::Config(init_from);
+      },
+      {.seq_len = o.context, .global_batch = o.batch});
+  Deployer d({.n_model_shards = shards.count(),
+              .seed = seed,
+              .workdir = workdir,
+              .auto_mesh = shards.auto_mesh()});
   // Verses in both Bibles; three books held out (the WEB text of those is the test).
   const data::AlignedSplit bible =
       data::split_books(data::aligned_verses({"KJV", "WEB"}), {"Ruth", "Jonah", "Phlm"});

@@ -14,7 +14,6 @@
 #include "model_shards.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/redco.hpp"
-#include "redco/train/auto_mesh.hpp"
 #include "redco/train/export_pretrained.hpp"
 #include "redco/train/seq2seq.hpp"
 #include "redco/train/trainer.hpp"
@@ -112,7 +111,6 @@ int main(int argc, char** argv) try {
                        .decoder_layers = 1,
                        .tie_embeddings = false};
   Options o;
-  std::string shards_text = "1";
   std::string workdir = "t2t_workdir";
   app.add_option("--target", o.target, "the SWORD module to translate into (WEB, RV1909)");
   app.add_option("--init-from", o.init_from, "a Hugging Face T5 / BART folder to fine-tune");
@@ -142,29 +140,25 @@ int main(int argc, char** argv) try {
   app.add_option("--eval-every", o.eval_every, "steps between validations")
       ->check(cli::at_least(1));
   app.add_option("--seed", o.seed);
-  app.add_option("--n-model-shards", shards_text, "a number, or auto (docs/planning.md)")
-      ->check(cli::at_least_or(1, "auto"));
+  sample::ModelShards shards(app);  // --n-model-shards N|auto, --memory-per-device
   app.add_option("--workdir", workdir, "tokenizer, checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
   if (o.copy_steps < 0) o.copy_steps = o.init_from.empty() ? 1500 : 0;
 
   // auto: the planner cuts the run for this model (the folder's, or the one built
   // here with --vocab rows) at --max-length tokens a row.
-  const std::optional<int> shards = sample::model_shards(shards_text);
-  std::optional<train::AutoMesh> mesh;
-  if (!shards) {
-    models::T5Config planned = cfg;
-    planned.decoder_layers = planned.encoder_layers, planned.vocab = o.vocab;
-    mesh = train::AutoMesh{
-        plan::model_shape(o.init_from.empty()
-                              ? models::hf::Config(models::t5_hf_config(planned), "--dim ...")
-                              : models::hf::Config(o.init_from)),
-        {.seq_len = o.max_length, .global_batch = o.batch}};
-  }
-  train::Deployer deployer({.n_model_shards = shards.value_or(1),
+  shards.plan(
+      [&] {
+        models::T5Config planned = cfg;
+        planned.decoder_layers = planned.encoder_layers, planned.vocab = o.vocab;
+        return o.init_from.empty() ? models::hf::Config(models::t5_hf_config(planned), "--dim ...")
+                                   : models::hf::Config(o.init_from);
+      },
+      {.seq_len = o.max_length, .global_batch = o.batch});
+  train::Deployer deployer({.n_model_shards = shards.count(),
                             .seed = o.seed,
                             .workdir = workdir,
-                            .auto_mesh = mesh ? &*mesh : nullptr});
+                            .auto_mesh = shards.auto_mesh()});
   const data::PairSplit data = data::verse_pairs("KJV", o.target, o.books);
   deployer.console() << fmt::format("KJV -> {}: {} training pairs, {} validation, {} test\n",
                                     o.target, data.train.size(), data.valid.size(),

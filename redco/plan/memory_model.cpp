@@ -113,6 +113,16 @@ uint64_t param_bytes(const ModelShape& m, int mp) {
   return b;
 }
 
+// One block's parameters on average: everything but the vocabulary tables
+// (the token embedding, and the LM head when it is a table of its own) over
+// every stack's blocks.
+uint64_t block_param_bytes(const ModelShape& m, int mp, uint64_t all) {
+  const uint64_t tables = (m.tied_head() ? 1 : 2) * head_rows(m, mp) * uint64_t(m.dim) * kF32;
+  int64_t layers = 0;
+  for (const Stack& s : m.stacks) layers += s.layers;
+  return (all - std::min(all, tables)) / uint64_t(std::max<int64_t>(1, layers));
+}
+
 uint64_t state_per_param(Optimizer o) {
   switch (o) {
     case Optimizer::adamw:
@@ -176,8 +186,7 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
   const bool sharded_grads = par.dp > 1 && par.zero >= 2;
   r.params = par.zero >= 3 && par.dp > 1 ? p / uint64_t(par.dp) : p;
   if (par.zero >= 3 && par.dp > 1)  // two blocks' parameters gathered: the one in use and the next
-    r.gathered = 2 * (p - head_rows(m, par.mp) * uint64_t(m.dim) * kF32) /
-                 uint64_t(std::max<int64_t>(1, m.stacks.front().layers));
+    r.gathered = 2 * block_param_bytes(m, par.mp, p);
   r.grads = sharded_grads ? p / uint64_t(par.dp) : p;
   // A head tied to the token embedding makes its whole table's gradient in
   // forward and finishes it only at the embedding, at backward's end: under
@@ -188,7 +197,11 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
   }
   // With replicas, a bucket's all-reduce receives into a buffer of its own;
   // under ZeRO-2 up to two other owners' buckets are in flight as well.
-  r.buckets = par.dp > 1 ? (sharded_grads ? 2 : 1) * par.bucket_bytes : 0;
+  // Never more than there is to send: a model smaller than two buckets has
+  // only the other owners' part of its gradients in flight.
+  r.buckets = par.dp > 1 ? std::min<uint64_t>((sharded_grads ? 2 : 1) * par.bucket_bytes,
+                                              sharded_grads ? p - p / uint64_t(par.dp) : p)
+                         : 0;
   r.accumulated = w.accumulation > 1 ? r.grads : 0;
   r.opt_state =
       state_per_param(w.optimizer) * (par.zero >= 1 && par.dp > 1 ? p / uint64_t(par.dp) : p);

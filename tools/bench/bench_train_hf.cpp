@@ -6,7 +6,7 @@
 //
 //   bench_train_hf CONFIG --seq-len T [--source-len S] [--batch B] [--steps N]
 //                  [--warmup W] [--dtype f32|bf16] [--recompute] [--zero Z]
-//                  [--n-model-shards K|auto] [--memory-per-device 10GB]
+//                  [--n-model-shards K|auto] [--memory-per-device 10GB] [--workdir DIR]
 //
 // Under a launcher (redco-run -n N) every rank prints
 //   memory rank R (model shard .., replica .., zero ..): params .. MiB, optimizer
@@ -123,7 +123,7 @@ Timed train_steps(train::Deployer& d, const M& model, int64_t vocab, const Run& 
 
 int main(int argc, char** argv) try {
   CLI::App app{"Training steps of a Hugging Face config's model: memory per rank and step times"};
-  std::string config_path, shards = "1", dtype = "f32", memory;
+  std::string config_path, shards = "1", dtype = "f32", memory, workdir;
   Run r;
   int zero = 0;
   bool recompute = false;
@@ -138,6 +138,7 @@ int main(int argc, char** argv) try {
   app.add_option("--zero", zero)->check(CLI::Range(0, 3));
   app.add_option("--n-model-shards", shards, "a number, or auto");
   app.add_option("--memory-per-device", memory, "each rank's budget (16GB)");
+  app.add_option("--workdir", workdir, "metrics.jsonl with each rank's first-step memory");
   REDCO_CLI11_PARSE(app, argc, argv);
   if (r.source == 0) r.source = r.seq;
   r.precision = dtype == "bf16" ? Precision::bf16 : Precision::f32;
@@ -162,6 +163,7 @@ int main(int argc, char** argv) try {
     }
   }
   train::Deployer d({.n_model_shards = pinned ? std::stoi(shards) : 1,
+                     .workdir = workdir,
                      .quiet = true,
                      .zero_stage = zero,
                      .auto_mesh = mesh ? &*mesh : nullptr});
@@ -202,6 +204,7 @@ int main(int argc, char** argv) try {
       double(t.state) / 1048576.0,
       double(CachingAllocator::cpu().stats().peak_bytes_in_use) / 1048576.0,
       double(want.peak()) / 1048576.0, double(ru.ru_maxrss) / 1024.0);
+  if (d.is_main()) fmt::print("modelled: {}\n", plan::describe(want));
   std::fflush(stdout);
   d.barrier();
   std::vector<double> timed(t.ms.begin() + std::min<int64_t>(r.warmup, int64_t(t.ms.size())),

@@ -214,6 +214,26 @@ TEST_CASE("planner: the search, ZeRO's savings and the longest sequence", "[plan
   CHECK_FALSE(plan::best({.model = opt, .cluster = c, .seq_len = 512, .max_zero = 3}).has_value());
 }
 
+TEST_CASE("memory model: buckets and ZeRO-3's gathered blocks on a small untied model", "[plan]") {
+  // LLaMA, 2 layers of width 128, an untied head: its gradients (one
+  // replica's share 1/2) are far smaller than two 25 MiB buckets.
+  const plan::ModelShape shape = plan::model_shape(models::hf::Config(
+      models::llama_hf_config(
+          {.vocab = kVocab, .dim = 128, .layers = 2, .heads = 4, .kv_heads = 2, .hidden = 256}),
+      "llama"));
+  REQUIRE_FALSE(shape.tied_head());
+  const plan::Workload w{.seq_len = 64, .micro_batch = 2};
+  const plan::MemoryBreakdown z2 = plan::training_memory(shape, w, {.dp = 2, .zero = 2});
+  const plan::MemoryBreakdown z0 = plan::training_memory(shape, w, {.dp = 2, .zero = 0});
+  const uint64_t p = z0.params;
+  CHECK(z2.buckets == p - p / 2);  // the other owner's share: all there is to send
+  CHECK(z0.buckets == p);          // an all-reduce's receive buffer, at most the whole
+  // Two gathered blocks: the parameters less both vocabulary tables, over the 2 layers.
+  const plan::MemoryBreakdown z3 = plan::training_memory(shape, w, {.dp = 2, .zero = 3});
+  const uint64_t tables = 2 * uint64_t(kVocab) * 128 * 4;
+  CHECK(z3.gathered == 2 * ((p - tables) / 2));
+}
+
 TEST_CASE("time model: the steps measured where the wire is the bottleneck", "[plan]") {
   // Golden values from tools/bench/wire_bound.sh (docs/performance.md, "Over a
   // slow wire"): GPT-2 small, 2 rows x 128 tokens a replica, two hosts joined

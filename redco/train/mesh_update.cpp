@@ -150,7 +150,11 @@ void MeshUpdate::settle() const {
 }
 
 // Replicated parameters and their optimizer buffers (shared with the
-// optimizer, so written in place) copied from model shard 0.
+// optimizer, so written in place) copied from model shard 0. A large tensor
+// is broadcast where it lives and small ones are packed a few MiB at a time:
+// one buffer of them all would hold a copy of every replicated tensor at
+// once (a table the shards cannot split, GPT-2's 50257 rows over 2, with its
+// two AdamW buffers: 447 MiB, the step's high-water mark).
 void MeshUpdate::sync_replicated(ParamTree& params) {
   std::vector<Tensor> parts;
   const ParamTree state = groups_->state();
@@ -162,15 +166,30 @@ void MeshUpdate::sync_replicated(ParamTree& params) {
           std::count(key.begin(), key.end() - int64_t(s.name.size()), '.') == 2)
         parts.push_back(t);
   }
+  comm::Comm& mp = deployer_->mesh().mp_comm();
+  constexpr int64_t kPacked = int64_t(4) << 20;  // f32 elements a packed broadcast: 16 MiB
+  std::vector<Tensor> pack;
   int64_t numel = 0;
-  for (const Tensor& t : parts) numel += t.numel();
-  // [replicated numel] all parts, packed where they live
-  Tensor flat = Tensor::empty(Shape{numel}, DType::f32, deployer_->device());
-  int64_t at = 0;
-  for (const Tensor& t : parts) flat.slice0(at, at + t.numel()).copy_from(t), at += t.numel();
-  sched::sync_wait(deployer_->mesh().mp_comm().broadcast(flat, 0));
-  at = 0;
-  for (Tensor& t : parts) t.copy_from(flat.slice0(at, at + t.numel())), at += t.numel();
+  auto flush = [&] {
+    if (pack.empty()) return;
+    // [numel] the packed parts, in order
+    Tensor flat = Tensor::empty(Shape{numel}, DType::f32, deployer_->device());
+    int64_t at = 0;
+    for (const Tensor& t : pack) flat.slice0(at, at + t.numel()).copy_from(t), at += t.numel();
+    sched::sync_wait(mp.broadcast(flat, 0));
+    at = 0;
+    for (Tensor& t : pack) t.copy_from(flat.slice0(at, at + t.numel())), at += t.numel();
+    pack.clear(), numel = 0;
+  };
+  for (Tensor& t : parts) {
+    if (t.numel() >= kPacked) {
+      sched::sync_wait(mp.broadcast(t, 0));
+      continue;
+    }
+    if (numel + t.numel() > kPacked) flush();
+    pack.push_back(t), numel += t.numel();
+  }
+  flush();
 }
 
 ParamTree MeshUpdate::full_state(const ParamTree& params) const {

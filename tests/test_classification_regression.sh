@@ -22,8 +22,12 @@ if [ "$mode" = fortunes ]; then
   [ -f /usr/share/games/fortunes/computers ] || {
     echo "SKIP: Debian's fortunes are not installed (apt-get install fortunes)"; exit 77; }
   args=(--max-steps 150 --min-per-category 500 "${tiny[@]}")
-  one=$("$exe" "${args[@]}" --workdir "$work/one" 2>&1) || {
+  # One process cut by the planner (--n-model-shards auto): with this much
+  # memory it must pick the plain cut, so 2 model shards must match it.
+  one=$("$exe" "${args[@]}" --n-model-shards auto --workdir "$work/one" 2>&1) || {
     echo "$one" | grep -v '^train'; echo "FAIL: 1 process did not learn"; exit 1; }
+  echo "$one" | grep -q '^auto: 1 model shard(s) x 1 replica(s), ZeRO-0, recomputation off' || {
+    echo "$one" | grep -v '^train' | head -3; echo "FAIL: auto did not pick the plain cut"; exit 1; }
   line=$(echo "$one" | grep '^validation')
   echo "1 process: $line"
   two=$("$run" -n 2 --output rank0 -- "$exe" "${args[@]}" --n-model-shards 2 \

@@ -11,6 +11,7 @@
 
 #include "redco/core/allocator.hpp"
 #include "redco/models/bart.hpp"
+#include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
@@ -41,15 +42,22 @@ struct Measured {
 };
 
 // Two AdamW steps (the first makes the optimizer's state); the second is measured.
+// A classifier (shape.classes > 0) takes one label per row, an LM one per token.
 template <typename M>
-Measured measure(const M& model, bool seq2seq, bool recompute, Precision precision) {
+Measured measure(const M& model, const plan::ModelShape& shape, bool recompute,
+                 Precision precision) {
   CachingAllocator& alloc = CachingAllocator::cpu();
   alloc.empty_cache();
   Measured m;
   ParamTree params = nn::init_params(model, 7);
   optim::Optimizer opt = optim::adamw(optim::constant(1e-4f));
-  const Tensor ids = random_ids(kRows, kLen, 1), labels = random_ids(kRows, kLen, 2);
-  const Tensor source = random_ids(kRows, kLen, 3);
+  const bool seq2seq = shape.encoder_decoder;
+  const Tensor ids = random_ids(kRows, kLen, 1), source = random_ids(kRows, kLen, 3);
+  Tensor labels = random_ids(kRows, kLen, 2);
+  if (shape.classes > 0) {
+    labels = Tensor::empty({kRows}, DType::i64);
+    for (int64_t r = 0; r < kRows; ++r) labels.data<int64_t>()[r] = r % shape.classes;
+  }
   for (int step = 0; step < 2; ++step) {
     alloc.reset_peak();
     uint64_t kept = 0;
@@ -89,7 +97,7 @@ void check_family(const std::string& name, const typename models::HfFamily<M>::C
   const M model = models::HfFamily<M>::build(models::HfFamily<M>::config(file));
   for (const Precision precision : {Precision::f32, Precision::bf16})
     for (const bool recompute : {false, true}) {
-      const Measured got = measure(model, shape.encoder_decoder, recompute, precision);
+      const Measured got = measure(model, shape, recompute, precision);
       const plan::MemoryBreakdown want = plan::training_memory(
           shape, {.seq_len = kLen, .micro_batch = kRows, .precision = precision},
           {.recompute = recompute});
@@ -153,6 +161,19 @@ TEST_CASE("memory model: encoder-decoder families against the allocator", "[plan
                                       .decoder_ffn = 512,
                                       .context = 128,
                                       .dropout = 0.1f});
+}
+
+TEST_CASE("memory model: sequence classifiers against the allocator", "[plan]") {
+  const models::BertConfig c{.vocab = kVocab,
+                             .dim = 128,
+                             .layers = 4,
+                             .heads = 4,
+                             .hidden = 512,
+                             .context = 128,
+                             .labels = 5,
+                             .dropout = 0.1f};
+  check_family<models::Bert>("bert", c);
+  check_family<models::Roberta>("roberta", c);
 }
 
 TEST_CASE("planner: the search, ZeRO's savings and the longest sequence", "[plan]") {

@@ -49,7 +49,7 @@ uint64_t head_rows(const ModelShape& m, int mp) {
 // time; each chunk holds its logits, their exp, the label one-hot and a
 // product of two of them at once.
 bool vocab_split(const ModelShape& m, int mp) {
-  return mp > 1 && m.vocab % mp == 0 && !m.whole_logits;
+  return mp > 1 && m.vocab % mp == 0 && !m.whole_logits && m.classes == 0;
 }
 
 // One block's kept bytes (its largest stack's), for one micro-batch.
@@ -99,6 +99,11 @@ uint64_t kept_by_forward(const ModelShape& m, const Workload& w, const Paralleli
       a += allocated(uint64_t(s.score_bias_heads) * pairs * kF32) + allocated(pairs * 8);
     }
   }
+  if (m.classes > 0) {  // [rows, d]: the first tokens, the pooler's tanh, dropout's mask
+    const uint64_t rows = uint64_t(w.micro_batch);
+    return a + 3 * allocated(rows * uint64_t(m.dim) * kF32) +
+           allocated(rows * uint64_t(m.classes) * kF32) + allocated(rows * kF32);
+  }
   const uint64_t rows = head_rows(m, par.mp), logits = allocated(t.target * rows * kF32);
   a += m.whole_logits ? logits                                     // the logits
                       : allocated(rows * uint64_t(m.dim) * kF32);  // the table's gradient
@@ -117,7 +122,8 @@ uint64_t param_bytes(const ModelShape& m, int mp) {
 // (the token embedding, and the LM head when it is a table of its own) over
 // every stack's blocks.
 uint64_t block_param_bytes(const ModelShape& m, int mp, uint64_t all) {
-  const uint64_t tables = (m.tied_head() ? 1 : 2) * head_rows(m, mp) * uint64_t(m.dim) * kF32;
+  const uint64_t tables =
+      (m.classes > 0 || m.tied_head() ? 1 : 2) * head_rows(m, mp) * uint64_t(m.dim) * kF32;
   int64_t layers = 0;
   for (const Stack& s : m.stacks) layers += s.layers;
   return (all - std::min(all, tables)) / uint64_t(std::max<int64_t>(1, layers));
@@ -142,6 +148,7 @@ uint64_t state_per_param(Optimizer o) {
 // per product) and each chunk's logits gradient rounded for its products. A head that forms
 // its logits whole (then adds a bias) holds them twice for a moment.
 uint64_t head_transient(const ModelShape& m, const Workload& w, const Parallelism& par) {
+  if (m.classes > 0) return 0;  // a classifier's head: a few [rows, d] buffers (kept_by_forward)
   const Tokens t = tokens_of(w);
   const uint64_t rows = head_rows(m, par.mp), d = uint64_t(m.dim);
   const uint64_t logits = t.target * rows * kF32;
@@ -191,7 +198,7 @@ MemoryBreakdown training_memory(const ModelShape& m, const Workload& w, const Pa
   // A head tied to the token embedding makes its whole table's gradient in
   // forward and finishes it only at the embedding, at backward's end: under
   // ZeRO-2 it is held whole until then, not this replica's part of it.
-  if (sharded_grads && m.tied_head()) {
+  if (sharded_grads && m.classes == 0 && m.tied_head()) {
     const uint64_t table = head_rows(m, par.mp) * uint64_t(m.dim) * kF32;
     r.grads += table - table / uint64_t(par.dp);
   }

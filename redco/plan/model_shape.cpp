@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "redco/models/bart.hpp"
+#include "redco/models/bert.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/models/gpt_neox.hpp"
 #include "redco/models/gptj.hpp"
@@ -288,6 +289,28 @@ ModelShape bart_shape(const models::BartConfig& c) {
           .stacks = {std::move(enc), std::move(dec)}};
 }
 
+// A BERT / RoBERTa sequence classifier (models/bert.hpp): the embeddings'
+// sum, LayerNorm and dropout, then post-norm blocks as BART's encoder; the
+// head reads each row's first token (ModelShape::classes).
+ModelShape bert_shape(const models::BertConfig& c) {
+  const int64_t d = c.dim;
+  Stack enc{.name = "encoder", .layers = c.layers};
+  enc.per_token = post_norm("attention_norm", d, self_attention(d, d, c.heads));
+  append(enc.per_token, post_norm("output_norm", d, mlp(c.hidden, c.act)));
+  add_dropout(enc.per_token, c.dropout, d, 2);
+  enc.once_per_token = {whole("embedding sum", d)};
+  append(enc.once_per_token, norm("embeddings LayerNorm", d, false));
+  add_dropout(enc.once_per_token, c.dropout, d, 1);
+  enc.self_width = d, enc.causal = false, enc.backward_width = mlp_work(c.hidden, c.act);
+  return {.family = "bert",
+          .vocab = c.vocab,
+          .dim = d,
+          .heads = c.heads,
+          .context = c.context,
+          .classes = c.labels,
+          .stacks = {std::move(enc)}};
+}
+
 template <typename M>
 std::vector<nn::ParamEntry> entries_of(const typename models::HfFamily<M>::Config& c) {
   return nn::param_entries(models::HfFamily<M>::build(c));
@@ -322,7 +345,8 @@ std::vector<shard::ParamSplit> ModelShape::resolve(int n_model_shards) const {
 }
 
 std::vector<std::string> planned_families() {
-  return {"gpt2", "llama", "mistral", "qwen2", "opt", "gptj", "gpt_neox", "t5", "bart"};
+  return {"gpt2",     "llama", "mistral", "qwen2", "opt",    "gptj",
+          "gpt_neox", "t5",    "bart",    "bert",  "roberta"};
 }
 
 ModelShape model_shape(const models::hf::Config& f) {
@@ -335,6 +359,8 @@ ModelShape model_shape(const models::hf::Config& f) {
   if (type == "gpt_neox") return shape_of<models::GptNeox>(f, gpt_neox_shape);
   if (type == "t5") return shape_of<models::T5>(f, t5_shape);
   if (type == "bart") return shape_of<models::Bart>(f, bart_shape);
+  if (type == "bert") return shape_of<models::Bert>(f, bert_shape);
+  if (type == "roberta") return shape_of<models::Roberta>(f, bert_shape);
   const std::vector<std::string> known = planned_families();
   f.fail("model_type", fmt::format("is '{}', which the planner does not model; it models {}", type,
                                    fmt::join(known, ", ")));

@@ -77,6 +77,9 @@ struct ModelShape {
   // a chunk of rows at a time (redco's default), true when they are formed
   // whole (a head with a bias, GPT-J's).
   bool whole_logits = false;
+  // > 0: a sequence classifier (BERT, RoBERTa): a pooler and this many
+  // classes over each row's first token instead of an LM head.
+  int64_t classes = 0;
   std::vector<Stack> stacks = {};
   // Every parameter, whole, with the dimension the plan cuts for a given
   // number of model shards (filled by resolve()).
@@ -90,7 +93,8 @@ struct ModelShape {
 };
 
 // From a Hugging Face config (config.json's model_type picks the family:
-// gpt2, llama (also mistral, qwen2), opt, gptj, gpt_neox, t5, bart). Fails
+// gpt2, llama (also mistral, qwen2), opt, gptj, gpt_neox, t5, bart; bert and
+// roberta as sequence classifiers of num_labels classes). Fails
 // naming the model_type when it is none of those.
 ModelShape model_shape(const models::hf::Config& config);
 

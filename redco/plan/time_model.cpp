@@ -115,8 +115,8 @@ double forward_flops_per_token(const ModelShape& m, int64_t len) {
   double per_token = 0;  // 2 FLOPs per weight of every matmul a token goes through
   for (const nn::ParamEntry& e : m.entries)
     if (is_matmul(e)) per_token += 2.0 * double(e.shape.shape().numel());
-  per_token += 2.0 * double(m.vocab) * double(m.dim);  // the LM head
-  for (const Stack& s : m.stacks) {                    // q k^T and p v: 4 x width FLOPs per key
+  if (m.classes == 0) per_token += 2.0 * double(m.vocab) * double(m.dim);  // the LM head
+  for (const Stack& s : m.stacks) {  // q k^T and p v: 4 x width FLOPs per key
     const double keys = s.causal ? double(len + 1) / 2 : double(len);
     per_token += double(s.layers) * 4.0 * keys * double(s.self_width + s.cross_width);
   }

@@ -12,6 +12,7 @@
 
 #include "datasets/bibles.hpp"
 #include "datasets/fortunes.hpp"
+#include "model_shards.hpp"
 #include "redco/data/lm_data.hpp"
 #include "redco/data/text_batch.hpp"
 #include "redco/models/encoder_classifier.hpp"
@@ -37,7 +38,6 @@ struct Options {
   models::BertConfig cfg{.dim = 128, .layers = 2, .heads = 4, .hidden = 512, .dropout = 0.1f};
   float lr = 5e-4f;
   uint64_t seed = 42;
-  int n_model_shards = 1;
 };
 
 Task fortune_categories(const Options& o) {
@@ -140,13 +140,23 @@ int main(int argc, char** argv) try {
   app.add_option("--min-per-category", o.min_per_category, "leave out smaller categories")
       ->check(cli::at_least(2));
   app.add_option("--seed", o.seed);
-  app.add_option("--n-model-shards", o.n_model_shards, "tensor-parallel shards of the model")
-      ->check(cli::at_least(1));
+  sample::ModelShards shards(app);  // --n-model-shards N|auto, --memory-per-device
   app.add_option("--workdir", o.workdir, "tokenizer, checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
 
-  train::Deployer deployer(
-      {.n_model_shards = o.n_model_shards, .seed = o.seed, .workdir = o.workdir});
+  shards.plan(  // auto: the planner cuts the run for the folder's model, or the one built here
+      [&] {
+        models::BertConfig planned = o.cfg;
+        planned.vocab = o.vocab, planned.context = o.max_length;
+        return o.init_from.empty()
+                   ? models::hf::Config(models::bert_hf_config(planned, false), "--dim ...")
+                   : models::hf::Config(o.init_from);
+      },
+      {.seq_len = o.max_length, .global_batch = o.batch});
+  train::Deployer deployer({.n_model_shards = shards.count(),
+                            .seed = o.seed,
+                            .workdir = o.workdir,
+                            .auto_mesh = shards.auto_mesh()});
   const Task task = o.regression ? verse_positions() : fortune_categories(o);
   deployer.console() << fmt::format("{} training and {} validation examples, {} {}\n",
                                     task.train.size(), task.valid.size(), task.labels,

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -193,6 +195,48 @@ TEST_CASE("ComputeExecutor runs jobs on oneTBB and resumes on the caller", "[sch
   auto bad = [&]() -> Task<void> { co_await exec.run([] { throw std::runtime_error("kernel"); }); };
   CHECK_THROWS_WITH(sync_wait(bad()), "kernel");
   exec.wait_idle();
+}
+
+TEST_CASE("ProgressEngine sleeps in a transport's idle_wait, which wake() ends", "[sched]") {
+  // A transport's descriptor stood in for by a condition variable: idle_wait
+  // blocks until on_wake (or its time) ends it.
+  std::mutex m;
+  std::condition_variable cv;
+  bool signalled = false;
+  std::atomic<int> waits{0}, polls{0};
+  std::atomic<int> work{0};
+  ProgressEngine engine({.idle_spins = 4,
+                         .max_sleep = std::chrono::microseconds(200000),
+                         .idle_wait =
+                             [&](std::chrono::microseconds most) {
+                               ++waits;
+                               std::unique_lock lock(m);
+                               cv.wait_for(lock, most, [&] { return signalled; });
+                               signalled = false;
+                             },
+                         .on_wake =
+                             [&] {
+                               std::lock_guard lock(m);
+                               signalled = true;
+                               cv.notify_one();
+                             }});
+  Completion<int> done;
+  engine.add([&] {
+    ++polls;
+    if (work.load() == 1) done.set_value(1), work = 2;
+    return false;
+  });
+  std::this_thread::sleep_for(50ms);
+  const int idle_polls = polls.load();
+  CHECK(waits.load() >= 1);
+  CHECK(idle_polls < 20);  // asleep in idle_wait (200 ms at most), not spinning
+  work = 1;
+  const auto posted = std::chrono::steady_clock::now();
+  engine.wake();  // ends the wait at once: the work is seen long before 200 ms
+  auto wait = [&]() -> Task<int> { co_return co_await done; };
+  CHECK(sync_wait(wait()) == 1);
+  CHECK(std::chrono::steady_clock::now() - posted < 100ms);
+  engine.stop();
 }
 
 TEST_CASE("ProgressEngine polls, completes work, backs off and stops", "[sched]") {

@@ -435,10 +435,15 @@ std::unique_ptr<Comm> connect_ucx(Rendezvous& rendezvous, const UcxOptions& opti
     std::lock_guard lock(w->mutex);
     connect_peers(*w, blobs);
   }
-  // A short idle back-off: a message awaited waits at most ~50 us for the
-  // next poll, while an idle process still sleeps instead of spinning.
+  // Idle, the progress thread sleeps on the worker's event descriptor (at
+  // most 1 ms, so timeouts are still checked): a message arriving or a
+  // socket with room wakes it, as does an operation posted (wake()).
+  World* world = w.get();
   w->engine = std::make_unique<sched::ProgressEngine>(sched::ProgressEngine::Options{
-      .idle_spins = 256, .max_sleep = std::chrono::microseconds(50)});
+      .idle_spins = 256,
+      .max_sleep = std::chrono::microseconds(1000),
+      .idle_wait = [world](std::chrono::microseconds most) { world->idle_wait(most); },
+      .on_wake = [world] { world->signal(); }});
   w->engine->add([world = w.get()] { return world->poll(); });
   std::vector<int> members;
   for (int r = 0; r < w->size; ++r) members.push_back(r);

@@ -98,6 +98,7 @@ struct World {
   bool closing = false;
   std::vector<uint8_t> goodbyes;  // one byte per peer: the closing handshake's buffers
   Clock::time_point last_check;
+  int event_fd = -1;  // the worker's wakeup descriptor (UCP_FEATURE_WAKEUP); -1: none
   std::unique_ptr<sched::ProgressEngine> engine;
 
   ~World();
@@ -128,6 +129,10 @@ struct World {
   void peer_failed(int peer, const std::string& why);
   void check_timeouts();
   bool poll();
+  // The progress thread with nothing to do: sleeps on the worker's event
+  // descriptor until the wire or signal() stirs it, at most `most`.
+  void idle_wait(std::chrono::microseconds most);
+  void signal();  // ends an idle_wait early (an operation was posted)
 };
 
 // Fires the completions `settle` handed out (after unlocking the World).

@@ -32,6 +32,11 @@ class ProgressEngine {
   struct Options {
     int idle_spins = 64;                        // idle passes before sleeping
     std::chrono::microseconds max_sleep{1000};  // longest idle sleep
+    // A transport that can sleep until it has work (a descriptor to poll)
+    // passes how, and how wake() ends that sleep; the engine then calls
+    // idle_wait(max_sleep) instead of its own backoff.
+    std::function<void(std::chrono::microseconds)> idle_wait = {};
+    std::function<void()> on_wake = {};
   };
 
   ProgressEngine() : ProgressEngine(Options{}) {}
@@ -63,9 +68,12 @@ class ProgressEngine {
   }
 
   void wake() {
-    std::lock_guard lock(mutex_);
-    wake_ = true;
-    cv_.notify_one();
+    {
+      std::lock_guard lock(mutex_);
+      wake_ = true;
+      cv_.notify_one();
+    }
+    if (opt_.on_wake) opt_.on_wake();
   }
 
   // Stops and joins the thread; idempotent. Pollers are not called again.
@@ -75,6 +83,7 @@ class ProgressEngine {
       stopping_ = true;
       cv_.notify_one();
     }
+    if (opt_.on_wake && thread_.joinable()) opt_.on_wake();  // out of an idle_wait
     if (thread_.joinable()) thread_.join();
   }
 
@@ -133,6 +142,11 @@ class ProgressEngine {
       if (++idle < opt_.idle_spins) {
         lock.unlock();
         std::this_thread::yield();
+        continue;
+      }
+      if (opt_.idle_wait) {
+        lock.unlock();
+        opt_.idle_wait(opt_.max_sleep);
         continue;
       }
       cv_.wait_for(lock, sleep, [&] { return stopping_ || wake_; });

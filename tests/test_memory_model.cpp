@@ -317,6 +317,24 @@ TEST_CASE("n_model_shards = auto: the planner's choice, or a clear refusal", "[p
                                                               .world_size = 2});
   CHECK(z.n_model_shards == 1);
   CHECK(z.zero_stage == 2);
+  // Pinned to a cut that does not fit (one shard, ZeRO-0, no recomputation):
+  // refused, naming a cut the planner would take instead.
+  try {
+    train::choose_mesh(gpt2_large, {.seq_len = 512,
+                                    .global_batch = 2,
+                                    .memory_per_device = uint64_t(10e9),
+                                    .n_model_shards = 1,
+                                    .zero_stage = 0,
+                                    .recompute = false,
+                                    .world_size = 2});
+    FAIL("choose_mesh accepted ZeRO-0 without recomputation for GPT-2 large on 10 GB");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("does not fit 2 device(s)") != std::string::npos);
+    CHECK(m.find("given are what does not fit") != std::string::npos);
+    CHECK(m.find("--n-model-shards auto") != std::string::npos);
+  }
   // 3 GB each: nothing fits, said before anything is allocated, with the need.
   try {
     train::choose_mesh(

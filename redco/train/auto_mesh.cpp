@@ -57,6 +57,29 @@ uint64_t available_host_memory() {
       "(--memory-per-device 16GB)");
 }
 
+namespace {
+
+// The fix for a run that does not fit: when the user fixed the shards, the
+// ZeRO stage or recomputation and the planner, free to choose them, finds a
+// cut that fits, that cut; else more devices or less memory a row.
+std::string unpinned_advice(plan::Request r) {
+  const std::string general =
+      "Use more devices, shorter sequences or Precision::bf16 (redco-plan lists every "
+      "configuration and the longest sequence each fits)";
+  if (!r.mp && !r.zero && !r.recompute) return general;
+  r.mp = std::nullopt, r.zero = std::nullopt, r.recompute = std::nullopt;
+  const std::optional<plan::Candidate> k = plan::best(r);
+  if (!k) return general;
+  return fmt::format(
+      "The shards, ZeRO stage or recomputation given are what does not fit: {} model shard(s) x "
+      "{} replica(s), ZeRO-{}, recomputation {} fits in {} (leave them to the planner: "
+      "--n-model-shards auto)",
+      k->par.mp, k->par.dp, k->par.zero, k->par.recompute ? "on" : "off",
+      plan::bytes_text(k->needed));
+}
+
+}  // namespace
+
 MeshChoice choose_mesh(const plan::ModelShape& model, const AutoMeshOptions& o) {
   REDCO_CHECK(o.seq_len > 0, "n_model_shards = auto needs the sequence length (seq_len > 0)");
   const plan::Cluster cluster = cluster_of(o);
@@ -74,11 +97,11 @@ MeshChoice choose_mesh(const plan::ModelShape& model, const AutoMeshOptions& o) 
   REDCO_CHECK(k.fits,
               "{} ({:.1f}M parameters) does not fit {} device(s) of {} at {} tokens a row: the "
               "nearest configuration, {} model shard(s) x {} replica(s), ZeRO-{}{}, micro-batch "
-              "{}, needs {}. Use more devices, shorter sequences or Precision::bf16 (redco-plan "
-              "lists every configuration and the longest sequence each fits)",
+              "{}, needs {}. {}",
               model.family, double(model.n_params()) / 1e6, cluster.devices,
               plan::bytes_text(cluster.device.memory), o.seq_len, k.par.mp, k.par.dp, k.par.zero,
-              k.par.recompute ? ", recomputation" : "", k.work.micro_batch, plan::describe_need(k));
+              k.par.recompute ? ", recomputation" : "", k.work.micro_batch, plan::describe_need(k),
+              unpinned_advice(r));
   MeshChoice c{.n_model_shards = k.par.mp,
                .zero_stage = k.par.zero,
                .recompute = k.par.recompute,

@@ -371,3 +371,70 @@ TEST_CASE("decode attention: a row's output does not depend on its batch", "[att
     for (int64_t i = 0; i < qn; ++i) REQUIRE(o1[size_t(i)] == o[size_t(b * qn + i)]);
   }
 }
+
+// A paged KV cache (AttentionShape::block_table): the same keys and values
+// scattered over a pool of blocks in shuffled order give the contiguous
+// rows' outputs bit for bit, at block sizes below, at and above the kernel's
+// 64-key chunks and ones that are not multiples of its 8-key groups.
+TEST_CASE("decode attention reads a paged cache bit for bit as rows", "[attention]") {
+  uint64_t seed = 1300;
+  for (const int64_t block : {5, 8, 16, 64, 96})
+    for (const bool bf16 : {false, true})
+      for (const int64_t Tq : {1, 3}) {
+        INFO("block " << block << " bf16 " << bf16 << " Tq " << Tq);
+        const int64_t B = 3, Hq = 6, Hkv = 2, D = 24, M = (200 + block - 1) / block, Tk = M * block;
+        AttentionShape s = make_shape(B, Hq, Hkv, Tq, Tk, D, true);
+        std::vector<int64_t> begin{0, 0, 3}, end{Tk - 1, 77, 130}, offset(3);
+        for (int64_t b = 0; b < B; ++b) offset[size_t(b)] = end[size_t(b)] - Tq;
+        s.key_begin = begin.data(), s.key_end = end.data(), s.causal_offset = offset.data();
+        const Vf q = randn(q_size(s), seed++);
+        Vf k = randn(kv_size(s), seed++), v = randn(kv_size(s), seed++);
+        // The pool: every row's blocks in a shuffled order, and spare ones.
+        const int64_t N = B * M + 4;
+        std::vector<int64_t> order(static_cast<size_t>(N));
+        for (int64_t i = 0; i < N; ++i) order[size_t(i)] = i;
+        std::shuffle(order.begin(), order.end(), std::mt19937_64(seed++));
+        std::vector<int64_t> table(size_t(B * M), -1);
+        Vf pk(size_t(N * Hkv * block * D), NAN), pv(pk.size(), NAN);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t m = 0; m * block < end[size_t(b)]; ++m) {  // blocks past a row's keys: none
+            const int64_t n = table[size_t(b * M + m)] = order[size_t(b * M + m)];
+            for (int64_t g = 0; g < Hkv; ++g)
+              for (int64_t j = 0; j < block * D; ++j) {
+                const size_t from = size_t(((b * Hkv + g) * Tk + m * block) * D + j);
+                pk[size_t((n * Hkv + g) * block * D + j)] = k[from];
+                pv[size_t((n * Hkv + g) * block * D + j)] = v[from];
+              }
+          }
+        auto as_bf16 = [](const Vf& x) {
+          std::vector<uint16_t> y(x.size());
+          for (size_t i = 0; i < x.size(); ++i) y[i] = redco::float_to_bf16(x[i]);
+          return y;
+        };
+        Vf o(size_t(q_size(s))), lse(size_t(B * Hq * Tq)), po(o.size(), 7.f), plse(lse.size());
+        AttentionShape ps = s;
+        ps.block_table = table.data(), ps.block = block, ps.blocks_per_row = M;
+        if (bf16) {
+          const auto kb = as_bf16(k), vb = as_bf16(v), pkb = as_bf16(pk), pvb = as_bf16(pv);
+          redco::cpu::decode_attention_forward(s, q.data(), kb.data(), vb.data(), true, o.data(),
+                                               lse.data());
+          redco::cpu::decode_attention_forward(ps, q.data(), pkb.data(), pvb.data(), true,
+                                               po.data(), plse.data());
+        } else {
+          redco::cpu::decode_attention_forward(s, q.data(), k.data(), v.data(), false, o.data(),
+                                               lse.data());
+          redco::cpu::decode_attention_forward(ps, q.data(), pk.data(), pv.data(), false, po.data(),
+                                               plse.data());
+        }
+        for (size_t i = 0; i < o.size(); ++i) REQUIRE(po[i] == o[i]);
+        for (size_t i = 0; i < lse.size(); ++i) REQUIRE(plse[i] == lse[i]);
+      }
+  Vf q(8), k(8);
+  AttentionShape s = make_shape(1, 1, 1, 1, 8, 8, true);
+  const int64_t table[] = {0};
+  s.block_table = table, s.block = 8, s.blocks_per_row = 1;
+  Vf o(8), lse(1);
+  REQUIRE_THROWS_WITH(
+      redco::cpu::flash_attention_forward(s, q.data(), k.data(), k.data(), o.data(), lse.data()),
+      Catch::Contains("paged KV cache"));
+}

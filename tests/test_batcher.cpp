@@ -1,7 +1,9 @@
 // Continuous batching (generation/batcher.hpp): every request gets the tokens
 // generation::generate gives its prompt alone, whatever joins or leaves the
 // batch around it; stop strings end the text before them; cancellation and
-// bad requests; the KV cache's rows move without losing a token.
+// bad requests; the KV cache's rows move without losing a token; a paged
+// cache shares, copies on write and moves blocks, and gives a model the
+// logits of rows of slots bit for bit.
 #include <catch2/catch.hpp>
 #include <map>
 
@@ -48,6 +50,8 @@ void run_until_idle(Batcher& b) {
   CHECK(b.running() == 0);
   CHECK(b.queued() == 0);
   CHECK(b.free_rows() == b.options().slots);
+  // No block leaked: every one free or held by a stored prompt.
+  CHECK(b.kv_blocks_free() + b.kv_blocks_stored() == b.kv_blocks());
 }
 
 const std::vector<std::vector<int64_t>> kPrompts = {
@@ -230,4 +234,166 @@ TEST_CASE("a batcher reuses the keys and values of a shared prompt prefix", "[ba
     CHECK(b.reused_tokens() == reused);
     CHECK(b.prompt_tokens() + b.reused_tokens() == total);
   }
+}
+
+namespace {
+// Row `row`'s tokens of layer "a", head h, as stored (f32), through the
+// cache's own reader: a copy into a one-row cache of plain slots.
+std::vector<float> tokens_of(const nn::KVCache& cache, int64_t row, int64_t h) {
+  nn::KVCache out(1, cache.capacity(), DType::f32);
+  out.copy_row(0, cache, row);
+  const auto& s = out.self("a", 2, 2, DType::f32);
+  const float* k = s.k.data<float>() + h * cache.capacity() * 2;
+  return {k, k + cache.length(row) * 2};
+}
+}  // namespace
+
+TEST_CASE("a paged KV cache shares blocks, copies the shared one it writes into, moves rows",
+          "[batcher]") {
+  // 3 rows of capacity 10 over 6 blocks of 4 tokens; layer "a": 2 heads x 2.
+  nn::KVCache cache(3, 10, DType::f32, {.block_tokens = 4, .blocks = 6});
+  REQUIRE(cache.paged());
+  const nn::KVBlocks& kb = *cache.blocks();
+  auto& pool = cache.self("a", 2, 2, DType::f32);
+  REQUIRE(pool.k.shape() == Shape{6, 2, 4, 2});
+  // A step writes token values: row r's token t, head h, element d = 1000r + 10t + h + d/10.
+  auto step = [&](std::vector<int64_t> appended, int64_t T) {
+    const auto B = int64_t(appended.size());
+    cache.set_rows(B);
+    cache.begin(appended);
+    Tensor k = Tensor::empty({B, 2, T, 2});
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < 2; ++d)
+            k.data<float>()[((r * 2 + h) * T + t) * 2 + d] =
+                float(1000 * r + 10 * (cache.length(r) + t) + h) + 0.1f * float(d);
+    cache.store(cache.self("a", 2, 2, DType::f32), k, k);
+    cache.commit();
+  };
+  auto expect = [&](int64_t row, int64_t writer_row, int64_t n) {
+    const auto got = tokens_of(cache, row, 1);
+    REQUIRE(int64_t(got.size()) == n * 2);
+    for (int64_t t = 0; t < n; ++t)
+      CHECK(got[size_t(t * 2 + 1)] == float(1000 * writer_row + 10 * t + 1) + 0.1f);
+  };
+  step({6}, 6);  // row 0: 6 tokens, 2 blocks
+  CHECK(kb.free_blocks() == 4);
+  CHECK(cache.block_table().shape() == Shape{1, 3});
+  cache.copy_row(1, cache, 0, 5);  // row 1 shares both blocks (the second partly)
+  CHECK(kb.free_blocks() == 4);
+  CHECK(kb.at(1, 0) == kb.at(0, 0));
+  CHECK(kb.shared(kb.at(0, 1)));
+  CHECK(cache.blocks_to_append(std::vector<int64_t>{1, 1}) == 2);  // both write the shared one
+  // Both write into the shared second block: row 0 first, into a copy of it;
+  // row 1 then holds the original alone and writes into it.
+  step({1, 1}, 1);
+  CHECK(kb.free_blocks() == 3);
+  CHECK(kb.at(1, 0) == kb.at(0, 0));
+  CHECK(kb.at(1, 1) != kb.at(0, 1));
+  CHECK(cache.length(0) == 7);
+  CHECK(cache.length(1) == 6);
+  // Row 0 kept its tokens; row 1 has row 0's first 5 and its own sixth.
+  expect(0, 0, 7);
+  const auto got = tokens_of(cache, 1, 0);
+  CHECK(got[5 * 2] == 1000.f + 50.f);
+  CHECK(got[4 * 2] == 40.f);
+  cache.move_row(0, 1);  // row 0 ends: row 1's blocks and tokens take its place
+  CHECK(cache.length(1) == 0);
+  CHECK(kb.free_blocks() == 4);  // row 0's own second block came back; the first is row 1's now
+  CHECK(tokens_of(cache, 0, 0) == got);
+  // Out of blocks: a clear message, and nothing taken is lost.
+  cache.release_row(0);
+  CHECK(kb.free_blocks() == 6);
+  step({10, 10, 0}, 10);  // rows 0 and 1: 3 blocks each
+  CHECK(kb.free_blocks() == 0);
+  cache.set_rows(3);
+  CHECK_THROWS_WITH(cache.begin({0, 0, 1}), Catch::Contains("blocks of 4 tokens are all held"));
+  // Beam search's reorder: rows take others' blocks (shared, not copied).
+  nn::KVCache beams(2, 8, DType::f32, {.block_tokens = 4, .blocks = 4});
+  beams.self("a", 2, 2, DType::f32);
+  beams.begin({5, 3});
+  beams.commit();
+  beams.reorder({1, 1});
+  CHECK(beams.blocks()->at(0, 0) == beams.blocks()->at(1, 0));
+  CHECK(beams.blocks()->free_blocks() == 3);
+  CHECK(beams.length(0) == 3);
+}
+
+TEST_CASE("a paged KV cache gives a model the logits of rows of slots, bit for bit", "[batcher]") {
+  const auto p = models::from_pretrained<models::CausalLM>(test::hf_fixture("llama"));
+  const std::vector<int64_t> prompt = {9, 9, 41, 70, 12, 3, 88, 21, 5, 17, 33};
+  for (int64_t block : {4, 16}) {
+    INFO("block " << block);
+    nn::KVCache rows(2, 24), paged(2, 24, std::nullopt, {.block_tokens = block, .blocks = 12});
+    nn::Ctx ctx;
+    ctx.train = false;
+    NoGradGuard no_grad;
+    auto run = [&](nn::KVCache& cache, const Tensor& ids, std::vector<int64_t> appended) {
+      ctx.cache = &cache;
+      cache.begin(std::move(appended));
+      Tensor logits = nn::apply(p.model, p.params, ids, ctx);
+      cache.commit();
+      return logits;
+    };
+    // A ragged prefill (row 1 shorter, right-padded), then decode steps.
+    Tensor ids = Tensor::full({2, 11}, 1.f, DType::i64);
+    std::copy(prompt.begin(), prompt.end(), ids.data<int64_t>());
+    std::copy(prompt.begin(), prompt.begin() + 6, ids.data<int64_t>() + 11);
+    const Tensor a = run(rows, ids, {11, 6}), b = run(paged, ids, {11, 6});
+    REQUIRE(a.shape() == b.shape());
+    for (int64_t i = 0; i < a.numel(); ++i) REQUIRE(a.data<float>()[i] == b.data<float>()[i]);
+    for (int64_t t = 0; t < 6; ++t) {
+      Tensor next = Tensor::full({2, 1}, float(30 + t), DType::i64);
+      const Tensor x = run(rows, next, {1, 1}), y = run(paged, next, {1, 1});
+      for (int64_t i = 0; i < x.numel(); ++i) REQUIRE(x.data<float>()[i] == y.data<float>()[i]);
+    }
+  }
+}
+
+TEST_CASE(
+    "a batcher whose KV cache holds fewer tokens than its rows could: requests wait for "
+    "blocks and get generate's tokens",
+    "[batcher]") {
+  const auto p = models::from_pretrained<models::CausalLM>(test::hf_fixture("llama"));
+  std::vector<int64_t> system;
+  for (int64_t i = 0; i < 20; ++i) system.push_back(3 + (i * 5) % 80);
+  // 4 rows of context 64 (256 tokens), but 80 tokens of cache in blocks of 8:
+  // a request of up to 32 tokens reserves 4 blocks, so at most 2 run at once
+  // (with the system prompt shared, and a stored prompt given up when needed).
+  Batcher b(step_of(p), {.slots = 4,
+                         .context = 64,
+                         .vocab_size = p.model.vocab_size(),
+                         .prefix_rows = 2,
+                         .min_prefix = 16,
+                         .kv_block = 8,
+                         .kv_tokens = 80});
+  CHECK(b.kv_blocks() == 10);
+  const GenerationConfig c{.max_new_tokens = 8};
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& tail : kPrompts) {
+    prompts.push_back(system);
+    prompts.back().insert(prompts.back().end(), tail.begin(), tail.end());
+  }
+  std::vector<Outcome> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) REQUIRE(b.submit(prompts[i], c, record(out[i])));
+  int64_t most_running = 0;
+  for (int guard = 0; b.step(); ++guard) {
+    REQUIRE(guard < 10000);
+    most_running = std::max(most_running, b.running());
+    CHECK(b.kv_blocks_free() >= 0);
+  }
+  CHECK(most_running == 2);
+  CHECK(b.reused_tokens() >= 20 * int64_t(prompts.size() - 1));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("request " << i);
+    CHECK(out[i].tokens == generation::generate(p.model, p.params, {prompts[i]}, c).sequences[0]);
+  }
+  run_until_idle(b);
+  // A request that could never fit the pool is refused, naming the fix.
+  Batcher small(step_of(p), {.slots = 1, .context = 64, .kv_block = 8, .kv_tokens = 40});
+  CHECK_THROWS_WITH(
+      small.submit(std::vector<int64_t>(30, 3), GenerationConfig{.max_new_tokens = 20}, {}),
+      Catch::Contains("the request may hold 50 tokens (a prompt of 30 and up to 20 "
+                      "new), more than the KV cache's 40 (5 blocks of 8)"));
 }

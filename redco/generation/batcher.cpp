@@ -30,6 +30,7 @@ struct Batcher::Request {
   GenerationConfig config;
   RequestEvents events;
   RowHistory hist;
+  int64_t reserve = 0;                          // KV blocks it may fill
   uint64_t stream = 0;                          // its random stream (row_stream)
   std::optional<data::Tokenizer::Stream> text;  // the decoder, primed with the prompt
   std::string held;                             // text not given yet: may begin a stop
@@ -51,6 +52,18 @@ size_t stop_prefix_at_end(std::string_view text, const std::vector<std::string>&
   return keep;
 }
 
+// The paged cache's pool: unless kv_tokens says otherwise, every row able to
+// fill the context and as much again for each stored prompt.
+nn::KVPaging paging_of(const BatcherOptions& o) {
+  REDCO_CHECK(o.kv_block >= 1 && o.kv_tokens >= 0 && o.slots >= 1 && o.context >= 2,
+              "Batcher: kv_block {} (>= 1), kv_tokens {} (>= 0), slots {} (>= 1) and context {} "
+              "(>= 2)",
+              o.kv_block, o.kv_tokens, o.slots, o.context);
+  const int64_t tokens =
+      o.kv_tokens > 0 ? o.kv_tokens : (o.slots + std::max<int64_t>(o.prefix_rows, 0)) * o.context;
+  return {o.kv_block, (tokens + o.kv_block - 1) / o.kv_block};
+}
+
 // Where the first stop string begins in `text` (npos: none).
 size_t first_stop(std::string_view text, const std::vector<std::string>& stops) {
   size_t at = std::string_view::npos;
@@ -65,19 +78,19 @@ Batcher::Batcher(StepFn step, BatcherOptions options, const data::Tokenizer* tok
       options_(options),
       tokenizer_(tokenizer),
       ctx_(std::move(ctx)),
-      cache_(options.slots, options.context, options.cache_dtype),
+      cache_(options.slots + std::max<int64_t>(options.prefix_rows, 0), options.context,
+             options.cache_dtype, paging_of(options)),
       prefill_(1, options.context, options.cache_dtype) {
-  REDCO_CHECK(options.slots >= 1 && options.context >= 2 && options.max_queue >= 0,
-              "Batcher: slots {} (>= 1), context {} (>= 2) and max_queue {} (>= 0)", options.slots,
-              options.context, options.max_queue);
+  REDCO_CHECK(options.max_queue >= 0 && options.prefix_rows >= 0,
+              "Batcher: max_queue {} and prefix_rows {} (>= 0)", options.max_queue,
+              options.prefix_rows);
   ctx_.train = false;
   next_ = Tensor::zeros({options.slots, 1}, DType::i64);
   rows_.reserve(size_t(options.slots));
-  if (options.prefix_rows > 0) {
-    prefixes_.emplace(options.prefix_rows, options.context, options.cache_dtype);
-    prefix_tokens_.resize(size_t(options.prefix_rows));
-    prefix_used_.resize(size_t(options.prefix_rows));
-  }
+  prefix_tokens_.resize(size_t(options.prefix_rows));
+  prefix_used_.resize(size_t(options.prefix_rows));
+  kv_blocks_ = cache_.blocks()->blocks();
+  count_blocks();
 }
 
 Batcher::~Batcher() = default;
@@ -101,7 +114,17 @@ std::optional<int64_t> Batcher::submit(std::vector<int64_t> prompt, GenerationCo
     for (int64_t t : prompt)
       REDCO_CHECK(t >= 0 && t < options_.vocab_size,
                   "prompt token {} is not in the vocabulary of {} ids", t, options_.vocab_size);
+  // The most it may hold: its prompt and every token it may draw.
+  const int64_t most = std::min(options_.context, n + std::max<int64_t>(config.max_new_tokens, 1));
+  const int64_t reserve = cache_.blocks()->blocks_for(most);
+  const int64_t block = cache_.blocks()->block_tokens();
+  REDCO_CHECK(reserve <= kv_blocks_,
+              "the request may hold {} tokens (a prompt of {} and up to {} new), more than the KV "
+              "cache's {} ({} blocks of {}): ask for fewer tokens, or give the cache more "
+              "(kv_tokens; redco-serve --kv-cache-tokens)",
+              most, n, most - n, kv_blocks_ * block, kv_blocks_, block);
   auto r = std::make_unique<Request>();
+  r->reserve = reserve;
   r->prompt = std::move(prompt);
   r->config = std::move(config);
   r->events = std::move(events);
@@ -158,7 +181,40 @@ bool Batcher::step() {
   const bool had_work = !rows_.empty() || queued() > 0;
   admit();
   if (!rows_.empty()) decode();
+  count_blocks();
   return had_work;
+}
+
+void Batcher::count_blocks() {
+  const nn::KVBlocks& kb = *cache_.blocks();
+  stored_blocks_.clear();  // blocks the stored prompts hold that no running row holds
+  for (int64_t i = 0; i < options_.prefix_rows; ++i)
+    for (int64_t m = 0, row = options_.slots + i; m < kb.held(row); ++m)
+      stored_blocks_.push_back(kb.at(row, m));
+  std::sort(stored_blocks_.begin(), stored_blocks_.end());
+  stored_blocks_.erase(std::unique(stored_blocks_.begin(), stored_blocks_.end()),
+                       stored_blocks_.end());
+  for (size_t r = 0; r < rows_.size(); ++r)
+    for (int64_t m = 0; m < kb.held(int64_t(r)); ++m) {
+      auto it =
+          std::lower_bound(stored_blocks_.begin(), stored_blocks_.end(), kb.at(int64_t(r), m));
+      if (it != stored_blocks_.end() && *it == kb.at(int64_t(r), m)) stored_blocks_.erase(it);
+    }
+  kv_blocks_stored_ = int64_t(stored_blocks_.size());
+  kv_blocks_free_ = kb.free_blocks();
+}
+
+void Batcher::make_room(int64_t blocks) {
+  while (cache_.blocks()->free_blocks() < blocks) {
+    int64_t lru = -1;
+    for (int64_t i = 0; i < options_.prefix_rows; ++i)
+      if (!prefix_tokens_[size_t(i)].empty() &&
+          (lru < 0 || prefix_used_[size_t(i)] < prefix_used_[size_t(lru)]))
+        lru = i;
+    if (lru < 0) return;  // the reservations leave room for what the running rows need
+    cache_.release_row(options_.slots + lru);
+    prefix_tokens_[size_t(lru)].clear();
+  }
 }
 
 void Batcher::admit() {
@@ -167,6 +223,9 @@ void Batcher::admit() {
     {
       std::lock_guard lock(mutex_);
       if (inbox_.empty()) return;
+      // In order: the first waits until the blocks it may fill are free of
+      // reservations (running requests end).
+      if (!inbox_.front()->cancelled && reserved_ + inbox_.front()->reserve > kv_blocks_) return;
       r = std::move(inbox_.front());
       inbox_.pop_front();
     }
@@ -174,9 +233,12 @@ void Batcher::admit() {
       finish(*r, Finish::cancelled);
       continue;
     }
+    reserved_ += r->reserve;
     if (prefill(*r)) {
       rows_.push_back(std::move(r));
       running_ = int64_t(rows_.size());
+    } else {
+      reserved_ -= r->reserve;
     }
   }
 }
@@ -192,65 +254,73 @@ bool Batcher::prefill(Request& r) {
   }
   for (int64_t t : r.prompt) r.hist.push(t, false);
   r.hist.prompt_length = L;
+  const auto row = int64_t(rows_.size());
   try {
     prefill_.reset();
-    const int64_t reused = reuse_prefix(r.prompt);  // tokens [0, reused) are in prefill_ already
-    const int64_t n = L - reused;
+    const Prefix pre = reuse_prefix(r.prompt);  // tokens [0, pre.tokens) are in prefill_ already
+    const int64_t n = L - pre.tokens;
     Tensor ids = Tensor::empty({1, n}, DType::i64);  // [1, n]: the rest of the prompt
-    std::copy(r.prompt.begin() + reused, r.prompt.end(), ids.data<int64_t>());
+    std::copy(r.prompt.begin() + pre.tokens, r.prompt.end(), ids.data<int64_t>());
     Tensor last = Tensor::full({1}, float(n - 1), DType::i64);  // the logits wanted: [1]
     ctx_.cache = &prefill_;
     Tensor logits = detail::run_step(step_, ctx_, prefill_, ids, {n}, last);  // [1, V]
     prompt_tokens_ += n;
-    reused_tokens_ += reused;
-    remember_prompt(r.prompt);
+    reused_tokens_ += pre.tokens;
+    // The row: the prefix's blocks shared, the rest copied in.
+    if (pre.tokens > 0)
+      cache_.copy_row(row, cache_, pre.row, pre.tokens);
+    else
+      cache_.release_row(row);
+    const nn::KVBlocks& kb = *cache_.blocks();
+    make_room(kb.blocks_for(L) - pre.tokens / kb.block_tokens());
+    cache_.append_row(row, prefill_, 0, L);
+    remember_prompt(r.prompt, row);
     const int64_t tok = take_token(r, {logits.data<float>(), size_t(logits.dim(1))});
-    if (r.ended) return false;
-    const auto row = int64_t(rows_.size());
-    cache_.copy_row(row, prefill_, 0);
+    if (r.ended) {
+      cache_.release_row(row);
+      return false;
+    }
     next_.data<int64_t>()[row] = tok;
     return true;
   } catch (const std::exception& e) {
+    cache_.release_row(row);
     r.held = e.what();
     finish(r, Finish::error);
     return false;
   }
 }
 
-int64_t Batcher::reuse_prefix(const std::vector<int64_t>& prompt) {
+Batcher::Prefix Batcher::reuse_prefix(const std::vector<int64_t>& prompt) {
   const auto L = int64_t(prompt.size());
-  if (!prefixes_ || L - 1 < options_.min_prefix) return 0;
+  if (options_.prefix_rows == 0 || L - 1 < options_.min_prefix) return {};
   // The candidates: running rows (their cached tokens) and stored prompts.
-  const nn::KVCache* best_cache = nullptr;
-  int64_t best_row = 0, best = 0;
-  auto consider = [&](const nn::KVCache& cache, int64_t row, const std::vector<int64_t>& tokens,
-                      int64_t held) {
-    const int64_t most = std::min({held, L - 1, int64_t(tokens.size())});
+  Prefix best;
+  auto consider = [&](int64_t row, const std::vector<int64_t>& tokens) {
+    const int64_t most = std::min({cache_.length(row), L - 1, int64_t(tokens.size())});
     int64_t n = 0;
     while (n < most && tokens[size_t(n)] == prompt[size_t(n)]) ++n;
-    if (n > best) best = n, best_cache = &cache, best_row = row;
+    if (n > best.tokens) best = {row, n};
   };
-  for (size_t i = 0; i < rows_.size(); ++i)
-    consider(cache_, int64_t(i), rows_[i]->hist.tokens, cache_.length(int64_t(i)));
+  for (size_t i = 0; i < rows_.size(); ++i) consider(int64_t(i), rows_[i]->hist.tokens);
   for (size_t i = 0; i < prefix_tokens_.size(); ++i)
-    consider(*prefixes_, int64_t(i), prefix_tokens_[i], prefixes_->length(int64_t(i)));
-  if (best < options_.min_prefix) return 0;
-  prefill_.copy_row(0, *best_cache, best_row, best);
-  if (best_cache == &*prefixes_) prefix_used_[size_t(best_row)] = ++clock_;
+    consider(options_.slots + int64_t(i), prefix_tokens_[i]);
+  if (best.tokens < options_.min_prefix) return {};
+  prefill_.copy_row(0, cache_, best.row, best.tokens);
+  if (best.row >= options_.slots) prefix_used_[size_t(best.row - options_.slots)] = ++clock_;
   return best;
 }
 
-// The prompt's keys and values (in prefill_) replace the least recently used
-// stored prompt, unless it is stored already.
-void Batcher::remember_prompt(const std::vector<int64_t>& prompt) {
-  if (!prefixes_ || int64_t(prompt.size()) <= options_.min_prefix) return;
+// The prompt's blocks (in `row`) shared by the store, replacing the least
+// recently used stored prompt, unless it is stored already.
+void Batcher::remember_prompt(const std::vector<int64_t>& prompt, int64_t row) {
+  if (options_.prefix_rows == 0 || int64_t(prompt.size()) <= options_.min_prefix) return;
   for (const auto& held : prefix_tokens_)
     if (held == prompt) return;
-  const auto row =
+  const auto i =
       int64_t(std::min_element(prefix_used_.begin(), prefix_used_.end()) - prefix_used_.begin());
-  prefixes_->copy_row(row, prefill_, 0, int64_t(prompt.size()));
-  prefix_tokens_[size_t(row)] = prompt;
-  prefix_used_[size_t(row)] = ++clock_;
+  cache_.copy_row(options_.slots + i, cache_, row, int64_t(prompt.size()));
+  prefix_tokens_[size_t(i)] = prompt;
+  prefix_used_[size_t(i)] = ++clock_;
 }
 
 void Batcher::decode() {
@@ -258,8 +328,10 @@ void Batcher::decode() {
   cache_.set_rows(n);
   ctx_.cache = &cache_;
   try {
-    Tensor logits = detail::run_step(step_, ctx_, cache_, next_.slice0(0, n),
-                                     std::vector<int64_t>(size_t(n), 1), Tensor());  // [n, V]
+    std::vector<int64_t> one(size_t(n), 1);
+    make_room(cache_.blocks_to_append(one));
+    Tensor logits = detail::run_step(step_, ctx_, cache_, next_.slice0(0, n), std::move(one),
+                                     Tensor());  // [n, V]
     const int64_t V = logits.dim(1);
     for (int64_t i = 0; i < n; ++i) {
       Request& r = *rows_[size_t(i)];
@@ -272,6 +344,7 @@ void Batcher::decode() {
       finish(*r, Finish::error);
     }
     cache_.reset();
+    for (auto& tokens : prefix_tokens_) tokens.clear();
   }
   release_finished();
 }
@@ -329,9 +402,11 @@ void Batcher::finish(Request& r, Finish why) {
 void Batcher::release_finished() {
   for (auto i = int64_t(rows_.size()) - 1; i >= 0; --i) {
     if (!rows_[size_t(i)]->ended) continue;
+    reserved_ -= rows_[size_t(i)]->reserve;
     const auto last = int64_t(rows_.size()) - 1;
+    cache_.release_row(i);
     if (i != last) {
-      cache_.copy_row(i, last);
+      cache_.move_row(i, last);
       next_.data<int64_t>()[i] = next_.data<int64_t>()[last];
       rows_[size_t(i)] = std::move(rows_[size_t(last)]);
     }

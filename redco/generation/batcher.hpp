@@ -9,14 +9,23 @@
 //                   .on_finish = [](Finish why, std::string_view rest) { ... }});
 //   while (running) { batcher.wait_for_work(); batcher.step(); }  // one thread
 //
-// How: one KV cache of `slots` rows holds every running request, the rows in
-// use at the front (KVCache::set_rows), so a decode step runs exactly the
-// requests that are running: ids [running, 1]. A request joining is
-// prefilled alone in a one-row cache (its prompt is a GEMM of its own; batching
-// prompts of different lengths would pad every row to the longest), its first
-// token drawn from that, and its keys and values copied into the next free
-// row; a request that ends gives its row to the last running one (a copy of
-// that row's tokens), so no step allocates a cache row.
+// How: one paged KV cache (KVCache::Paging: a pool of blocks of kv_block
+// tokens) holds every running request, the rows in use at the front
+// (KVCache::set_rows), so a decode step runs exactly the requests that are
+// running: ids [running, 1]. A request joining is prefilled alone in a
+// one-row cache (its prompt is a GEMM of its own; batching prompts of
+// different lengths would pad every row to the longest), its first token
+// drawn from that, and its keys and values copied into blocks of the next
+// free row; a request that ends gives its blocks back and its row to the last
+// running one (the block table's row moves; no key is copied). No step
+// allocates.
+//
+// Memory follows the tokens: a request reserves the blocks its prompt and
+// max_new_tokens can fill (at most the context) when it joins, and waits in
+// the queue while the pool cannot promise them, so a running request never
+// runs out. A prompt prefix another request or the prefix store holds is
+// shared block for block, not copied (a block is copied only when a row
+// writes into one it shares).
 //
 // A request gets the tokens generation::generate gives its prompt alone:
 // greedy, and sampling too (the draws are keyed by the seed, the prompt and
@@ -53,10 +62,17 @@ struct BatcherOptions {
   std::optional<DType> cache_dtype{};  // as GenerationConfig::cache_dtype
   // Prompt prefixes reused: a joining request whose prompt begins with at
   // least min_prefix tokens a running request or one of the last prefix_rows
-  // prompts holds takes their keys and values (a copy) and prefills only the
-  // rest (a chat's system prompt, few-shot examples). 0 rows: off.
+  // prompts holds shares their blocks and prefills only the rest (a chat's
+  // system prompt, few-shot examples). 0 rows: off. The stored prompts hold
+  // blocks no request reserved: the least recently used gives them back when
+  // a request needs them.
   int64_t prefix_rows = 4;
   int64_t min_prefix = 16;
+  // The KV cache: blocks of kv_block tokens, kv_tokens in all (rounded up to
+  // whole blocks; 0: (slots + prefix_rows) x context, every row able to fill
+  // the context and as much again for each stored prompt).
+  int64_t kv_block = 64;
+  int64_t kv_tokens = 0;
 };
 
 enum class Finish {
@@ -115,15 +131,28 @@ class Batcher {
   int64_t prompt_tokens() const { return prompt_tokens_.load(); }
   int64_t generated_tokens() const { return generated_tokens_.load(); }
   int64_t reused_tokens() const { return reused_tokens_.load(); }  // prompt tokens not prefilled
+  // The KV cache's blocks: in the pool, free, and held by stored prompts
+  // alone (not by a running request), as the last step left them.
+  int64_t kv_blocks() const { return kv_blocks_; }
+  int64_t kv_blocks_free() const { return kv_blocks_free_.load(); }
+  int64_t kv_blocks_stored() const { return kv_blocks_stored_.load(); }
 
  private:
   struct Request;
+  struct Prefix {
+    int64_t row = 0, tokens = 0;  // cache_'s row holding the prompt's first tokens
+  };
   void admit();
   bool prefill(Request& r);
-  // Puts the longest stored prefix of `prompt` (at most its length - 1 tokens,
-  // at least min_prefix) into prefill_'s row; returns its length (0: none).
-  int64_t reuse_prefix(const std::vector<int64_t>& prompt);
-  void remember_prompt(const std::vector<int64_t>& prompt);
+  // Puts the longest held prefix of `prompt` (at most its length - 1 tokens,
+  // at least min_prefix) into prefill_'s row; tokens 0: none.
+  Prefix reuse_prefix(const std::vector<int64_t>& prompt);
+  // The prompt of running row `row` into the prefix store (its blocks shared).
+  void remember_prompt(const std::vector<int64_t>& prompt, int64_t row);
+  // Stored prompts give their blocks back, least recent first, until `blocks`
+  // are free or none is left.
+  void make_room(int64_t blocks);
+  void count_blocks();
   void decode();
   // Draws r's next token from its logits [V] and gives it to r's events;
   // r.ended when that ended it (its on_finish called).
@@ -136,13 +165,16 @@ class Batcher {
   BatcherOptions options_;
   const data::Tokenizer* tokenizer_;
   nn::Ctx ctx_;
-  nn::KVCache cache_;    // [slots rows]; rows [0, running) in use
-  nn::KVCache prefill_;  // one row: a joining request's prompt
-  // The last prompts' keys and values [prefix_rows rows], each row's tokens
-  // and when it was last used (the least recent is replaced).
-  std::optional<nn::KVCache> prefixes_;
+  // Paged, [slots + prefix_rows rows]: rows [0, running) in use, then the
+  // stored prompts.
+  nn::KVCache cache_;
+  nn::KVCache prefill_;                   // one row of slots: a joining request's prompt
+  int64_t kv_blocks_ = 0, reserved_ = 0;  // the pool's blocks; those running requests reserved
+  // The stored prompts (cache_'s rows slots + i): their tokens and when each
+  // was last used (the least recent is replaced).
   std::vector<std::vector<int64_t>> prefix_tokens_;
   std::vector<uint64_t> prefix_used_;
+  std::vector<int64_t> stored_blocks_;  // count_blocks's scratch
   uint64_t clock_ = 0;
   Sampler sampler_;
   std::vector<std::unique_ptr<Request>> rows_;  // running requests, row r at rows_[r]
@@ -155,6 +187,7 @@ class Batcher {
   int64_t next_id_ = 0;
   bool stop_waiting_ = false;
   std::atomic<int64_t> running_{0}, prompt_tokens_{0}, generated_tokens_{0}, reused_tokens_{0};
+  std::atomic<int64_t> kv_blocks_free_{0}, kv_blocks_stored_{0};
 };
 
 }  // namespace redco::generation

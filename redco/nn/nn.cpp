@@ -342,25 +342,6 @@ Tensor Attention<Bias, Cross>::attend(const Params& p, const Tensor& in, bool sp
   return attention_merged_heads(q, k, v, causal, logit_scale(ctx), extras);
 }
 
-namespace {
-// Copies this step's keys or values [B, h, T, hd] into the cache's slots
-// [B, h, capacity, hd] after each row's tokens so far.
-void write_slots(const Tensor& kv, Tensor& slots, std::span<const int64_t> lengths) {
-  const int64_t B = kv.dim(0), H = kv.dim(1), T = kv.dim(2), hd = kv.dim(3), cap = slots.dim(2);
-  const Tensor src_t = kv.dtype() == slots.dtype() ? kv : kv.to(slots.dtype());
-  const size_t es = dtype_size(slots.dtype());
-  const Device dev = slots.device();  // the caller placed the slots where kv is
-  const auto* src = static_cast<const char*>(src_t.device_ptr());
-  auto* dst = static_cast<char*>(slots.device_ptr());
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = std::min(T, cap - lengths[size_t(b)]);  // padding past capacity is dropped
-    for (int64_t h = 0; h < H; ++h)  // a memcpy on the CPU, a device copy elsewhere
-      copy_bytes(dst + size_t(((b * H + h) * cap + lengths[size_t(b)]) * hd) * es, dev,
-                 src + size_t((b * H + h) * T * hd) * es, dev, size_t(n * hd) * es);
-  }
-}
-}  // namespace
-
 // Generation: this step's queries against the cached keys and values.
 template <bool Bias, bool Cross>
 Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, bool split,
@@ -404,14 +385,18 @@ Tensor Attention<Bias, Cross>::attend_cached(const Params& p, const Tensor& in, 
         cache.dtype().value_or(p["k_proj.weight"].dtype() != DType::f32 ? DType::bf16 : k.dtype());
     // The cache lives where the keys are.
     KVCache::Slots& s = cache.self(path, k.dim(1), head_dim(), stored, k.device());
-    write_slots(k, s.k, cache.lengths());
-    write_slots(v, s.v, cache.lengths());
+    cache.store(s, k, v);
     // The rows' key ranges are the host's bookkeeping: a small copy per step.
     AttentionExtras extras;
     extras.key_begin = Tensor::zeros({cache.batch()}, DType::i64, q.device());
     extras.key_end = cache.key_end().to(q.device());
     extras.causal_offset = cache.causal_offset().to(q.device());
+    extras.block_table = cache.block_table();  // paged: the rows' blocks (host)
     if (score_bias) {  // one per row, over every slot (RelativePositionBias)
+      REDCO_CHECK(!cache.paged(),
+                  "{}: a paged KV cache serves attention without a score bias (T5's relative "
+                  "positions need rows of slots: a KVCache without Paging)",
+                  path);
       REDCO_CHECK(ctx.score_bias.shape() == (Shape{q.dim(0), q.dim(1), q.dim(2), s.k.dim(2)}),
                   "{}: the score bias is {} but the cached scores are [{} rows, {} heads, {} "
                   "queries, {} slots] (put an nn::RelativePositionBias before the layers)",

@@ -47,6 +47,11 @@ struct AttentionExtras {
   // sees keys j <= i + causal_offset[b] (a KV cache's rows of other lengths).
   Tensor causal_offset;
   Tensor bias;  // f32 [Hq, Tq, Tk], [B, Hq, Tq, Tk] (per row), or undefined
+  // i64 [B, blocks a row] on the CPU, or undefined: k and v are then the
+  // pools of a paged KV cache [N, Hkv, block, D] and row b's keys are the
+  // blocks it names (ops/paged_kv.hpp; Tk = blocks a row x block). Forward
+  // only, without a bias.
+  Tensor block_table;
 };
 
 struct LayerNormSaved {

@@ -111,14 +111,22 @@ def metrics(url):
 
 
 def wait_idle(url, rows, seconds):
-    """True when nothing runs and every row is free within `seconds`."""
+    """True when, within `seconds`, nothing runs, every row is free and no
+    KV cache block leaked: each is free or held by a stored prompt alone."""
     end = time.time() + seconds
     while time.time() < end:
         m = metrics(url)
-        if m.get("redco_requests_running") == 0 and m.get("redco_kv_rows_free") == rows:
+        if (m.get("redco_requests_running") == 0 and m.get("redco_kv_rows_free") == rows
+                and m.get("redco_kv_blocks", -1) > 0
+                and m.get("redco_kv_blocks_free", 0) + m.get("redco_kv_blocks_stored", 0)
+                == m.get("redco_kv_blocks")):
             return True
         time.sleep(0.05)
     return False
+
+
+def idle(url, rows, after):
+    check(wait_idle(url, rows, 5), f"rows or KV blocks not freed after {after}: {metrics(url)}")
 
 
 def test_completions(client, ref, name):
@@ -278,14 +286,22 @@ def test_backpressure_and_disconnect(url):
 def main():
     ref = Reference(chat_folder())
     slow = slow_folder()
+    # A KV cache of 4096 tokens in blocks of 16 for 4 rows of 2048: a chat
+    # without max_tokens reserves the whole context, so two run at once at
+    # most; short completions fill all four rows.
     server, url = start(os.path.join(scratch, "chat"), "--slots", "4", "--max-queue", "16",
-                        "--served-model-name", "tiny")
+                        "--served-model-name", "tiny", "--kv-block", "16",
+                        "--kv-cache-tokens", "4096")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         test_completions(client, ref, "tiny")
+        idle(url, 4, "the completions")
         test_prefix_reuse(client, ref, "tiny", url)
+        idle(url, 4, "the prefix reuse")
         test_chat(client, ref, "tiny")
+        idle(url, 4, "the chats")
         test_errors(client, url, "tiny")
+        idle(url, 4, "the errors")
         test_concurrent(client, ref, "tiny", url)
         m = httpx.get(url + "/metrics").text
         check('redco_requests_total{endpoint="completions",status="200"}' in m, m)

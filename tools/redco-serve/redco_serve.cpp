@@ -37,7 +37,7 @@ namespace {
 struct Options {
   std::string dir, host = "127.0.0.1", name, dtype = "f32", chat_template;
   int port = 8000, threads = 0, http_threads = 64;
-  int64_t slots = 8, context = 0, max_queue = 256, prefix_cache = 4;
+  int64_t slots = 8, context = 0, max_queue = 256, prefix_cache = 4, kv_block = 64, kv_tokens = 0;
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -61,6 +61,12 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--prefix-cache", o.prefix_cache,
                  "recent prompts whose keys and values a new request with the same "
                  "beginning reuses (0: off)")
+      ->check(redco::cli11::at_least(0));
+  app.add_option("--kv-block", o.kv_block, "tokens per block of the paged KV cache")
+      ->check(redco::cli11::at_least(1));
+  app.add_option("--kv-cache-tokens", o.kv_tokens,
+                 "tokens the KV cache holds, all requests together (default: (slots + "
+                 "prefix-cache) x context); a request waits until the tokens it may fill are free")
       ->check(redco::cli11::at_least(0));
   app.add_option("--dtype", o.dtype, "weights in memory")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
@@ -146,7 +152,9 @@ int main(int argc, char** argv) try {
                                .context = so.limits.context,
                                .max_queue = o.max_queue,
                                .vocab_size = so.limits.vocab_size,
-                               .prefix_rows = o.prefix_cache},
+                               .prefix_rows = o.prefix_cache,
+                               .kv_block = o.kv_block,
+                               .kv_tokens = o.kv_tokens},
                               tok ? &*tok : nullptr);
   serve::Server server(batcher, tok ? &*tok : nullptr, chat_template(o), so);
   const int port = server.bind(o.host, o.port);

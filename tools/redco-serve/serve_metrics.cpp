@@ -65,6 +65,13 @@ std::string Metrics::text(const Gauges& g) const {
   out += fmt::format("redco_requests_waiting {}\n", g.waiting);
   metric("redco_kv_rows_free", "gauge", "KV cache rows free for new requests.");
   out += fmt::format("redco_kv_rows_free {}\n", g.free_rows);
+  metric("redco_kv_blocks", "gauge", "Blocks in the paged KV cache's pool.");
+  out += fmt::format("redco_kv_blocks {}\n", g.kv_blocks);
+  metric("redco_kv_blocks_free", "gauge", "KV cache blocks no request or stored prompt holds.");
+  out += fmt::format("redco_kv_blocks_free {}\n", g.kv_blocks_free);
+  metric("redco_kv_blocks_stored", "gauge",
+         "KV cache blocks held by stored prompts alone (given back when a request needs them).");
+  out += fmt::format("redco_kv_blocks_stored {}\n", g.kv_blocks_stored);
   metric("redco_decode_steps_total", "counter", "Decode steps run.");
   out += fmt::format("redco_decode_steps_total {}\n", steps_);
   auto summary = [&](const char* name, const char* help, const Window& w) {

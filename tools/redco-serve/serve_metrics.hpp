@@ -23,7 +23,7 @@ class Metrics {
 
   struct Gauges {
     int64_t running = 0, waiting = 0, free_rows = 0, prompt_tokens = 0, generated_tokens = 0,
-            reused_tokens = 0;
+            reused_tokens = 0, kv_blocks = 0, kv_blocks_free = 0, kv_blocks_stored = 0;
   };
   std::string text(const Gauges& g) const;
 

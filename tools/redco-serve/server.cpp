@@ -86,9 +86,10 @@ void Server::routes() {
     json_reply(res, 200, out);
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    const Metrics::Gauges g{batcher_.running(),          batcher_.queued(),
-                            batcher_.free_rows(),        batcher_.prompt_tokens(),
-                            batcher_.generated_tokens(), batcher_.reused_tokens()};
+    const Metrics::Gauges g{
+        batcher_.running(),       batcher_.queued(),           batcher_.free_rows(),
+        batcher_.prompt_tokens(), batcher_.generated_tokens(), batcher_.reused_tokens(),
+        batcher_.kv_blocks(),     batcher_.kv_blocks_free(),   batcher_.kv_blocks_stored()};
     res.set_content(metrics_.text(g), "text/plain; version=0.0.4");
   });
   http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

@@ -245,6 +245,9 @@ int64_t key_splits(const AttentionShape& s) {
 void flash_attention_forward(const AttentionShape& s, const float* q, const float* k,
                              const float* v, float* o, float* lse) {
   check_shape("flash_attention_forward", s);
+  REDCO_CHECK(!s.block_table,
+              "flash_attention_forward: a paged KV cache is read by the decode "
+              "kernel only (gather its blocks first)");
   const int64_t D = s.D, group = s.Hq / s.Hkv;
   const int64_t q_tiles = (s.Tq + kBr - 1) / kBr;
   tbb::enumerable_thread_specific<AlignedFloats> scratch(
@@ -267,6 +270,7 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
                               const float* v, const float* o, const float* lse, const float* dout,
                               float* dq, float* dk, float* dv, float* dbias) {
   check_shape("flash_attention_backward", s);
+  REDCO_CHECK(!s.block_table, "flash_attention_backward: a paged KV cache serves inference only");
   REDCO_CHECK(!s.bias || dbias, "flash_attention_backward: a bias needs a dbias buffer");
   const int64_t bias_elems = s.Tq * s.Tk;
   if (dbias) std::fill(dbias, dbias + s.B * s.Hq * bias_elems, 0.f);

@@ -28,6 +28,12 @@ struct AttentionShape {
   // positions).
   const float* bias = nullptr;
   bool bias_per_row = false;
+  // Optional, decoding only: a paged KV cache. k and v are then pools of
+  // blocks [N, Hkv, block, D]; key j of batch row b lies in block
+  // block_table[b * blocks_per_row + j / block] at j % block, and
+  // Tk = blocks_per_row * block (entries past the row's keys are not read).
+  const int64_t* block_table = nullptr;
+  int64_t block = 0, blocks_per_row = 0;
 };
 
 void flash_attention_forward(const AttentionShape& s, const float* q, const float* k,
@@ -43,7 +49,8 @@ void flash_attention_backward(const AttentionShape& s, const float* q, const flo
 // Decoding: a few query rows against a KV cache. The same results as
 // flash_attention_forward up to rounding, with k and v read once as stored:
 // f32, or bf16 (kv_bf16: a bf16 cache, widened in registers).
-// use_decode_attention says when it is the faster kernel (Tq small).
+// use_decode_attention says when it is the faster kernel (Tq small). The
+// only kernel that reads a paged cache (AttentionShape::block_table).
 constexpr int64_t kDecodeQueryRows = 4;
 bool use_decode_attention(const AttentionShape& s);
 void decode_attention_forward(const AttentionShape& s, const float* q, const void* k, const void* v,

@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -126,13 +127,29 @@ inline void prefetch_rows(const KV* p, int64_t n) {
 #endif
 }
 
+// Where key x of a chunk lies, for prefetching kAheadKeys ahead: in the chunk
+// (its first n keys at `here`), or past it in the next chunk, which a paged
+// cache keeps elsewhere in its pool (null: none to fetch). Rows of slots are
+// one chunk as far as the prefetcher is concerned (n unbounded).
+template <typename KV>
+struct Lookahead {
+  const KV* here;
+  int64_t n;
+  const KV* next;
+  int64_t D;
+  const KV* at(int64_t x) const {
+    return x < n ? here + x * D : next ? next + (x - n) * D : nullptr;
+  }
+};
+
 // S[j] = scale * q . k_j for keys [j0, j1) of kb [Tk, D]; the last call's
-// missing keys repeat the last key and are dropped.
+// missing keys repeat the last key and are dropped. ahead: prefetch (null: no).
 template <typename KV>
 void scores(const float* q, const KV* kb, int64_t D, int64_t j0, int64_t j1, float scale, float* S,
-            bool prefetch) {
+            const Lookahead<KV>* ahead) {
   for (int64_t j = j0; j < j1; j += kDotKeys) {
-    if (prefetch) prefetch_rows(kb + (j + kAheadKeys) * D, kDotKeys * D);
+    if (ahead)
+      if (const KV* p = ahead->at(j + kAheadKeys)) prefetch_rows(p, kDotKeys * D);
     const KV* k[kDotKeys];
     for (int64_t i = 0; i < kDotKeys; ++i) k[i] = kb + std::min(j + i, j1 - 1) * D;
     float out[kDotKeys];
@@ -172,11 +189,12 @@ inline __m512 load16(const uint16_t* p) {
 }
 template <int NV, typename KV>
 inline void weigh_values16(const float* p, const KV* vb, int64_t D, int64_t d0, int64_t j0,
-                           int64_t j1, float* o, bool prefetch) {
+                           int64_t j1, float* o, const Lookahead<KV>* ahead) {
   __m512 acc[NV];
   for (int i = 0; i < NV; ++i) acc[i] = _mm512_loadu_ps(o + d0 + 16 * i);
   for (int64_t j = j0; j < j1; ++j) {
-    if (prefetch) prefetch_rows(vb + (j + kAheadKeys) * D + d0, 16 * NV);
+    if (ahead)
+      if (const KV* a = ahead->at(j + kAheadKeys)) prefetch_rows(a + d0, 16 * NV);
     const __m512 pj = _mm512_set1_ps(p[j]);
     const KV* vj = vb + j * D + d0;
     for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(pj, load16(vj + 16 * i), acc[i]);
@@ -187,10 +205,10 @@ inline void weigh_values16(const float* p, const KV* vb, int64_t D, int64_t d0, 
 
 template <typename KV>
 void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j1, float* o,
-                  [[maybe_unused]] bool prefetch) {  // read by the AVX-512 path only
+                  [[maybe_unused]] const Lookahead<KV>* ahead) {  // read by the AVX-512 path only
   int64_t d = 0;
 #if REDCO_DECODE_AVX512
-  for (; d + 64 <= D; d += 64) weigh_values16<4>(p, vb, D, d, j0, j1, o, prefetch);
+  for (; d + 64 <= D; d += 64) weigh_values16<4>(p, vb, D, d, j0, j1, o, ahead);
 #endif
   for (; d + 64 <= D; d += 64) weigh_values<8>(p, vb, D, d, j0, j1, o);
   for (; d + 8 <= D; d += 8) weigh_values<1>(p, vb, D, d, j0, j1, o);
@@ -198,17 +216,44 @@ void weigh_values(const float* p, const KV* vb, int64_t D, int64_t j0, int64_t j
     for (int64_t j = j0; j < j1; ++j) o[d] += p[j] * to_f32(vb[j * D + d]);
 }
 
+// Where the keys (or values) of one (batch row, kv head) lie: contiguous
+// [Tk, D] rows, or blocks of a paged cache. run(j) is key j's address and
+// run_end(j) where the keys stored after it stop being consecutive.
+template <typename KV>
+struct KeyRows {
+  const KV* base;  // contiguous: this head's [Tk, D]; paged: the pool [N, Hkv, block, D]
+  const int64_t* table = nullptr;  // paged: this row's blocks
+  int64_t block = 0, Hkv = 0, g = 0, D = 0;
+
+  KeyRows(const AttentionShape& s, const KV* kv, int64_t b, int64_t g_)
+      : base(kv), block(s.block), Hkv(s.Hkv), g(g_), D(s.D) {
+    if (s.block_table)
+      table = s.block_table + b * s.blocks_per_row;
+    else
+      base = kv + (b * s.Hkv + g) * s.Tk * s.D;
+  }
+  const KV* run(int64_t j) const {
+    if (!table) return base + j * D;
+    return base + ((table[j / block] * Hkv + g) * block + j % block) * D;
+  }
+  int64_t run_end(int64_t j) const {
+    return table ? (j / block + 1) * block : std::numeric_limits<int64_t>::max();
+  }
+};
+
 // The G = group x Tq query rows of one (batch row b, kv head g) task; row r
 // is query r % Tq of head g * group + r / Tq. scratch: [G, Tk] scores;
 // rows: each row's index into q, o, lse; spans: each row's visible keys.
-// KV: float or uint16_t (bf16).
+// KV: float or uint16_t (bf16). Keys are read in chunks of at most kKeyBlock
+// that do not cross a block of a paged cache; each key's score and each
+// value's weighing do not depend on the chunks, so a paged cache gives the
+// bits of a contiguous one.
 template <typename KV>
 void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, const KV* k,
                  const KV* v, float* o, float* lse, AlignedFloats& scratch,
                  std::vector<int64_t>& rows, std::vector<Span>& spans) {
   const int64_t D = s.D, Tk = s.Tk, group = s.Hq / s.Hkv, G = group * s.Tq;
-  const KV* kb = k + (b * s.Hkv + g) * Tk * D;  // this kv head's [Tk, D] keys and values
-  const KV* vb = v + (b * s.Hkv + g) * Tk * D;
+  const KeyRows<KV> keys(s, k, b, g), values(s, v, b, g);
   if (scratch.size() < size_t(G * Tk)) scratch.resize(size_t(G * Tk));
   float* S = scratch.data();
   rows.resize(size_t(G));
@@ -216,10 +261,20 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
     rows[size_t(r)] = (b * s.Hq + g * group + r / s.Tq) * s.Tq + r % s.Tq;
   const KeyRange kr = keys_of(s, b);
   const int64_t j0 = std::clamp<int64_t>(kr.begin, 0, Tk), j1 = std::max(j0, key_end(s, kr, s.Tq));
-  for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // scores: a block of keys for all G rows
+  auto chunk_end = [&](int64_t jb) { return std::min({j1, jb + kKeyBlock, keys.run_end(jb)}); };
+  // Prefetching from a chunk into the next: where it lies.
+  auto ahead = [&](const KeyRows<KV>& kv, int64_t jb, int64_t je) {
+    if (!kv.table)
+      return Lookahead<KV>{kv.run(jb), std::numeric_limits<int64_t>::max(), nullptr, D};
+    return Lookahead<KV>{kv.run(jb), je - jb, je < j1 ? kv.run(je) : nullptr, D};
+  };
+  for (int64_t jb = j0, je; jb < j1; jb = je) {  // scores: a chunk of keys for all G rows
+    je = chunk_end(jb);
+    const Lookahead<KV> la = ahead(keys, jb, je);
     for (int64_t r = 0; r < G; ++r)
-      scores(q + rows[size_t(r)] * D, kb, D, jb, std::min(j1, jb + kKeyBlock), s.scale, S + r * Tk,
-             r == 0);  // the other rows find the block in L1
+      scores(q + rows[size_t(r)] * D, keys.run(jb), D, 0, je - jb, s.scale, S + r * Tk + jb,
+             r == 0 ? &la : nullptr);  // the other rows find the chunk in L1
+  }
   spans.assign(size_t(G), Span{0, 0});
   for (int64_t r = 0; r < G; ++r) {  // probabilities over the row's visible span
     const int64_t i = r % s.Tq, h = g * group + r / s.Tq, bh = b * s.Hq + h, row = rows[size_t(r)];
@@ -239,12 +294,17 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
     p *= 1.f / l;
     lse[row] = m + std::log(l);
   }
-  for (int64_t jb = j0; jb < j1; jb += kKeyBlock)  // outputs: a block of values for all G rows
+  for (int64_t jb = j0, je; jb < j1; jb = je) {  // outputs: a chunk of values for all G rows
+    je = chunk_end(jb);
+    const Lookahead<KV> la = ahead(values, jb, je);
     for (int64_t r = 0; r < G; ++r) {
       const Span sp = spans[size_t(r)];
-      const int64_t lo = std::max(jb, sp.lo), hi = std::min({jb + kKeyBlock, j1, sp.hi});
-      if (lo < hi) weigh_values(S + r * Tk, vb, D, lo, hi, o + rows[size_t(r)] * D, r == 0);
+      const int64_t lo = std::max(jb, sp.lo), hi = std::min(je, sp.hi);
+      if (lo < hi)
+        weigh_values(S + r * Tk + jb, values.run(jb), D, lo - jb, hi - jb, o + rows[size_t(r)] * D,
+                     r == 0 ? &la : nullptr);
     }
+  }
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "redco/ops/cpu/rotary.hpp"
 #include "redco/ops/cpu/softmax.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
+#include "redco/ops/paged_kv.hpp"
 
 namespace redco {
 namespace {
@@ -314,10 +315,41 @@ void attach_extras(cpu::AttentionShape& s, const AttentionExtras& x, Tensor& bia
     s.bias = bias.data<float>();
   }
 }
+
+// A paged KV cache: the decode kernel reads the blocks where they lie; more
+// query rows than it takes (a prompt continued on a paged cache) get them
+// gathered into rows first.
+Tensor paged_attention(CpuBackend& cpu, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                       bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
+  check_paged_kv("attention", q_in, k_in, v_in, x.block_table);
+  REDCO_CHECK(!x.bias.defined(), "attention: a paged KV cache takes no score bias");
+  const Tensor& table = x.block_table;
+  const int64_t block = k_in.dim(2);
+  cpu::AttentionShape s{q_in.dim(0),          q_in.dim(1), k_in.dim(1), q_in.dim(2),
+                        table.dim(1) * block, q_in.dim(3), scale,       causal};
+  const bool bf16_kv = k_in.dtype() == DType::bf16 && v_in.dtype() == DType::bf16;
+  const bool f32_kv = k_in.dtype() == DType::f32 && v_in.dtype() == DType::f32;
+  if (!cpu::use_decode_attention(s) || !(bf16_kv || f32_kv)) {
+    AttentionExtras rows = x;
+    rows.block_table = Tensor();
+    return cpu.attention(q_in, gather_paged_kv(k_in, table), gather_paged_kv(v_in, table), causal,
+                         scale, lse, rows);
+  }
+  Tensor q = f32(q_in, "attention"), bias;
+  attach_extras(s, x, bias);
+  s.block_table = table.data<int64_t>(), s.block = block, s.blocks_per_row = table.dim(1);
+  Tensor o = like(q);
+  lse = Tensor::empty({s.B, s.Hq, s.Tq});
+  cpu::decode_attention_forward(s, q.data<float>(), k_in.raw(), v_in.raw(), bf16_kv,
+                                o.data<float>(), lse.data<float>());
+  return o;
+}
 }  // namespace
 
 Tensor CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                              bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
+  if (x.block_table.defined())
+    return paged_attention(*this, q_in, k_in, v_in, causal, scale, lse, x);
   Tensor q = f32(q_in, "attention");
   auto s = attention_shape(q, k_in, v_in, causal, scale);
   Tensor bias;
@@ -342,6 +374,8 @@ TensorList CpuBackend::attention_backward(const Tensor& q_in, const Tensor& k_in
                                           const Tensor& dout_in, bool causal, float scale,
                                           const AttentionExtras& x) {
   Tensor q = f32(q_in, "attention"), k = f32(k_in, "attention"), v = f32(v_in, "attention");
+  REDCO_CHECK(!x.block_table.defined(),
+              "attention backward: a paged KV cache serves inference only (no gradients)");
   Tensor dout = f32(dout_in, "attention backward");
   auto s = attention_shape(q, k, v, causal, scale);
   Tensor bias;

@@ -14,6 +14,7 @@
 #include "redco/ops/cuda/cuda_util.hpp"
 #include "redco/ops/cuda/gemm.hpp"
 #include "redco/ops/cuda/tensor_util.hpp"
+#include "redco/ops/paged_kv.hpp"
 
 namespace redco {
 namespace {
@@ -182,6 +183,13 @@ TensorList flash_backward(const cuda::k::AttentionArgs& a, const Tensor& q, cons
 
 Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                               bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
+  if (x.block_table.defined()) {  // a paged KV cache: its blocks gathered into rows
+    check_paged_kv("attention", q_in, k_in, v_in, x.block_table);
+    AttentionExtras rows = x;
+    rows.block_table = Tensor();
+    return attention(q_in, gather_paged_kv(k_in, x.block_table),
+                     gather_paged_kv(v_in, x.block_table), causal, scale, lse, rows);
+  }
   const Device dev = q_in.device();
   cuda::Scope scope(dev);
   cuda::expect_on(k_in, dev, "attention");
@@ -216,6 +224,8 @@ TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_i
                                            const Tensor& v_in, const Tensor& o, const Tensor& lse,
                                            const Tensor& dout_in, bool causal, float scale,
                                            const AttentionExtras& x) {
+  REDCO_CHECK(!x.block_table.defined(),
+              "attention backward: a paged KV cache serves inference only (no gradients)");
   const Device dev = q_in.device();
   cuda::Scope scope(dev);
   const char* op = "attention backward";

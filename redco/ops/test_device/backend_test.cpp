@@ -40,7 +40,8 @@ class Call {
   }
   LayerNormSaved in(const LayerNormSaved& s) { return {in(s.mean), in(s.rstd)}; }
   AttentionExtras in(const AttentionExtras& x) {
-    return {in(x.key_begin), in(x.key_end), in(x.causal_offset), in(x.bias)};
+    // The block table is host bookkeeping on every device.
+    return {in(x.key_begin), in(x.key_end), in(x.causal_offset), in(x.bias), x.block_table};
   }
 
   Tensor out(const Tensor& h) {

@@ -397,3 +397,39 @@ TEST_CASE(
       Catch::Contains("the request may hold 50 tokens (a prompt of 30 and up to 20 "
                       "new), more than the KV cache's 40 (5 blocks of 8)"));
 }
+
+TEST_CASE("chunked prefill: a long prompt joins over several steps while the others decode",
+          "[batcher]") {
+  const auto p = models::from_pretrained<models::CausalLM>(test::hf_fixture("llama"));
+  std::vector<int64_t> long_prompt;
+  for (int64_t i = 0; i < 23; ++i) long_prompt.push_back(4 + (i * 11) % 85);
+  for (int64_t chunk : {4, 7, 0}) {
+    INFO("prefill chunk " << chunk);
+    Batcher b(
+        step_of(p),
+        {.slots = 3, .context = 64, .vocab_size = p.model.vocab_size(), .prefill_chunk = chunk});
+    const GenerationConfig c{.max_new_tokens = 12};
+    Outcome first, second, third;
+    REQUIRE(b.submit(kPrompts[0], c, record(first)));
+    b.step();                           // the first runs: its first token
+    REQUIRE(first.tokens.size() == 2);  // and one decode step's
+    REQUIRE(b.submit(long_prompt, c, record(second)));
+    REQUIRE(b.submit(kPrompts[2], c, record(third)));
+    // Until the long prompt's last chunk, each step decodes the first once more.
+    const int64_t steps = chunk == 0 ? 1 : (23 + chunk - 1) / chunk;
+    for (int64_t s = 1; s <= steps; ++s) {
+      b.step();
+      INFO("step " << s);
+      CHECK(int64_t(first.tokens.size()) == 2 + s);
+      CHECK(second.tokens.size() == (s < steps ? 0u : 2u));
+      // One decoding and one prefilling; at the last, the budget the long
+      // prompt left starts the third.
+      CHECK(b.running() == (s < steps ? 2 : 3));
+    }
+    run_until_idle(b);
+    CHECK(b.prompt_tokens() == int64_t(kPrompts[0].size() + 23 + kPrompts[2].size()));
+    for (auto [o, prompt] : {std::pair{&first, kPrompts[0]}, std::pair{&second, long_prompt},
+                             std::pair{&third, kPrompts[2]}})
+      CHECK(o->tokens == generation::generate(p.model, p.params, {prompt}, c).sequences[0]);
+  }
+}

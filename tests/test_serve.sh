@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # redco-serve with the real `openai` client (tests/python/serve_openai.py):
 # completions and chat equal to transformers' greedy decoding, streaming,
-# stop strings, errors, 1000 requests from 256 clients, 429 and disconnects.
+# stop strings, errors, 1000 requests from 256 clients, 429 and disconnects;
+# with redco-run, the same on 2 model shards (redco-run -n 2 ... --n-model-shards 2).
 # Skips (77) without the venv that tools/setup test makes.
-#   test_serve.sh <redco-serve> <repository root>
+#   test_serve.sh <redco-serve> <repository root> [<redco-run>]
 set -uo pipefail
-serve=$1 root=$2
+serve=$1 root=$2 run=${3:-}
+export UCX_TLS=${UCX_TLS:-tcp,self}
 py=$root/.venv/bin/python
 if ! "$py" -c "import openai, httpx, torch, transformers" 2>/dev/null; then
   echo "SKIP: needs $root/.venv with openai, httpx, torch and transformers (tools/setup test)"
@@ -13,4 +15,4 @@ if ! "$py" -c "import openai, httpx, torch, transformers" 2>/dev/null; then
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/redco-serve-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-"$py" "$root/tests/python/serve_openai.py" "$serve" "$root/tests/fixtures/hf/gpt2_text" "$work"
+"$py" "$root/tests/python/serve_openai.py" "$serve" "$root/tests/fixtures/hf/gpt2_text" "$work" $run

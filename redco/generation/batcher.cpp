@@ -3,6 +3,12 @@
 #include "redco/generation/batcher.hpp"
 
 #include <algorithm>
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <limits>
+#include <sstream>
 
 #include "redco/core/error.hpp"
 #include "redco/core/philox.hpp"
@@ -31,6 +37,7 @@ struct Batcher::Request {
   RequestEvents events;
   RowHistory hist;
   int64_t reserve = 0;                          // KV blocks it may fill
+  int64_t prefilled = 0;                        // prompt tokens in prefill_ so far
   uint64_t stream = 0;                          // its random stream (row_stream)
   std::optional<data::Tokenizer::Stream> text;  // the decoder, primed with the prompt
   std::string held;                             // text not given yet: may begin a stop
@@ -78,7 +85,7 @@ Batcher::Batcher(StepFn step, BatcherOptions options, const data::Tokenizer* tok
       options_(options),
       tokenizer_(tokenizer),
       ctx_(std::move(ctx)),
-      cache_(options.slots + std::max<int64_t>(options.prefix_rows, 0), options.context,
+      cache_(options.slots + std::max<int64_t>(options.prefix_rows, 0) + 1, options.context,
              options.cache_dtype, paging_of(options)),
       prefill_(1, options.context, options.cache_dtype) {
   REDCO_CHECK(options.max_queue >= 0 && options.prefix_rows >= 0,
@@ -114,6 +121,22 @@ std::optional<int64_t> Batcher::submit(std::vector<int64_t> prompt, GenerationCo
     for (int64_t t : prompt)
       REDCO_CHECK(t >= 0 && t < options_.vocab_size,
                   "prompt token {} is not in the vocabulary of {} ids", t, options_.vocab_size);
+  auto r = make_request(std::move(prompt), std::move(config), std::move(events));
+  std::lock_guard lock(mutex_);
+  // Room: a free row for each, and max_queue more that wait for one.
+  if (int64_t(inbox_.size()) + waiting_count_ >= options_.max_queue + free_rows())
+    return std::nullopt;
+  r->id = next_id_++;
+  const int64_t id = r->id;
+  inbox_.push_back(std::move(r));
+  work_.notify_one();
+  return id;
+}
+
+std::unique_ptr<Batcher::Request> Batcher::make_request(std::vector<int64_t> prompt,
+                                                        GenerationConfig config,
+                                                        RequestEvents events) const {
+  const auto n = int64_t(prompt.size());
   // The most it may hold: its prompt and every token it may draw.
   const int64_t most = std::min(options_.context, n + std::max<int64_t>(config.max_new_tokens, 1));
   const int64_t reserve = cache_.blocks()->blocks_for(most);
@@ -129,14 +152,7 @@ std::optional<int64_t> Batcher::submit(std::vector<int64_t> prompt, GenerationCo
   r->config = std::move(config);
   r->events = std::move(events);
   r->stream = detail::row_stream(r->prompt, 0);
-  std::lock_guard lock(mutex_);
-  // Room: a free row for each, and max_queue more that wait for one.
-  if (int64_t(inbox_.size()) >= options_.max_queue + free_rows()) return std::nullopt;
-  r->id = next_id_++;
-  const int64_t id = r->id;
-  inbox_.push_back(std::move(r));
-  work_.notify_one();
-  return id;
+  return r;
 }
 
 void Batcher::cancel(int64_t id) {
@@ -147,13 +163,14 @@ void Batcher::cancel(int64_t id) {
 
 int64_t Batcher::queued() const {
   std::lock_guard lock(mutex_);
-  return int64_t(inbox_.size());
+  return int64_t(inbox_.size()) + waiting_count_;
 }
 
 void Batcher::wait_for_work(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   work_.wait_for(lock, timeout, [&] {
-    return stop_waiting_ || !inbox_.empty() || !rows_.empty() || !cancelled_ids_.empty();
+    return stop_waiting_ || !inbox_.empty() || waiting_count_ > 0 || !rows_.empty() ||
+           prefilling_ || !cancelled_ids_.empty();
   });
 }
 
@@ -165,21 +182,30 @@ void Batcher::stop_waiting() {
 
 bool Batcher::step() {
   NoGradGuard no_grad;
+  // What arrived since the last step, and the cancellations: under the lock
+  // at once (a cancel names a request submitted before it).
+  std::vector<std::unique_ptr<Request>> arrived;
+  std::vector<int64_t> cancels;
   {
     std::lock_guard lock(mutex_);
-    for (int64_t id : cancelled_ids_) {
-      for (auto& r : rows_)
-        if (r->id == id) r->cancelled = true;
-      for (auto& r : inbox_)
-        if (r->id == id) r->cancelled = true;
-    }
-    cancelled_ids_.clear();
+    for (; !inbox_.empty(); inbox_.pop_front()) arrived.push_back(std::move(inbox_.front()));
+    cancels.swap(cancelled_ids_);
+  }
+  if (exchange_ && !share_step(arrived, cancels, false)) return false;
+  for (auto& r : arrived) waiting_.push_back(std::move(r));
+  for (int64_t id : cancels) {
+    for (auto& r : rows_)
+      if (r->id == id) r->cancelled = true;
+    for (auto& r : waiting_)
+      if (r->id == id) r->cancelled = true;
+    if (prefilling_ && prefilling_->id == id) prefilling_->cancelled = true;
   }
   for (auto& r : rows_)
     if (r->cancelled && !r->ended) finish(*r, Finish::cancelled);
   release_finished();
-  const bool had_work = !rows_.empty() || queued() > 0;
+  const bool had_work = !rows_.empty() || prefilling_ || !waiting_.empty();
   admit();
+  waiting_count_ = int64_t(waiting_.size());
   if (!rows_.empty()) decode();
   count_blocks();
   return had_work;
@@ -218,76 +244,108 @@ void Batcher::make_room(int64_t blocks) {
 }
 
 void Batcher::admit() {
-  while (int64_t(rows_.size()) < options_.slots) {
-    std::unique_ptr<Request> r;
-    {
-      std::lock_guard lock(mutex_);
-      if (inbox_.empty()) return;
-      // In order: the first waits until the blocks it may fill are free of
-      // reservations (running requests end).
-      if (!inbox_.front()->cancelled && reserved_ + inbox_.front()->reserve > kv_blocks_) return;
-      r = std::move(inbox_.front());
-      inbox_.pop_front();
+  // Prompt tokens this step may prefill: the running requests' next tokens
+  // wait for at most this much (0: whole prompts, however long).
+  int64_t budget =
+      options_.prefill_chunk > 0 ? options_.prefill_chunk : std::numeric_limits<int64_t>::max();
+  while (budget > 0 && (prefilling_ || start_prefill())) {
+    Request& r = *prefilling_;
+    const auto L = int64_t(r.prompt.size());
+    bool joined = false;
+    try {
+      if (r.cancelled) {
+        finish(r, Finish::cancelled);
+      } else {
+        const int64_t n = std::min(budget, L - r.prefilled);
+        budget -= n;
+        Tensor logits = prefill_part(r, n);  // [1, V]
+        if (r.prefilled < L) return;         // the rest at the next step
+        joined = join(r, logits);
+      }
+    } catch (const std::exception& e) {
+      cache_.release_row(int64_t(rows_.size()));  // join may have moved blocks there
+      r.held = e.what();
+      finish(r, Finish::error);
     }
+    cache_.release_row(staging_row());
+    if (joined) {
+      rows_.push_back(std::move(prefilling_));
+    } else {
+      reserved_ -= r.reserve;
+      prefilling_.reset();
+    }
+    running_ = int64_t(rows_.size());
+  }
+}
+
+// The next waiting request for which a row is free and the pool can promise
+// its blocks becomes the one prefilling: its prompt's longest held prefix
+// in prefill_ and (shared) in the staging row.
+bool Batcher::start_prefill() {
+  while (int64_t(rows_.size()) < options_.slots) {
+    if (waiting_.empty()) return false;
+    // In order: the first waits until the blocks it may fill are free of
+    // reservations (running requests end).
+    if (!waiting_.front()->cancelled && reserved_ + waiting_.front()->reserve > kv_blocks_)
+      return false;
+    std::unique_ptr<Request> r = std::move(waiting_.front());
+    waiting_.pop_front();
     if (r->cancelled) {
       finish(*r, Finish::cancelled);
       continue;
     }
     reserved_ += r->reserve;
-    if (prefill(*r)) {
-      rows_.push_back(std::move(r));
-      running_ = int64_t(rows_.size());
-    } else {
-      reserved_ -= r->reserve;
+    if (tokenizer_) {
+      r->text.emplace(*tokenizer_, /*skip_special_tokens=*/true);
+      for (int64_t t : r->prompt) r->text->step(int32_t(t));  // context for the first piece
     }
+    for (int64_t t : r->prompt) r->hist.push(t, false);
+    r->hist.prompt_length = int64_t(r->prompt.size());
+    prefill_.reset();
+    const Prefix pre = reuse_prefix(r->prompt);  // tokens [0, pre.tokens) are in prefill_ already
+    if (pre.tokens > 0)
+      cache_.copy_row(staging_row(), cache_, pre.row, pre.tokens);
+    else
+      cache_.release_row(staging_row());
+    r->prefilled = pre.tokens;
+    reused_tokens_ += pre.tokens;
+    prefilling_ = std::move(r);
+    running_ = int64_t(rows_.size()) + 1;
+    return true;
   }
+  return false;
 }
 
-// The prompt through the model in the one-row cache, its first token drawn,
-// and its keys and values copied into the next free row. False when the
-// request ended at its first token (or failed).
-bool Batcher::prefill(Request& r) {
-  const auto L = int64_t(r.prompt.size());
-  if (tokenizer_) {
-    r.text.emplace(*tokenizer_, /*skip_special_tokens=*/true);
-    for (int64_t t : r.prompt) r.text->step(int32_t(t));  // context for the first piece
-  }
-  for (int64_t t : r.prompt) r.hist.push(t, false);
-  r.hist.prompt_length = L;
-  const auto row = int64_t(rows_.size());
-  try {
-    prefill_.reset();
-    const Prefix pre = reuse_prefix(r.prompt);  // tokens [0, pre.tokens) are in prefill_ already
-    const int64_t n = L - pre.tokens;
-    Tensor ids = Tensor::empty({1, n}, DType::i64);  // [1, n]: the rest of the prompt
-    std::copy(r.prompt.begin() + pre.tokens, r.prompt.end(), ids.data<int64_t>());
-    Tensor last = Tensor::full({1}, float(n - 1), DType::i64);  // the logits wanted: [1]
-    ctx_.cache = &prefill_;
-    Tensor logits = detail::run_step(step_, ctx_, prefill_, ids, {n}, last);  // [1, V]
-    prompt_tokens_ += n;
-    reused_tokens_ += pre.tokens;
-    // The row: the prefix's blocks shared, the rest copied in.
-    if (pre.tokens > 0)
-      cache_.copy_row(row, cache_, pre.row, pre.tokens);
-    else
-      cache_.release_row(row);
-    const nn::KVBlocks& kb = *cache_.blocks();
-    make_room(kb.blocks_for(L) - pre.tokens / kb.block_tokens());
-    cache_.append_row(row, prefill_, 0, L);
-    remember_prompt(r.prompt, row);
-    const int64_t tok = take_token(r, {logits.data<float>(), size_t(logits.dim(1))});
-    if (r.ended) {
-      cache_.release_row(row);
-      return false;
-    }
-    next_.data<int64_t>()[row] = tok;
-    return true;
-  } catch (const std::exception& e) {
+// The prompt's next n tokens through the model in the one-row cache; the
+// logits of the last of them [1, V].
+Tensor Batcher::prefill_part(Request& r, int64_t n) {
+  Tensor ids = Tensor::empty({1, n}, DType::i64);  // [1, n]
+  std::copy_n(r.prompt.begin() + r.prefilled, n, ids.data<int64_t>());
+  Tensor last = Tensor::full({1}, float(n - 1), DType::i64);  // [1]
+  ctx_.cache = &prefill_;
+  Tensor logits = detail::run_step(step_, ctx_, prefill_, ids, {n}, last);
+  r.prefilled += n;
+  prompt_tokens_ += n;
+  return logits;
+}
+
+// The whole prompt prefilled: its keys and values into blocks (after the
+// shared prefix the staging row holds), the staging row's blocks to the next
+// free row, its first token drawn. False when that ended it.
+bool Batcher::join(Request& r, Tensor logits) {
+  const auto L = int64_t(r.prompt.size()), row = int64_t(rows_.size());
+  const nn::KVBlocks& kb = *cache_.blocks();
+  make_room(kb.blocks_for(L) - cache_.length(staging_row()) / kb.block_tokens());
+  cache_.append_row(staging_row(), prefill_, 0, L);
+  cache_.move_row(row, staging_row());
+  remember_prompt(r.prompt, row);
+  const int64_t tok = take_token(r, {logits.data<float>(), size_t(logits.dim(1))});
+  if (r.ended) {
     cache_.release_row(row);
-    r.held = e.what();
-    finish(r, Finish::error);
     return false;
   }
+  next_.data<int64_t>()[row] = tok;
+  return true;
 }
 
 Batcher::Prefix Batcher::reuse_prefix(const std::vector<int64_t>& prompt) {
@@ -384,7 +442,12 @@ bool Batcher::emit(Request& r, int64_t token) {
     out = r.held.substr(0, give);
     r.held.erase(0, stopped ? r.held.size() : give);
   }
-  if (r.events.on_token && !r.events.on_token(token, out)) finish(r, Finish::cancelled);
+  if (r.events.on_token && !r.events.on_token(token, out)) {
+    if (exchange_)
+      cancel(r.id);  // in lockstep: at the next step, on every rank
+    else
+      finish(r, Finish::cancelled);
+  }
   return stopped;
 }
 
@@ -412,7 +475,64 @@ void Batcher::release_finished() {
     }
     rows_.pop_back();
   }
-  running_ = int64_t(rows_.size());
+  running_ = int64_t(rows_.size()) + (prefilling_ ? 1 : 0);
+}
+
+// ---- lockstep (tensor parallelism) ------------------------------------------
+
+template <class Archive>
+void serialize(Archive& a, GenerationConfig& c) {
+  a(c.max_new_tokens, c.min_new_tokens, c.eos_token_ids, c.pad_token_id, c.forced_bos_token_id,
+    c.forced_eos_token_id, c.decoder_start_token_id, c.stop_strings, c.do_sample, c.temperature,
+    c.top_k, c.top_p, c.min_p, c.repetition_penalty, c.presence_penalty, c.frequency_penalty,
+    c.no_repeat_ngram_size, c.num_beams, c.length_penalty, c.early_stopping, c.num_return_sequences,
+    c.seed, c.cache_dtype);
+}
+
+void Batcher::lockstep(Exchange exchange, bool leader) {
+  exchange_ = std::move(exchange);
+  leader_ = leader;
+}
+
+void Batcher::release_followers() {
+  if (!exchange_ || !leader_) return;
+  std::vector<std::unique_ptr<Request>> none;
+  std::vector<int64_t> no_cancels;
+  share_step(none, no_cancels, true);
+}
+
+// The leader's arrivals and cancellations, as bytes through exchange_ to the
+// followers, who take them as theirs (requests without events). False when
+// the leader said stop.
+bool Batcher::share_step(std::vector<std::unique_ptr<Request>>& arrived,
+                         std::vector<int64_t>& cancels, bool stop) {
+  std::string bytes;
+  if (leader_) {
+    std::ostringstream os;
+    {
+      cereal::BinaryOutputArchive ar(os);
+      ar(stop, cancels, uint64_t(arrived.size()));
+      for (auto& r : arrived) ar(r->id, r->prompt, r->config);
+    }
+    bytes = os.str();
+  }
+  exchange_(bytes);
+  if (leader_) return !stop;
+  std::istringstream is(bytes);
+  cereal::BinaryInputArchive ar(is);
+  uint64_t n = 0;
+  ar(stop, cancels, n);
+  for (uint64_t i = 0; i < n; ++i) {
+    int64_t id = 0;
+    std::vector<int64_t> prompt;
+    GenerationConfig config;
+    ar(id, prompt, config);
+    auto r = make_request(std::move(prompt), std::move(config), {});
+    r->id = id;
+    arrived.push_back(std::move(r));
+  }
+  stopped_ = stop;
+  return !stop;
 }
 
 }  // namespace redco::generation

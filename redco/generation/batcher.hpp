@@ -27,6 +27,9 @@
 // shared block for block, not copied (a block is copied only when a row
 // writes into one it shares).
 //
+// A joining prompt is prefilled prefill_chunk tokens a step at most (chunked
+// prefill), between the running requests' decode steps.
+//
 // A request gets the tokens generation::generate gives its prompt alone:
 // greedy, and sampling too (the draws are keyed by the seed, the prompt and
 // the step, not by the batch).
@@ -73,6 +76,11 @@ struct BatcherOptions {
   // the context and as much again for each stored prompt).
   int64_t kv_block = 64;
   int64_t kv_tokens = 0;
+  // Chunked prefill: a step prefills at most this many prompt tokens (of one
+  // request or several), so a long prompt is prefilled over several steps,
+  // each followed by a decode step of the running requests, instead of
+  // stalling them for its whole length. 0: whole prompts.
+  int64_t prefill_chunk = 512;
 };
 
 enum class Finish {
@@ -123,7 +131,25 @@ class Batcher {
   void wait_for_work(std::chrono::milliseconds timeout);
   void stop_waiting();
 
-  int64_t running() const { return running_.load(); }
+  // Tensor parallelism: the ranks of a model-parallel group each run a
+  // Batcher over their shard of the model, in lockstep. The leader's (rank
+  // 0's) requests and cancellations are the ones that run: at the start of
+  // each step the leader hands them to `exchange` as bytes, which gives them
+  // to every other rank (a broadcast: the followers' exchange fills `bytes`),
+  // and each follower's step() then takes exactly those. With the same
+  // requests at the same steps and the same logits (the model's output is
+  // the same on every rank) every rank makes the same choices and draws the
+  // same tokens. A follower's requests have no events; its loop is
+  //   while (!batcher.stopped()) batcher.step();
+  // A request the leader's on_token cancels ends at the next step, on every rank.
+  using Exchange = std::function<void(std::string& bytes)>;
+  void lockstep(Exchange exchange, bool leader);
+  // Leader: the followers' last step (stopped() turns true there). Call
+  // once, after the leader's last step.
+  void release_followers();
+  bool stopped() const { return stopped_; }
+
+  int64_t running() const { return running_.load(); }  // decoding, or prefilling to join
   int64_t queued() const;
   int64_t free_rows() const { return options_.slots - running(); }
   const BatcherOptions& options() const { return options_; }
@@ -142,8 +168,18 @@ class Batcher {
   struct Prefix {
     int64_t row = 0, tokens = 0;  // cache_'s row holding the prompt's first tokens
   };
+  // Prefills waiting requests, one at a time, prefill_chunk prompt tokens
+  // in all; a request whose prompt is done joins the running rows.
   void admit();
-  bool prefill(Request& r);
+  bool start_prefill();
+  // A request's bookkeeping (its reserve checked against the pool).
+  std::unique_ptr<Request> make_request(std::vector<int64_t> prompt, GenerationConfig config,
+                                        RequestEvents events) const;
+  bool share_step(std::vector<std::unique_ptr<Request>>& arrived, std::vector<int64_t>& cancels,
+                  bool stop);
+  Tensor prefill_part(Request& r, int64_t n);
+  bool join(Request& r, Tensor logits);
+  int64_t staging_row() const { return options_.slots + options_.prefix_rows; }
   // Puts the longest held prefix of `prompt` (at most its length - 1 tokens,
   // at least min_prefix) into prefill_'s row; tokens 0: none.
   Prefix reuse_prefix(const std::vector<int64_t>& prompt);
@@ -165,10 +201,12 @@ class Batcher {
   BatcherOptions options_;
   const data::Tokenizer* tokenizer_;
   nn::Ctx ctx_;
-  // Paged, [slots + prefix_rows rows]: rows [0, running) in use, then the
-  // stored prompts.
+  // Paged, [slots + prefix_rows + 1 rows]: rows [0, running) in use, then
+  // the stored prompts, then the staging row (the prefilling request's
+  // shared prefix: its blocks until it joins).
   nn::KVCache cache_;
-  nn::KVCache prefill_;                   // one row of slots: a joining request's prompt
+  nn::KVCache prefill_;                   // one row of slots: the prefilling request's prompt
+  std::unique_ptr<Request> prefilling_;   // its prompt part way through the model
   int64_t kv_blocks_ = 0, reserved_ = 0;  // the pool's blocks; those running requests reserved
   // The stored prompts (cache_'s rows slots + i): their tokens and when each
   // was last used (the least recent is replaced).
@@ -182,7 +220,11 @@ class Batcher {
 
   mutable std::mutex mutex_;  // guards inbox_, cancelled_ids_, next_id_
   std::condition_variable work_;
-  std::deque<std::unique_ptr<Request>> inbox_;
+  std::deque<std::unique_ptr<Request>> inbox_;    // submitted, not yet seen by a step
+  std::deque<std::unique_ptr<Request>> waiting_;  // seen, waiting for a row (the stepping thread's)
+  std::atomic<int64_t> waiting_count_{0};
+  Exchange exchange_{};
+  bool leader_ = true, stopped_ = false;
   std::vector<int64_t> cancelled_ids_;
   int64_t next_id_ = 0;
   bool stop_waiting_ = false;

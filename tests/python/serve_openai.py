@@ -26,6 +26,7 @@ import torch
 import transformers
 
 serve_bin, fixture, scratch = sys.argv[1:4]
+run_bin = sys.argv[4] if len(sys.argv) > 4 else None  # redco-run: the tensor-parallel server
 
 # A short template: the fixture's tokenizer spends a token per character.
 CHAT_TEMPLATE = (
@@ -66,7 +67,11 @@ def slow_folder():
 
 
 def start(folder, *flags):
-    p = subprocess.Popen([serve_bin, folder, "--port", "0", *flags], stderr=subprocess.PIPE,
+    return start_with([serve_bin], folder, *flags)
+
+
+def start_with(command, folder, *flags):
+    p = subprocess.Popen([*command, folder, "--port", "0", *flags], stderr=subprocess.PIPE,
                          text=True)
     line = p.stderr.readline()
     m = re.search(r"listening on (http://\S+)", line)
@@ -77,9 +82,13 @@ def start(folder, *flags):
     return p, m.group(1)
 
 
-def stop(p):
+def stop(p, status=0):
+    """SIGTERM; redco-run reports it as 128 + 15 once its ranks have ended,
+    which they must do well within its 10 s grace (rank 0 releases the others)."""
+    begin = time.time()
     p.send_signal(signal.SIGTERM)
-    check(p.wait(timeout=30) == 0, f"redco-serve exited with {p.returncode} on SIGTERM")
+    check(p.wait(timeout=30) == status, f"redco-serve exited with {p.returncode} on SIGTERM")
+    check(time.time() - begin < 8, f"redco-serve took {time.time() - begin:.1f} s to stop")
 
 
 class Reference:
@@ -283,6 +292,33 @@ def test_backpressure_and_disconnect(url):
     check(spent < 1000, f"{spent} tokens generated for a client that left after {before}")
 
 
+def test_tensor_parallel(single, url, ref):
+    """redco-run -n 2 redco-serve --n-model-shards 2: the same text as one
+    process, greedy and seeded sampling, whole and streamed, chat, several
+    clients at once; every row and block free after."""
+    tp = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    test_completions(tp, ref, "tiny")
+    test_chat(tp, ref, "tiny")
+    prompts = [f"And the {w} was" for w in ["earth", "light", "water", "day"]]
+    for p in prompts:
+        kw = dict(model="tiny", prompt=p, max_tokens=10, temperature=0.9, seed=11)
+        a, b = single.completions.create(**kw).choices[0].text, tp.completions.create(**kw).choices[0].text
+        check(a == b, f"sampled on 2 shards {b!r} != 1 process {a!r}")
+    wants = [ref.text(ref.tok(p)["input_ids"], 8)[0] for p in prompts]
+
+    def one(i):
+        pieces = tp.completions.create(model="tiny", prompt=prompts[i % 4], max_tokens=8,
+                                       temperature=0, stream=(i % 2 == 0))
+        text = "".join(c.choices[0].text for c in pieces) if i % 2 == 0 else pieces.choices[0].text
+        return text == wants[i % 4]
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(32)))
+    check(all(results), f"tensor parallel, 8 clients: {results.count(False)} of 32 wrong")
+    idle(url, 4, "the tensor-parallel checks")
+    print("tensor parallel: 2 shards serve what 1 process serves")
+
+
 def main():
     ref = Reference(chat_folder())
     slow = slow_folder()
@@ -305,6 +341,21 @@ def main():
         test_concurrent(client, ref, "tiny", url)
         m = httpx.get(url + "/metrics").text
         check('redco_requests_total{endpoint="completions",status="200"}' in m, m)
+        if run_bin:
+            tp_server, tp_url = start_with([run_bin, "-n", "2", "--output", "rank0", "--",
+                                            serve_bin], os.path.join(scratch, "chat"), "--slots",
+                                           "4", "--served-model-name", "tiny",
+                                           "--n-model-shards", "2")
+            try:
+                test_tensor_parallel(client, tp_url, ref)
+            finally:
+                stop(tp_server, 128 + signal.SIGTERM)
+            # 2 processes for 1 shard: 2 replicas, which one server is not.
+            r = subprocess.run([run_bin, "-n", "2", "--output", "rank0", "--", serve_bin,
+                                os.path.join(scratch, "chat"), "--port", "0"],
+                               capture_output=True, text=True, timeout=120)
+            check(r.returncode != 0 and "a server is one replica" in r.stderr,
+                  f"2 replicas: {r.returncode} {r.stderr[-500:]}")
     finally:
         stop(server)
     server, url = start(slow, "--slots", "1", "--max-queue", "0", "--served-model-name", "slow")

@@ -114,8 +114,8 @@ def stop_server(p):
 
 
 def server_cmd(a, name, port, slots, extra=()):
-    if name == "redco":
-        return [a.redco_serve, a.dir, "--port", str(port), "--slots", str(slots), "--dtype", a.dtype,
+    if name in ("redco", "baseline"):
+        return [a.redco_serve if name == "redco" else a.baseline, a.dir, "--port", str(port), "--slots", str(slots), "--dtype", a.dtype,
                 "--threads", str(a.threads), "--context", str(a.prompt + a.new + 8),
                 "--max-queue", "1024", "--served-model-name", "bench"]
     return [a.llama_server, "-m", a.gguf, "--port", str(port), "-np", str(slots),
@@ -124,7 +124,7 @@ def server_cmd(a, name, port, slots, extra=()):
 
 
 def run(a, name, clients, env, extra=()):
-    port = a.port + (0 if name == "redco" else 1)
+    port = a.port + {"redco": 0, "llama.cpp": 1, "baseline": 2}[name]
     url = f"http://127.0.0.1:{port}"
     p = start_server(server_cmd(a, name, port, max(a.clients), extra), env)
     try:
@@ -143,7 +143,7 @@ def run(a, name, clients, env, extra=()):
 
 
 def run_best(a, name, clients):
-    if name == "redco":
+    if name in ("redco", "baseline"):
         return run(a, name, clients, None)
     best, failures = None, []
     # Each environment as llama-server starts by default, then, if that failed, with weight
@@ -176,6 +176,8 @@ def main():
     csv = lambda s: [int(x) for x in s.split(",") if x]
     ap.add_argument("--redco-serve", default="build/tools/redco-serve")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server (omit: redco-serve alone)")
+    ap.add_argument("--baseline", help="another redco-serve build, timed in turn as 'baseline' "
+                    "(an A/B of a change; instead of --llama-server)")
     ap.add_argument("--llamacpp-src", default=os.environ.get("LLAMACPP_SRC"),
                     help="llama.cpp's source, for its GGUF converter")
     ap.add_argument("--model", default="gpt2", help="gpt2 or llama1b (random weights, made once)")
@@ -195,7 +197,8 @@ def main():
     a = ap.parse_args()
     a.dir = a.model_dir or bg.checkpoint(a.model, a.root)
     a.vocab = json.load(open(os.path.join(a.dir, "config.json")))["vocab_size"]
-    names = ["redco"] + (["llama.cpp"] if a.llama_server else [])
+    names = ["redco"] + (["llama.cpp"] if a.llama_server else []) + (
+        ["baseline"] if a.baseline else [])
     if a.llama_server and not a.gguf:
         a.gguf = bg.gguf_path(argparse.Namespace(root=a.root, llamacpp_src=a.llamacpp_src),
                               a.model_dir and os.path.basename(a.dir) or a.model, a.dir, a.dtype)
@@ -214,10 +217,10 @@ def main():
             print(f"{clients:3d} clients  {name:9s}  {med('tok_s'):8.1f} tok/s (best "
                   f"{max(x['tok_s'] for x in xs):.1f})  TTFT p50 {med('ttft_p50') * 1e3:7.1f} ms  "
                   f"p99 {med('ttft_p99') * 1e3:7.1f} ms  TPOT p50 {med('tpot_p50') * 1e3:6.1f} ms", flush=True)
-        if len(names) == 2:
+        for peer in names[1:]:
             ratio = statistics.median(x["tok_s"] for x in results["redco"]) / statistics.median(
-                x["tok_s"] for x in results["llama.cpp"])
-            print(f"{clients:3d} clients  redco / llama.cpp aggregate tok/s: {ratio:.2f}", flush=True)
+                x["tok_s"] for x in results[peer])
+            print(f"{clients:3d} clients  redco / {peer} aggregate tok/s: {ratio:.2f}", flush=True)
 
 
 if __name__ == "__main__":

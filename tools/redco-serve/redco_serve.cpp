@@ -13,21 +13,29 @@
 // Sampling, stop strings and lengths are per request; end ids come from the
 // folder's generation_config.json (else config.json).
 //
-// One process, one model replica. It prints "redco-serve: listening on
-// http://HOST:PORT" once it accepts connections (with --port 0, a free port).
+// One model replica: one process, or the N processes of a tensor-parallel
+// mesh (redco-run -n N redco-serve MODEL_DIR --n-model-shards N), each
+// holding 1/N of the model; rank 0 serves HTTP and hands each step's new
+// requests to the others (Batcher::lockstep). It prints "redco-serve:
+// listening on http://HOST:PORT" once it accepts connections (with --port 0,
+// a free port).
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "cli11_conventions.hpp"
+#include "redco/comm/mesh.hpp"
 #include "redco/core/threads.hpp"
 #include "redco/models/causal_lm.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
+#include "redco/sched/task.hpp"
+#include "redco/train/deployer.hpp"
 #include "server.hpp"
 
 using namespace redco;
@@ -36,8 +44,9 @@ namespace {
 
 struct Options {
   std::string dir, host = "127.0.0.1", name, dtype = "f32", chat_template;
-  int port = 8000, threads = 0, http_threads = 64;
-  int64_t slots = 8, context = 0, max_queue = 256, prefix_cache = 4, kv_block = 64, kv_tokens = 0;
+  int port = 8000, threads = 0, http_threads = 64, shards = 1;
+  int64_t slots = 8, context = 0, max_queue = 256, prefix_cache = 4, kv_block = 64, kv_tokens = 0,
+          prefill_chunk = 512;
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -68,6 +77,13 @@ void add_options(CLI::App& app, Options& o) {
                  "tokens the KV cache holds, all requests together (default: (slots + "
                  "prefix-cache) x context); a request waits until the tokens it may fill are free")
       ->check(redco::cli11::at_least(0));
+  app.add_option("--prefill-chunk", o.prefill_chunk,
+                 "prompt tokens prefilled between two decode steps at most: a long prompt is "
+                 "prefilled over several steps while the others decode (0: whole prompts)")
+      ->check(redco::cli11::at_least(0));
+  app.add_option("--n-model-shards", o.shards,
+                 "tensor-parallel shards: the processes redco-run started (one replica)")
+      ->check(redco::cli11::at_least(1));
   app.add_option("--dtype", o.dtype, "weights in memory")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   app.add_option("--chat-template", o.chat_template,
@@ -105,6 +121,18 @@ std::thread stop_on_signal(serve::Server& server) {
   });
 }
 
+// The main rank's bytes to every rank of `mp` (Batcher::lockstep's exchange).
+void broadcast_bytes(std::string& bytes, comm::Comm& mp) {
+  Tensor size = Tensor::empty(Shape{1}, DType::i64);  // [1]
+  size.data<int64_t>()[0] = int64_t(bytes.size());
+  sched::sync_wait(mp.broadcast(size, 0));
+  Tensor data = Tensor::empty(Shape{std::max<int64_t>(size.data<int64_t>()[0], 1)}, DType::u8);
+  if (mp.rank() == 0) std::memcpy(data.raw(), bytes.data(), bytes.size());
+  sched::sync_wait(mp.broadcast(data, 0));
+  if (mp.rank() != 0)
+    bytes.assign(static_cast<const char*>(data.raw()), size_t(size.data<int64_t>()[0]));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -124,8 +152,17 @@ int main(int argc, char** argv) try {
   std::signal(SIGPIPE, SIG_IGN);
   set_num_threads(o.threads);
 
+  train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
+  REDCO_CHECK(deployer.dp_size() == 1,
+              "redco-serve: {} processes for {} model shard(s): a server is one replica; start "
+              "as many processes as --n-model-shards (one server per replica, behind a load "
+              "balancer, for more)",
+              deployer.n_devices(), o.shards);
+  const bool leader = deployer.mp_rank() == 0;
   const DType dtype = o.dtype == "bf16" ? DType::bf16 : o.dtype == "int8" ? DType::i8 : DType::f32;
   const models::hf::LoadOptions load{.dtype = dtype,
+                                     .n_shards = o.shards,
+                                     .rank = deployer.mp_rank(),
                                      .decode_panels = dtype == DType::bf16 && cpu::panels_pay()};
   const auto lm = models::from_pretrained<models::CausalLM>(o.dir, load);
   std::optional<data::Tokenizer> tok;
@@ -144,6 +181,8 @@ int main(int argc, char** argv) try {
   so.limits.vocab_size = lm.model.vocab_size();
   so.limits.defaults = models::generation_config(o.dir);
 
+  nn::Ctx ctx;
+  ctx.mp = &deployer.mesh().mp_comm();
   const generation::StepFn step = [&lm](const Tensor& ids, nn::Ctx& ctx) {
     return nn::apply(lm.model, lm.params, ids, ctx);
   };
@@ -154,15 +193,25 @@ int main(int argc, char** argv) try {
                                .vocab_size = so.limits.vocab_size,
                                .prefix_rows = o.prefix_cache,
                                .kv_block = o.kv_block,
-                               .kv_tokens = o.kv_tokens},
-                              tok ? &*tok : nullptr);
+                               .kv_tokens = o.kv_tokens,
+                               .prefill_chunk = o.prefill_chunk},
+                              tok ? &*tok : nullptr, ctx);
+  if (o.shards > 1) {
+    comm::Comm& mp = deployer.mesh().mp_comm();
+    batcher.lockstep([&mp](std::string& bytes) { broadcast_bytes(bytes, mp); }, leader);
+  }
+  if (!leader) {  // a follower: the leader's steps, until it stops
+    while (!batcher.stopped()) batcher.step();
+    return 0;
+  }
   serve::Server server(batcher, tok ? &*tok : nullptr, chat_template(o), so);
   const int port = server.bind(o.host, o.port);
   std::thread signals = stop_on_signal(server);
   signals.detach();
   std::cerr << "redco-serve: listening on http://" << o.host << ":" << port << " (model '"
             << so.limits.model_name << "', " << o.slots << " slots, context " << so.limits.context
-            << ")" << std::endl;
+            << (o.shards > 1 ? fmt::format(", {} model shards", o.shards) : std::string()) << ")"
+            << std::endl;
   server.listen();
   return 0;
 } catch (const std::exception& e) {

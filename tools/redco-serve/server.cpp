@@ -59,6 +59,7 @@ void Server::engine() {
     if (!running_) break;
     if (batcher_.step() && batcher_.running() > 0) metrics_.batch_size(batcher_.running());
   }
+  batcher_.release_followers();  // tensor parallelism: the other ranks stop too
 }
 
 void Server::routes() {

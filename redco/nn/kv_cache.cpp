@@ -294,6 +294,7 @@ void KVCache::store(Slots& s, const Tensor& k, const Tensor& v) {
       // Paged: the real inputs only (padding has no block); otherwise all
       // that fit, the padding overwritten by the row's next tokens.
       const int64_t n = paged() ? pending_[size_t(b)] : std::min(T, capacity_ - len);
+      REDCO_CHECK(n <= T, "KVCache::store: row {} appends {} tokens but the step has {}", b, n, T);
       for (int64_t h = 0; h < H; ++h)  // a memcpy on the CPU, a device copy elsewhere
         for (int64_t t = 0, c; t < n; t += c) {
           c = std::min(n - t, run(len + t));

@@ -5,6 +5,7 @@
 // cache shares, copies on write and moves blocks, and gives a model the
 // logits of rows of slots bit for bit.
 #include <catch2/catch.hpp>
+#include <limits>
 #include <map>
 
 #include "generation_goldens.hpp"
@@ -140,7 +141,9 @@ TEST_CASE("a batcher cancels, refuses and keeps the others going", "[batcher]") 
   b.submit(kPrompts[4], c, {});
   CHECK_FALSE(b.submit(kPrompts[5], c, record(refused)));
   CHECK(!refused.why);
-  b.cancel(*id);  // still waiting: it ends without a token
+  b.cancel(*id);  // still waiting: it ends without a token, at the next step
+  b.step();
+  CHECK(by_id.why == Finish::cancelled);
   run_until_idle(b);
   CHECK(by_callback.why == Finish::cancelled);
   CHECK(by_callback.tokens.size() == 3);
@@ -396,6 +399,14 @@ TEST_CASE(
       small.submit(std::vector<int64_t>(30, 3), GenerationConfig{.max_new_tokens = 20}, {}),
       Catch::Contains("the request may hold 50 tokens (a prompt of 30 and up to 20 "
                       "new), more than the KV cache's 40 (5 blocks of 8)"));
+  // However many tokens it asks for, a request holds at most the context.
+  CHECK_THROWS_WITH(
+      small.submit({1, 2, 3},
+                   GenerationConfig{.max_new_tokens = std::numeric_limits<int64_t>::max()}, {}),
+      Catch::Contains("the request may hold 64 tokens (a prompt of 3 and up to 61"));
+  // By default every row can fill the context: whole blocks per row.
+  Batcher rows(step_of(p), {.slots = 3, .context = 100, .prefix_rows = 0, .kv_block = 64});
+  CHECK(rows.kv_blocks() == 6);
 }
 
 TEST_CASE("chunked prefill: a long prompt joins over several steps while the others decode",

@@ -42,6 +42,7 @@ struct Batcher::Request {
   std::optional<data::Tokenizer::Stream> text;  // the decoder, primed with the prompt
   std::string held;                             // text not given yet: may begin a stop
   bool cancelled = false, ended = false;
+  bool muted = false;         // lockstep: on_token said stop; no event until the cancel lands
   bool stop_matched = false;  // a stop string ended it: the text after it is dropped
 };
 
@@ -66,9 +67,10 @@ nn::KVPaging paging_of(const BatcherOptions& o) {
               "Batcher: kv_block {} (>= 1), kv_tokens {} (>= 0), slots {} (>= 1) and context {} "
               "(>= 2)",
               o.kv_block, o.kv_tokens, o.slots, o.context);
-  const int64_t tokens =
-      o.kv_tokens > 0 ? o.kv_tokens : (o.slots + std::max<int64_t>(o.prefix_rows, 0)) * o.context;
-  return {o.kv_block, (tokens + o.kv_block - 1) / o.kv_block};
+  auto blocks_for = [&](int64_t tokens) { return (tokens + o.kv_block - 1) / o.kv_block; };
+  if (o.kv_tokens > 0) return {o.kv_block, blocks_for(o.kv_tokens)};
+  // Whole blocks per row: a full row takes blocks_for(context) of them.
+  return {o.kv_block, (o.slots + std::max<int64_t>(o.prefix_rows, 0)) * blocks_for(o.context)};
 }
 
 // Where the first stop string begins in `text` (npos: none).
@@ -138,7 +140,8 @@ std::unique_ptr<Batcher::Request> Batcher::make_request(std::vector<int64_t> pro
                                                         RequestEvents events) const {
   const auto n = int64_t(prompt.size());
   // The most it may hold: its prompt and every token it may draw.
-  const int64_t most = std::min(options_.context, n + std::max<int64_t>(config.max_new_tokens, 1));
+  const int64_t most =
+      n + std::min(std::max<int64_t>(config.max_new_tokens, 1), options_.context - n);
   const int64_t reserve = cache_.blocks()->blocks_for(most);
   const int64_t block = cache_.blocks()->block_tokens();
   REDCO_CHECK(reserve <= kv_blocks_,
@@ -200,6 +203,15 @@ bool Batcher::step() {
       if (r->id == id) r->cancelled = true;
     if (prefilling_ && prefilling_->id == id) prefilling_->cancelled = true;
   }
+  // A cancelled request that waits ends now, not when it would have had a row.
+  for (auto it = waiting_.begin(); it != waiting_.end();)
+    if ((*it)->cancelled) {
+      finish(**it, Finish::cancelled);
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  waiting_count_ = int64_t(waiting_.size());
   for (auto& r : rows_)
     if (r->cancelled && !r->ended) finish(*r, Finish::cancelled);
   release_finished();
@@ -240,6 +252,7 @@ void Batcher::make_room(int64_t blocks) {
     if (lru < 0) return;  // the reservations leave room for what the running rows need
     cache_.release_row(options_.slots + lru);
     prefix_tokens_[size_t(lru)].clear();
+    prefix_used_[size_t(lru)] = 0;  // the first to be filled again
   }
 }
 
@@ -294,21 +307,29 @@ bool Batcher::start_prefill() {
       finish(*r, Finish::cancelled);
       continue;
     }
-    reserved_ += r->reserve;
-    if (tokenizer_) {
-      r->text.emplace(*tokenizer_, /*skip_special_tokens=*/true);
-      for (int64_t t : r->prompt) r->text->step(int32_t(t));  // context for the first piece
-    }
-    for (int64_t t : r->prompt) r->hist.push(t, false);
-    r->hist.prompt_length = int64_t(r->prompt.size());
-    prefill_.reset();
-    const Prefix pre = reuse_prefix(r->prompt);  // tokens [0, pre.tokens) are in prefill_ already
-    if (pre.tokens > 0)
-      cache_.copy_row(staging_row(), cache_, pre.row, pre.tokens);
-    else
+    waiting_count_ = int64_t(waiting_.size());
+    try {
+      if (tokenizer_) {
+        r->text.emplace(*tokenizer_, /*skip_special_tokens=*/true);
+        for (int64_t t : r->prompt) r->text->step(int32_t(t));  // context for the first piece
+      }
+      for (int64_t t : r->prompt) r->hist.push(t, false);
+      r->hist.prompt_length = int64_t(r->prompt.size());
+      prefill_.reset();
+      const Prefix pre = reuse_prefix(r->prompt);  // tokens [0, pre.tokens) are in prefill_
+      if (pre.tokens > 0)
+        cache_.copy_row(staging_row(), cache_, pre.row, pre.tokens);
+      else
+        cache_.release_row(staging_row());
+      r->prefilled = pre.tokens;
+      reused_tokens_ += pre.tokens;
+    } catch (const std::exception& e) {
       cache_.release_row(staging_row());
-    r->prefilled = pre.tokens;
-    reused_tokens_ += pre.tokens;
+      r->held = e.what();
+      finish(*r, Finish::error);
+      continue;
+    }
+    reserved_ += r->reserve;
     prefilling_ = std::move(r);
     running_ = int64_t(rows_.size()) + 1;
     return true;
@@ -442,11 +463,18 @@ bool Batcher::emit(Request& r, int64_t token) {
     out = r.held.substr(0, give);
     r.held.erase(0, stopped ? r.held.size() : give);
   }
-  if (r.events.on_token && !r.events.on_token(token, out)) {
-    if (exchange_)
-      cancel(r.id);  // in lockstep: at the next step, on every rank
-    else
+  if (r.events.on_token && !r.muted) {
+    bool go_on = false;
+    try {  // a callback that throws cancels its request; the model's step goes on
+      go_on = r.events.on_token(token, out);
+    } catch (const std::exception&) {
+    }
+    if (!go_on && exchange_) {  // in lockstep: at the next step, on every rank
+      r.muted = true;           // until then no event, whatever it draws
+      cancel(r.id);
+    } else if (!go_on) {
       finish(r, Finish::cancelled);
+    }
   }
   return stopped;
 }

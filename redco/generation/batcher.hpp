@@ -72,8 +72,9 @@ struct BatcherOptions {
   int64_t prefix_rows = 4;
   int64_t min_prefix = 16;
   // The KV cache: blocks of kv_block tokens, kv_tokens in all (rounded up to
-  // whole blocks; 0: (slots + prefix_rows) x context, every row able to fill
-  // the context and as much again for each stored prompt).
+  // whole blocks; 0: (slots + prefix_rows) x context in whole blocks per row,
+  // every row able to fill the context and as much again for each stored
+  // prompt).
   int64_t kv_block = 64;
   int64_t kv_tokens = 0;
   // Chunked prefill: a step prefills at most this many prompt tokens (of one

@@ -282,6 +282,10 @@ void KVCache::store(Slots& s, const Tensor& k, const Tensor& v) {
   REDCO_CHECK(in_step_ && k.dim(0) == batch_ && k.shape() == v.shape(),
               "KVCache::store: keys {} and values {} for {} rows, in a step", k.shape(), v.shape(),
               batch_);
+  for (int64_t b = 0; b < batch_; ++b)
+    REDCO_CHECK(pending_[size_t(b)] <= k.dim(2),
+                "KVCache::store: row {} appends {} tokens but the step has {}", b,
+                pending_[size_t(b)], k.dim(2));
   for (auto [kv, slots] : {std::pair{&k, &s.k}, std::pair{&v, &s.v}}) {
     const int64_t H = kv->dim(1), T = kv->dim(2), D = kv->dim(3);
     const Tensor in = kv->dtype() == slots->dtype() ? *kv : kv->to(slots->dtype());
@@ -294,7 +298,6 @@ void KVCache::store(Slots& s, const Tensor& k, const Tensor& v) {
       // Paged: the real inputs only (padding has no block); otherwise all
       // that fit, the padding overwritten by the row's next tokens.
       const int64_t n = paged() ? pending_[size_t(b)] : std::min(T, capacity_ - len);
-      REDCO_CHECK(n <= T, "KVCache::store: row {} appends {} tokens but the step has {}", b, n, T);
       for (int64_t h = 0; h < H; ++h)  // a memcpy on the CPU, a device copy elsewhere
         for (int64_t t = 0, c; t < n; t += c) {
           c = std::min(n - t, run(len + t));

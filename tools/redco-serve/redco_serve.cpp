@@ -75,7 +75,8 @@ void add_options(CLI::App& app, Options& o) {
       ->check(redco::cli11::at_least(1));
   app.add_option("--kv-cache-tokens", o.kv_tokens,
                  "tokens the KV cache holds, all requests together (default: (slots + "
-                 "prefix-cache) x context); a request waits until the tokens it may fill are free")
+                 "prefix-cache) x context, whole blocks per row); a request waits until the "
+                 "tokens it may fill are free")
       ->check(redco::cli11::at_least(0));
   app.add_option("--prefill-chunk", o.prefill_chunk,
                  "prompt tokens prefilled between two decode steps at most: a long prompt is "

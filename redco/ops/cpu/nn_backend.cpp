@@ -338,6 +338,14 @@ Tensor paged_attention(CpuBackend& cpu, const Tensor& q_in, const Tensor& k_in, 
   Tensor q = f32(q_in, "attention"), bias;
   attach_extras(s, x, bias);
   s.block_table = table.data<int64_t>(), s.block = block, s.blocks_per_row = table.dim(1);
+  for (int64_t b = 0; b < s.B; ++b) {  // the kernel reads every block below a row's key end
+    const int64_t end = s.key_end ? s.key_end[b] : s.Tk;
+    for (int64_t m = 0; m * block < end; ++m)
+      REDCO_CHECK(s.block_table[b * s.blocks_per_row + m] >= 0,
+                  "attention: row {} sees {} keys of a paged KV cache, but its block table holds "
+                  "no block {}",
+                  b, end, m);
+  }
   Tensor o = like(q);
   lse = Tensor::empty({s.B, s.Hq, s.Tq});
   cpu::decode_attention_forward(s, q.data<float>(), k_in.raw(), v_in.raw(), bf16_kv,

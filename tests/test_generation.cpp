@@ -238,9 +238,10 @@ TEST_CASE("long prompts prefill on the prefill kernels within bf16 rounding of f
     generation::generate(step, prompts, c, nn::Ctx{});
     return first;
   };
-  for (const DType dtype : {DType::bf16, DType::i8}) {
+  for (const auto& [dtype, panels] :
+       {std::pair{DType::bf16, true}, std::pair{DType::i8, false}, std::pair{DType::i8, true}}) {
     const auto p = models::from_pretrained<models::Llama>(
-        fixture("llama"), {.dtype = dtype, .decode_panels = dtype == DType::bf16});
+        fixture("llama"), {.dtype = dtype, .decode_panels = panels});
     nn::ParamTree f32;
     for (const auto& [k, t] : p.params) f32.emplace(k, t.to(DType::f32));
     const std::vector<float> got = prefill_logits(p, p.params), want = prefill_logits(p, f32);
@@ -251,7 +252,8 @@ TEST_CASE("long prompts prefill on the prefill kernels within bf16 rounding of f
       worst = std::max(worst, std::abs(double(got[i]) - want[i]));
       scale = std::max(scale, std::abs(double(want[i])));
     }
-    INFO(dtype_name(dtype) << ": worst " << worst << " of " << scale);
+    INFO(dtype_name(dtype) << (panels ? " in panels" : "") << ": worst " << worst << " of "
+                           << scale);
     // Rounding the activations to bf16 moves these logits by up to ~1.5% of
     // their scale (the f32 chain kernels: ~1e-7); a misplaced weight, row or
     // scale moves them by the scale itself.
@@ -262,14 +264,16 @@ TEST_CASE("long prompts prefill on the prefill kernels within bf16 rounding of f
 
 TEST_CASE("int8 weights decode as their dequantized values do", "[generation][int8]") {
   // Loaded as i8, every matrix is quantized by rows: decode projections read a
-  // byte a weight (ops/cpu/skinny_i8.hpp), embedding lookups scale the rows
-  // they gather; the dequantized f32 values take the general path.
-  auto same_tokens = [&]<typename M>(const std::string& name) {
-    const auto p8 = models::from_pretrained<M>(fixture(name), {.dtype = DType::i8});
+  // byte a weight (ops/cpu/skinny_i8.hpp; in decode panels skinny_i8_panels.hpp),
+  // embedding lookups scale the rows they gather; the dequantized f32 values
+  // take the general path.
+  auto same_tokens = [&]<typename M>(const std::string& name, bool panels) {
+    const auto p8 =
+        models::from_pretrained<M>(fixture(name), {.dtype = DType::i8, .decode_panels = panels});
     nn::ParamTree p32;
     int64_t quantized = 0;
     for (const auto& [k, t] : p8.params) {
-      quantized += row_scales(t) != nullptr;
+      quantized += (panels ? in_i8_panels(t) : row_scales(t) != nullptr);
       CHECK((t.rank() == 2) == (t.dtype() == DType::i8));  // matrices only; norms stay f32
       p32.emplace(k, t.to(DType::f32));
     }
@@ -280,9 +284,11 @@ TEST_CASE("int8 weights decode as their dequantized values do", "[generation][in
     c32.cache_dtype = DType::bf16;  // as int8 weights have by default
     const auto a = generation::generate(p8.model, p8.params, prompts, c);
     const auto b = generation::generate(p8.model, p32, prompts, c32);
-    INFO(name);
+    INFO(name << (panels ? " in panels" : ""));
     CHECK(a.sequences == b.sequences);
   };
-  same_tokens.operator()<models::Gpt2>("gpt2");
-  same_tokens.operator()<models::Llama>("llama");
+  for (const bool panels : {false, true}) {
+    same_tokens.operator()<models::Gpt2>("gpt2", panels);
+    same_tokens.operator()<models::Llama>("llama", panels);
+  }
 }

@@ -104,10 +104,11 @@ Tensor stack_plain(const TensorList& ts) {
 }
 
 Tensor stack_rows(const TensorList& ts) {
-  if (in_panels(ts[0])) {  // bf16 weights packed for decoding: a prefill widens them anyway
+  if (in_panels(ts[0]) || in_i8_panels(ts[0])) {  // packed for decoding: widened to stack
     TensorList wide;
     for (const Tensor& t : ts) {
-      REDCO_CHECK(in_panels(t), "linear_stacked: packed and row-major weights cannot be stacked");
+      REDCO_CHECK(in_panels(t) || in_i8_panels(t),
+                  "linear_stacked: packed and row-major weights cannot be stacked");
       wide.push_back(t.to(DType::f32));
     }
     return stack_plain(wide);
@@ -122,7 +123,9 @@ Tensor stack_rows(const TensorList& ts) {
 }
 }  // namespace
 
-bool stacks_as_stored(const Tensor& w) { return !in_panels(w) && !row_scales(w); }
+bool stacks_as_stored(const Tensor& w) {
+  return !in_panels(w) && !in_i8_panels(w) && !row_scales(w);
+}
 
 // One GEMM against weights stacked on the fly (q, k and v projections of one
 // input). The stacked copy is a temporary in forward and rebuilt in backward

@@ -194,12 +194,14 @@ bool multiplied_by_rows(const shard::ParamSplit& p) {
 
 // A parameter in the dtype asked for. i8: matrices quantized by rows
 // (weight-only int8), vectors (norms, biases) and other ranks kept in f32.
-// bf16 with decode_panels: the multiplied matrices packed for decoding, the rest plain bf16.
+// bf16 or i8 with decode_panels: the multiplied matrices packed for decoding (pack_panels,
+// pack_panels_i8), the rest plain bf16 / as above.
 Tensor converted(const Tensor& t, const shard::ParamSplit& split, const LoadOptions& opts) {
   if (opts.dtype == DType::f32) return t;
   if (opts.dtype == DType::bf16 && opts.decode_panels && multiplied_by_rows(split))
     return pack_panels(t);
   if (opts.dtype != DType::i8) return t.to(opts.dtype);
+  if (opts.decode_panels && multiplied_by_rows(split)) return pack_panels_i8(t);
   return t.rank() == 2 ? quantize_rows(t) : t;
 }
 

@@ -371,8 +371,8 @@ void add_options(CLI::App& app, Options& o) {
                  "quantized by rows, a quarter)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   app.add_option("--weight-layout", o.layout,
-                 "bf16 matrices in memory: panels (packed for decoding), rows (as stored), or "
-                 "auto (panels on a CPU where they pay: AVX-512)")
+                 "bf16 and int8 matrices in memory: panels (packed for decoding), rows (as "
+                 "stored), or auto (panels on a CPU where they pay: AVX-512)")
       ->check(CLI::IsMember({"auto", "panels", "rows"}));
   app.add_option("--cache-dtype", o.cache_dtype,
                  "KV cache elements (auto: bf16 with bf16 or int8 weights, else f32)")
@@ -417,12 +417,13 @@ int main(int argc, char** argv) try {
 
   train::Deployer deployer({.n_model_shards = o.shards, .quiet = true});
   const DType dtype = o.dtype == "bf16" ? DType::bf16 : o.dtype == "int8" ? DType::i8 : DType::f32;
-  // bf16 on the CPU: the matrices packed for decoding where it pays (skinny_panels.hpp).
+  // bf16 or int8 on the CPU: the matrices packed for decoding where it pays (skinny_panels.hpp,
+  // skinny_i8_panels.hpp).
   const models::hf::LoadOptions load{
       .dtype = dtype,
       .n_shards = o.shards,
       .rank = deployer.mp_rank(),
-      .decode_panels = dtype == DType::bf16 && deployer.device().is_cpu() &&
+      .decode_panels = dtype != DType::f32 && deployer.device().is_cpu() &&
                        (o.layout == "panels" || (o.layout == "auto" && cpu::panels_pay()))};
   const std::string type = models::hf::Config(o.dir).model_type();
   REDCO_CHECK(type != "bert" && type != "roberta",

@@ -164,7 +164,7 @@ int main(int argc, char** argv) try {
   const models::hf::LoadOptions load{.dtype = dtype,
                                      .n_shards = o.shards,
                                      .rank = deployer.mp_rank(),
-                                     .decode_panels = dtype == DType::bf16 && cpu::panels_pay()};
+                                     .decode_panels = dtype != DType::f32 && cpu::panels_pay()};
   const auto lm = models::from_pretrained<models::CausalLM>(o.dir, load);
   std::optional<data::Tokenizer> tok;
   if (data::Tokenizer::found_in(o.dir)) tok.emplace(data::Tokenizer::from_file(o.dir));

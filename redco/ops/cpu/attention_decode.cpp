@@ -242,7 +242,11 @@ struct KeyRows {
 };
 
 // The G = group x Tq query rows of one (batch row b, kv head g) task; row r
-// is query r % Tq of head g * group + r / Tq. scratch: [G, Tk] scores;
+// is query r % Tq of head g * group + r / Tq. scratch: [G, ldS] scores, each
+// row 64-byte aligned (ldS a whole number of cache lines): Eigen's vectorized
+// sums peel to an alignment, so a row's softmax must not start at an address
+// that depends on Tk (a paged cache's Tk is a whole number of blocks; at
+// 16-lane packets two such row strides gave sums that differed in the last bit);
 // rows: each row's index into q, o, lse; spans: each row's visible keys.
 // KV: float or uint16_t (bf16). Keys are read in chunks of at most kKeyBlock
 // that do not cross a block of a paged cache; each key's score and each
@@ -254,7 +258,8 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
                  std::vector<int64_t>& rows, std::vector<Span>& spans) {
   const int64_t D = s.D, Tk = s.Tk, group = s.Hq / s.Hkv, G = group * s.Tq;
   const KeyRows<KV> keys(s, k, b, g), values(s, v, b, g);
-  if (scratch.size() < size_t(G * Tk)) scratch.resize(size_t(G * Tk));
+  const int64_t ldS = (Tk + 15) / 16 * 16;
+  if (scratch.size() < size_t(G * ldS)) scratch.resize(size_t(G * ldS));
   float* S = scratch.data();
   rows.resize(size_t(G));
   for (int64_t r = 0; r < G; ++r)
@@ -272,13 +277,13 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
     je = chunk_end(jb);
     const Lookahead<KV> la = ahead(keys, jb, je);
     for (int64_t r = 0; r < G; ++r)
-      scores(q + rows[size_t(r)] * D, keys.run(jb), D, 0, je - jb, s.scale, S + r * Tk + jb,
+      scores(q + rows[size_t(r)] * D, keys.run(jb), D, 0, je - jb, s.scale, S + r * ldS + jb,
              r == 0 ? &la : nullptr);  // the other rows find the chunk in L1
   }
   spans.assign(size_t(G), Span{0, 0});
   for (int64_t r = 0; r < G; ++r) {  // probabilities over the row's visible span
     const int64_t i = r % s.Tq, h = g * group + r / s.Tq, bh = b * s.Hq + h, row = rows[size_t(r)];
-    float* srow = S + r * Tk;
+    float* srow = S + r * ldS;
     const Span sp = visible_in_tile(s, kr, i, 0, Tk);
     std::fill(o + row * D, o + row * D + D, 0.f);
     if (sp.hi == sp.lo) {  // no visible key: o = 0, lse = -inf, as the tiled kernel
@@ -301,7 +306,7 @@ void decode_task(const AttentionShape& s, int64_t b, int64_t g, const float* q, 
       const Span sp = spans[size_t(r)];
       const int64_t lo = std::max(jb, sp.lo), hi = std::min(je, sp.hi);
       if (lo < hi)
-        weigh_values(S + r * Tk + jb, values.run(jb), D, lo - jb, hi - jb, o + rows[size_t(r)] * D,
+        weigh_values(S + r * ldS + jb, values.run(jb), D, lo - jb, hi - jb, o + rows[size_t(r)] * D,
                      r == 0 ? &la : nullptr);
     }
   }

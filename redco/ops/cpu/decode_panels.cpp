@@ -1,5 +1,6 @@
-// bf16 weights packed for decoding (pack_panels) as an Encoding, and their
-// way back (unpack, which Tensor::copy_from applies to any conversion of one).
+// bf16 and int8 weights packed for decoding (pack_panels, pack_panels_i8) as
+// Encodings, and their way back (unpack, which Tensor::copy_from applies to
+// any conversion of one).
 #include "redco/ops/cpu/decode_panels.hpp"
 
 #include <tbb/blocked_range.h>
@@ -11,6 +12,7 @@
 #include "redco/core/error.hpp"
 #include "redco/ops/cpu/panel_layout.hpp"
 #include "redco/ops/cpu/prefill_panels.hpp"
+#include "redco/ops/cpu/quantized_rows.hpp"
 
 namespace redco {
 namespace {
@@ -84,6 +86,73 @@ struct DecodePanels final : Encoding {
   }
 };
 
+// The storage of an int8 packed [N, K]: [i8::padded_rows(N), K] int8 in panel order.
+const int8_t* packed_i8(const Tensor& w) {
+  const TensorImpl& i = w.impl();
+  return reinterpret_cast<const int8_t*>(static_cast<const char*>(i.storage->data) + i.offset);
+}
+
+// The scaled values of an int8 packed [N, K], row-major, into out [N * K] f32.
+void unpack_i8(const Tensor& w, const float* scale, float* out) {
+  const int8_t* src = packed_i8(w);
+  const int64_t N = w.dim(0), K = w.dim(1), kRows = panels::i8::kRows;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, panels::i8::padded_rows(N) / kRows, 1),
+                    [&](const auto& r) {
+                      for (int64_t p = r.begin(); p < r.end(); ++p)
+                        for (int64_t n = p * kRows; n < std::min(N, (p + 1) * kRows); ++n)
+                          for (int64_t k = 0; k < K; ++k)
+                            out[n * K + k] = float(src[panels::i8::index(n, k, K)]) * scale[n];
+                    });
+}
+
+struct I8Panels final : Encoding {
+  Tensor scales;  // f32 [N]
+  explicit I8Panels(Tensor s) : scales(std::move(s)) {}
+
+  std::string describe() const override { return "an int8 weight packed in decode panels"; }
+  std::string maker() const override { return "pack_panels_i8"; }
+  bool row_major() const override { return false; }
+  void decode(const Tensor& t, DType dtype, void* out) const override {
+    if (dtype == DType::f32) return unpack_i8(t, scales.data<float>(), static_cast<float*>(out));
+    Tensor wide = Tensor::empty(t.shape());
+    unpack_i8(t, scales.data<float>(), wide.data<float>());
+    Tensor::borrow(out, t.shape(), dtype, nullptr).copy_from(wide);
+  }
+  std::shared_ptr<const Encoding> view(const Tensor& t, const Shape& shape) const override {
+    REDCO_CHECK(shape == t.shape(),
+                "cannot view the int8 weight {} packed in decode panels as {}; convert it first "
+                "(.to(DType::f32))",
+                t.shape(), shape);
+    return std::make_shared<I8Panels>(scales);
+  }
+  std::shared_ptr<const Encoding> rows(const Tensor& t, int64_t, int64_t) const override {
+    fail(
+        "cannot slice the int8 weight {} packed in decode panels; convert it first "
+        "(.to(DType::f32)) or pack the slice",
+        t.shape());
+  }
+  std::shared_ptr<const Encoding> copy_to(const Tensor&, Device d) const override {
+    REDCO_CHECK(d.is_cpu(),
+                "an int8 weight packed in decode panels is a CPU format; move its values with "
+                ".to(DType::f32).to({})",
+                d.str());
+    return std::make_shared<I8Panels>(scales);
+  }
+  // The bytes and scales as they are (re-quantizing the scaled values could move a rounding).
+  Tensor clone(const Tensor& t) const override {
+    const TensorImpl& i = t.impl();
+    const int64_t bytes = panels::i8::padded_rows(t.dim(0)) * t.dim(1);
+    Tensor out = Tensor::empty(Shape{panels::i8::padded_rows(t.dim(0)), t.dim(1)}, DType::i8);
+    std::memcpy(out.raw(), static_cast<const char*>(i.storage->data) + i.offset, size_t(bytes));
+    out.set_name(t.name());
+    return Tensor::encoded(out, t.shape(), std::make_shared<I8Panels>(scales.clone()));
+  }
+};
+
+const I8Panels* i8_panels_of(const Tensor& t) {
+  return t.defined() ? dynamic_cast<const I8Panels*>(t.encoding()) : nullptr;
+}
+
 }  // namespace
 
 Tensor pack_panels(const Tensor& w_in) {
@@ -122,6 +191,43 @@ const uint16_t* panel_data(const Tensor& t) {
   REDCO_CHECK(in_panels(t), "panel_data: tensor {}{} is not packed in decode panels",
               dtype_name(t.dtype()), t.shape());
   return packed(t);
+}
+
+Tensor pack_panels_i8(const Tensor& w) {
+  REDCO_CHECK(w.defined() && is_floating(w.dtype()) && w.rank() == 2 && w.on_host() &&
+                  !w.encoding() && !w.placement(),
+              "pack_panels_i8: needs a floating CPU matrix [N, K] (whole on this rank), got {}{}",
+              w.defined() ? dtype_name(w.dtype()) : "undefined", w.defined() ? w.shape() : Shape{});
+  const Tensor rows = quantize_rows(w);  // the int8 values and scales, row-major
+  const int64_t N = w.dim(0), K = w.dim(1), kRows = panels::i8::kRows;
+  Tensor out = Tensor::empty(Shape{panels::i8::padded_rows(N), K}, DType::i8);
+  const auto* src = static_cast<const int8_t*>(rows.raw());  // [N, K]
+  auto* dst = static_cast<int8_t*>(out.raw());
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, panels::i8::padded_rows(N) / kRows, 1),
+                    [&](const auto& r) {
+                      for (int64_t p = r.begin(); p < r.end(); ++p) {
+                        std::memset(dst + p * K * kRows, 0, size_t(K * kRows));  // padding rows
+                        for (int64_t n = p * kRows; n < std::min(N, (p + 1) * kRows); ++n)
+                          for (int64_t k = 0; k < K; ++k)
+                            dst[panels::i8::index(n, k, K)] = src[n * K + k];
+                      }
+                    });
+  out.set_name(w.name());
+  return Tensor::encoded(out, w.shape(), std::make_shared<I8Panels>(*row_scales(rows)));
+}
+
+bool in_i8_panels(const Tensor& t) { return i8_panels_of(t) != nullptr; }
+
+const int8_t* i8_panel_data(const Tensor& t) {
+  REDCO_CHECK(in_i8_panels(t), "i8_panel_data: tensor {}{} is not packed in int8 decode panels",
+              t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? t.shape() : Shape{});
+  return packed_i8(t);
+}
+
+const float* i8_panel_scales(const Tensor& t) {
+  REDCO_CHECK(in_i8_panels(t), "i8_panel_scales: tensor {}{} is not packed in int8 decode panels",
+              t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? t.shape() : Shape{});
+  return i8_panels_of(t)->scales.data<float>();
 }
 
 }  // namespace redco

@@ -83,6 +83,13 @@ void embedding_forward_i8(const int8_t* table, const float* scale, const int64_t
   });
 }
 
+void embedding_forward_i8_panels(const int8_t* panels, const float* scale, const int64_t* ids,
+                                 float* out, int64_t n, int64_t V, int64_t D) {
+  gather_rows(ids, out, n, V, D, [&](int64_t v, float* dst) {
+    for (int64_t d = 0; d < D; ++d) dst[d] = float(panels[panels::i8::index(v, d, D)]) * scale[v];
+  });
+}
+
 // Determinism: every dtable element receives its contributions in increasing
 // position order i, exactly as the serial loop `for i: dtable[ids[i]] += dout[i]`
 // would, so the result is bitwise identical to it for any thread count.

@@ -19,6 +19,9 @@ void embedding_forward_panels(const uint16_t* panels, const int64_t* ids, float*
 // is table[v] * scale[v].
 void embedding_forward_i8(const int8_t* table, const float* scale, const int64_t* ids, float* out,
                           int64_t n, int64_t V, int64_t D);
+// And from an int8 table packed in decode panels (pack_panels_i8; a tied LM head).
+void embedding_forward_i8_panels(const int8_t* panels, const float* scale, const int64_t* ids,
+                                 float* out, int64_t n, int64_t V, int64_t D);
 // dtable[ids[i], :] += dout[i, :]. dtable is accumulated into (caller zeroes it).
 // Deterministic: the result does not depend on thread scheduling.
 void embedding_backward(const float* dout, const int64_t* ids, float* dtable, int64_t n, int64_t V,

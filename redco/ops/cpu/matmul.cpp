@@ -42,6 +42,7 @@
 #include "redco/ops/cpu/skinny_bf16.hpp"
 #include "redco/ops/cpu/skinny_f32.hpp"
 #include "redco/ops/cpu/skinny_i8.hpp"
+#include "redco/ops/cpu/skinny_i8_panels.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 #include "redco/ops/matmul_batch.hpp"
@@ -167,8 +168,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const Shape& bs = b_in.shape();
   REDCO_CHECK(as.rank() >= 2 && bs.rank() >= 2,
               "matmul: both operands need at least 2 dims, got shapes {} and {}", as, bs);
-  // An int8 weight (quantize_rows) counts as floating: it converts to its scaled values.
-  const auto numeric = [](const Tensor& t) { return is_floating(t.dtype()) || row_scales(t); };
+  // An int8 weight (quantize_rows, pack_panels_i8) counts as floating: it converts to its
+  // scaled values.
+  const auto numeric = [](const Tensor& t) {
+    return is_floating(t.dtype()) || row_scales(t) || in_i8_panels(t);
+  };
   REDCO_CHECK(numeric(a_in) && numeric(b_in),
               "matmul: needs floating-point operands, got {} {} and {} {}",
               dtype_name(a_in.dtype()), as, dtype_name(b_in.dtype()), bs);
@@ -204,6 +208,25 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const std::string shape_key = gemm_key(trans_a, trans_b, folds ? a_in.numel() / g.K : g.M, g.N,
                                          g.K, folds || bt.rank == 0 ? "" : " batched");
   profile::Scope scope("gemm", shape_key.empty() ? nullptr : shape_key.c_str());
+  if (folds && trans_b && in_i8_panels(b_in) && !a_in.requires_grad()) {
+    // Against int8 weights packed in panels: a prefill on the CPU's bf16 units
+    // where it has them (prefill_panels.hpp: activations rounded to bf16);
+    // else the f32 chain kernel (skinny_i8_panels.hpp: exact activations, a
+    // row's bits whatever the batch) up to kWidenI8Rows rows, past which the
+    // general path below widens the weight for sgemm.
+    const Tensor a = gemm_operand(a_in);
+    const int64_t rows = a.numel() / g.K;
+    if (rows >= kPrefillRows && prefill_unit() != PrefillUnit::none) {
+      prefill_matmul_i8_panels(a.data<float>(), g.K, i8_panel_data(b_in), i8_panel_scales(b_in),
+                               c.data<float>(), g.N, rows, g.N, g.K, prefill_unit());
+      return c;
+    }
+    if (rows < kWidenI8Rows) {
+      skinny_matmul_i8_panels(a.data<float>(), g.K, i8_panel_data(b_in), i8_panel_scales(b_in),
+                              c.data<float>(), g.N, rows, g.N, g.K);
+      return c;
+    }
+  }
   if (folds && trans_b && row_scales(b_in) && a_in.numel() / g.K <= kSkinnyRows) {
     // Decoding against int8 weights: a byte a weight, scaled per row (skinny_i8.hpp).
     const Tensor a = gemm_operand(a_in);

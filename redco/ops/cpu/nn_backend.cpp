@@ -228,6 +228,13 @@ Tensor CpuBackend::embedding(const Tensor& table_in, const Tensor& ids) {
                                 table_in.dim(0), table_in.dim(1));
     return out;
   }
+  if (in_i8_panels(table_in)) {  // a tied LM head in int8 panels: gather and scale its rows
+    Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
+    cpu::embedding_forward_i8_panels(i8_panel_data(table_in), i8_panel_scales(table_in),
+                                     ids_of(ids, "embedding"), out.data<float>(), ids.numel(),
+                                     table_in.dim(0), table_in.dim(1));
+    return out;
+  }
   if (row_scales(table_in)) {  // int8: scale only the rows looked up
     Tensor out = Tensor::empty(ids.shape().append(table_in.dim(1)));
     cpu::embedding_forward_i8(static_cast<const int8_t*>(table_in.raw()),

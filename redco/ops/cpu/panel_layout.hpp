@@ -1,8 +1,9 @@
 #pragma once
-// Where each element of a bf16 weight packed for decoding lives (pack_panels,
-// redco/ops/cpu/decode_panels.hpp). The one source of this layout: the
-// packer, the decode kernel (ops/cpu/skinny_panels.cpp), the unpacking
-// conversion and the embedding gather all index through it.
+// Where each element of a weight packed for decoding lives (pack_panels and
+// pack_panels_i8, redco/ops/cpu/decode_panels.hpp). The one source of these
+// layouts: the packers, the decode kernels (ops/cpu/skinny_panels.cpp,
+// skinny_i8_panels.cpp), the prefill repacking, the unpacking conversions and
+// the embedding gathers all index through it.
 //
 // A weight [N, K] (N outputs, K inputs) is cut into panels of kRows
 // consecutive rows; a panel stores its K columns one after another, each
@@ -36,3 +37,21 @@ constexpr int64_t index(int64_t n, int64_t k, int64_t K) {
 }
 
 }  // namespace redco::panels
+
+// Int8 weights packed for decoding (pack_panels_i8): panels of kRows
+// consecutive rows (outputs), each column their kRows int8 weights in one
+// cache line, output i at byte i (one sign extension widens 16 consecutive
+// outputs to f32 lanes in order). The last panel is padded with zero rows.
+namespace redco::panels::i8 {
+
+inline constexpr int64_t kRows = 64;
+
+// Rows of storage an [N, K] weight takes (N rounded up to whole panels).
+constexpr int64_t padded_rows(int64_t n) { return (n + kRows - 1) / kRows * kRows; }
+
+// Element (n, k) of an [N, K] weight, counted in bytes from the start.
+constexpr int64_t index(int64_t n, int64_t k, int64_t K) {
+  return (n / kRows * K + k) * kRows + n % kRows;
+}
+
+}  // namespace redco::panels::i8

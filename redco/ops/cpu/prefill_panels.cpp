@@ -50,6 +50,19 @@ constexpr int64_t kBlockK = 32;       // k per AMX tile row (16 pairs)
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
+// y rows [m, m + rows) of outputs [n0, n0 + valid) from block [rows][32], times scale[n] if given.
+[[maybe_unused]] void store_block(const float* block, int64_t rows, float* y, int64_t ldy,
+                                  int64_t n0, int64_t valid, const float* scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = y + r * ldy + n0;
+    if (!scale) {
+      std::memcpy(dst, block + r * kRows, size_t(valid) * sizeof(float));
+      continue;
+    }
+    for (int64_t j = 0; j < valid; ++j) dst[j] = block[r * kRows + j] * scale[n0 + j];
+  }
+}
+
 #if REDCO_PREFILL_DPBF16
 // One panel in pairs-of-k order: lo[r * 16 + j] holds output j's weights at
 // k = 2r, 2r + 1; hi[...] output j + 16's. Pair rows past K are zero.
@@ -64,6 +77,27 @@ void repack(const uint16_t* p, int64_t K, int64_t Kp, uint32_t* lo, uint32_t* hi
                        _mm512_or_si512(_mm512_and_si512(a, low16), _mm512_slli_epi32(b, 16)));
     _mm512_store_si512(hi + r * kHalf,
                        _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_andnot_si512(low16, b)));
+  }
+}
+
+// Half `half` (outputs 32 * half .. + 32) of an int8 panel (panels::i8) in
+// the same pairs-of-k order. An int8 value is exact in bf16: the top half of
+// its f32.
+void repack_i8(const int8_t* p, int64_t half, int64_t K, int64_t Kp, uint32_t* lo, uint32_t* hi) {
+  const __m512i high16 = _mm512_set1_epi32(int(0xffff0000u));
+  const auto widened = [&](int64_t k, int64_t part) {  // outputs 16 * part .. of the half at k
+    if (k >= K) return _mm512_setzero_si512();
+    const int8_t* at = p + k * panels::i8::kRows + 32 * half + 16 * part;
+    return _mm512_castps_si512(_mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)))));
+  };
+  for (int64_t r = 0; r < Kp / 2; ++r) {
+    const int64_t k = 2 * r;
+    uint32_t* out[2] = {lo + r * kHalf, hi + r * kHalf};
+    for (int64_t part = 0; part < 2; ++part)
+      _mm512_store_si512(out[part],
+                         _mm512_or_si512(_mm512_srli_epi32(widened(k, part), 16),
+                                         _mm512_and_si512(widened(k + 1, part), high16)));
   }
 }
 
@@ -93,15 +127,14 @@ constexpr int kDpRows = 8;  // 16 accumulators, as the decode kernel
 
 void dp_panel(const uint32_t* xw, int64_t ldxw, int64_t M, const uint32_t* lo, const uint32_t* hi,
               int64_t pairs, float* block /* [kDpRows][32] */, float* y, int64_t ldy, int64_t n0,
-              int64_t valid) {
+              int64_t valid, const float* scale) {
   using Fn = void (*)(const uint32_t*, int64_t, const uint32_t*, const uint32_t*, int64_t, float*);
   static constexpr Fn kFns[kDpRows] = {dp_block<1>, dp_block<2>, dp_block<3>, dp_block<4>,
                                        dp_block<5>, dp_block<6>, dp_block<7>, dp_block<8>};
   for (int64_t m = 0; m < M; m += kDpRows) {
     const int64_t rows = std::min<int64_t>(kDpRows, M - m);
     kFns[rows - 1](xw + m * ldxw, ldxw, lo, hi, pairs, block);
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(y + (m + r) * ldy + n0, block + r * kRows, size_t(valid) * sizeof(float));
+    store_block(block, rows, y + m * ldy, ldy, n0, valid, scale);
   }
 }
 #endif
@@ -234,18 +267,23 @@ PrefillUnit prefill_unit() {
   return unit;
 }
 
-void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, float* y,
-                           int64_t ldy, int64_t M, int64_t N, int64_t K, PrefillUnit unit) {
+namespace {
+
+// The rows of x against N outputs that `repack(b, lo, hi)` gives in pairs of
+// k, 32 outputs (block b) at a time; scale: per output, or null.
+template <typename Repack>
+void prefill_pairs(const float* x, int64_t ldx, int64_t M, int64_t N, int64_t K, PrefillUnit unit,
+                   const Repack& repack, const float* scale, float* y, int64_t ldy) {
   REDCO_CHECK(unit != PrefillUnit::none && unit <= best_prefill_unit(),
-              "prefill_matmul_panels: this CPU or build has no such bf16 unit");
+              "prefill on bf16 units: this CPU or build has no such unit");
   if (M == 0 || N == 0) return;
 #if REDCO_PREFILL_DPBF16
   const int64_t Kp = round_up(K, kBlockK);
   const uint16_t* xb = to_bf16_rows(x, ldx, M, K, Kp);
-  const int64_t n_panels = panels::padded_rows(N) / kRows;
-  // A task: a panel or more, so its repacking is paid once for every row.
+  const int64_t n_blocks = (N + kRows - 1) / kRows;
+  // A task: a block or more, so its repacking is paid once for every row.
   const int64_t grain = grain_for(int64_t{1} << 22, 2 * M * K * kRows);
-  parallel_chunks(n_panels, grain, [&](int64_t b, int64_t e) {
+  parallel_chunks(n_blocks, grain, [&](int64_t b, int64_t e) {
     thread_local Words lo, hi;
     if (int64_t(lo.size()) < Kp / 2 * kHalf) {
       lo.resize(size_t(Kp / 2 * kHalf));
@@ -256,19 +294,18 @@ void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, 
     static const TileConfig config;
     if (unit == PrefillUnit::amx) _tile_loadconfig(&config);
 #endif
-    for (int64_t pi = b; pi < e; ++pi) {
-      repack(packed + pi * K * kRows, K, Kp, lo.data(), hi.data());
-      const int64_t n0 = pi * kRows, valid = std::min(kRows, N - n0);
+    for (int64_t bi = b; bi < e; ++bi) {
+      repack(bi, Kp, lo.data(), hi.data());
+      const int64_t n0 = bi * kRows, valid = std::min(kRows, N - n0);
       if (unit == PrefillUnit::dpbf16) {
         dp_panel(reinterpret_cast<const uint32_t*>(xb), Kp / 2, M, lo.data(), hi.data(), Kp / 2,
-                 block, y, ldy, n0, valid);
+                 block, y, ldy, n0, valid, scale);
         continue;
       }
 #if REDCO_PREFILL_AMX
       for (int64_t m = 0; m < round_up(M, 32); m += 32) {
         amx_block(xb + m * Kp, Kp, lo.data(), hi.data(), block);
-        for (int64_t r = 0; r < std::min<int64_t>(32, M - m); ++r)
-          std::memcpy(y + (m + r) * ldy + n0, block + r * kRows, size_t(valid) * sizeof(float));
+        store_block(block, std::min<int64_t>(32, M - m), y + m * ldy, ldy, n0, valid, scale);
       }
 #endif
     }
@@ -277,8 +314,40 @@ void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, 
 #endif
   });
 #else
-  (void)x, (void)ldx, (void)packed, (void)y, (void)ldy, (void)M, (void)N, (void)K;
+  (void)x, (void)ldx, (void)repack, (void)scale, (void)y, (void)ldy, (void)K;
 #endif
+}
+
+}  // namespace
+
+void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, float* y,
+                           int64_t ldy, int64_t M, int64_t N, int64_t K, PrefillUnit unit) {
+  prefill_pairs(
+      x, ldx, M, N, K, unit,
+      [&](int64_t b, int64_t Kp, uint32_t* lo, uint32_t* hi) {
+#if REDCO_PREFILL_DPBF16
+        repack(packed + b * K * kRows, K, Kp, lo, hi);
+#else
+        (void)b, (void)Kp, (void)lo, (void)hi;
+#endif
+      },
+      nullptr, y, ldy);
+}
+
+void prefill_matmul_i8_panels(const float* x, int64_t ldx, const int8_t* packed, const float* scale,
+                              float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                              PrefillUnit unit) {
+  static_assert(panels::i8::kRows == 2 * kRows, "an int8 panel is two 32-output blocks");
+  prefill_pairs(
+      x, ldx, M, N, K, unit,
+      [&](int64_t b, int64_t Kp, uint32_t* lo, uint32_t* hi) {
+#if REDCO_PREFILL_DPBF16
+        repack_i8(packed + b / 2 * K * panels::i8::kRows, b % 2, K, Kp, lo, hi);
+#else
+        (void)b, (void)Kp, (void)lo, (void)hi;
+#endif
+      },
+      scale, y, ldy);
 }
 
 }  // namespace redco::cpu

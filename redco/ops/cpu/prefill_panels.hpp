@@ -37,6 +37,14 @@ PrefillUnit prefill_unit();
 void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* panels, float* y,
                            int64_t ldy, int64_t M, int64_t N, int64_t K, PrefillUnit unit);
 
+// The same against an int8 weight packed in decode panels (pack_panels_i8):
+//   y[m, n] = scale[n] * sum_k bf16(x[m, k]) * q[n, k]
+// each int8 value exact in bf16 (the weight is never widened in memory: each
+// task repacks half a panel, in L2, as pairs of k).
+void prefill_matmul_i8_panels(const float* x, int64_t ldx, const int8_t* panels, const float* scale,
+                              float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                              PrefillUnit unit);
+
 // Rows from which a linear layer against panels takes this kernel rather
 // than the f32 chain (the chain stays exact and batch-invariant for decode
 // steps and short prompts; measured crossover: see prefill_panels.cpp).

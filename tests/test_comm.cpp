@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "redco/comm/bytes.hpp"
 #include "redco/comm/call_order.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/comm/threads_comm.hpp"
@@ -96,6 +97,44 @@ TEST_CASE("all_reduce is bitwise reproducible across runs, also in bf16", "[comm
       sum += bf16_to_float(float_to_bf16(random_input(r, 100, 9).values<float>()[size_t(i)]));
     for (int r = 0; r < 3; ++r) CHECK(got[r][size_t(i)] == float_to_bf16(sum));
   }
+}
+
+TEST_CASE("byte strings: all_gather_bytes and broadcast_bytes, empty and binary ones too",
+          "[comm]") {
+  constexpr int n = 3;
+  // Rank r's string: r * 1000 bytes 0..255 repeating (rank 0's is empty), and a NUL inside.
+  const auto of = [](int r) {
+    std::string s(size_t(r) * 1000, '\0');
+    for (size_t i = 0; i < s.size(); ++i) s[i] = char(i * 7 + size_t(r));
+    return s;
+  };
+  std::vector<std::vector<std::string>> gathered(n);
+  std::vector<std::string> from_root(n), from_empty(n);
+  ThreadsWorld world(n);
+  world.run([&](Comm& c) {
+    const int r = c.rank();
+    gathered[size_t(r)] = all_gather_bytes(of(r), c);
+    from_root[size_t(r)] = r == 2 ? of(2) : "stale";
+    broadcast_bytes(from_root[size_t(r)], c, 2);
+    from_empty[size_t(r)] = r == 0 ? "" : "stale";
+    broadcast_bytes(from_empty[size_t(r)], c);
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(gathered[size_t(r)].size() == size_t(n));
+    for (int q = 0; q < n; ++q) CHECK(gathered[size_t(r)][size_t(q)] == of(q));
+    CHECK(from_root[size_t(r)] == of(2));
+    CHECK(from_empty[size_t(r)].empty());
+  }
+  std::string refused;  // checked here: Catch's assertions belong to the test's thread
+  ThreadsWorld(1).run([&](Comm& c) {
+    try {
+      broadcast_bytes(from_root[0], c, 1);
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+  });
+  CHECK_THAT(refused, Contains("root 1 is not a rank of 1"));
 }
 
 TEST_CASE("reduce_scatter, all_gather, broadcast, barrier semantics", "[comm]") {

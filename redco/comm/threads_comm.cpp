@@ -1,3 +1,4 @@
+// The threads backend's collectives and messages (threads_comm.hpp).
 #include "redco/comm/threads_comm.hpp"
 
 #include <fmt/format.h>
@@ -10,132 +11,13 @@
 #include <thread>
 #include <tuple>
 
+#include "redco/comm/threads_state.hpp"
 #include "redco/core/error.hpp"
-#include "redco/sched/progress.hpp"
-#include "redco/sched/run_queue.hpp"
 
 namespace redco::comm {
 namespace detail {
 
-using Clock = std::chrono::steady_clock;
-using Waiters = std::vector<sched::Waiter>;
-
-// One collective call, shared by the group's ranks from the first arrival
-// until every rank has left its last rendezvous point.
-struct Slot {
-  uint64_t seq = 0;
-  std::string desc;           // the first arrival's call, e.g. "all_reduce(sum, f32[4])"
-  int first = 0;              // group rank of the first arrival
-  int phases = 1;             // rendezvous points in this collective
-  int phase = 0;              // the one being gathered
-  int count = 0;              // arrivals at `phase`
-  std::vector<int> reached;   // per group rank: rendezvous points reached
-  std::vector<Tensor> bufs;   // per group rank: its tensor
-  std::vector<Tensor> parts;  // per group rank: a partial result it publishes
-  Waiters waiting;
-  std::string error;        // why it failed; empty while healthy
-  Clock::time_point since;  // when `phase` began gathering
-};
-
-struct Group {
-  uint64_t id = 0;
-  std::vector<int> members;                         // world ranks, by group rank
-  std::map<uint64_t, std::shared_ptr<Slot>> slots;  // in flight, by sequence number
-  std::string name() const { return fmt::format("[{}]", fmt::join(members, ", ")); }
-};
-
-// A point-to-point message, created by whichever of send/recv comes first
-// and dropped when recv takes it.
-struct Envelope {
-  int src = 0;  // world rank
-  Tensor data;
-  bool sent = false;
-  bool waiting = false;  // a recv is suspended on it
-  sched::Waiter receiver;
-  std::string error;
-  Clock::time_point since;
-};
-using MailKey = std::tuple<uint64_t, int, int, int, uint64_t>;      // group, src, dst, tag, seq
-using GroupKey = std::tuple<uint64_t, std::vector<int>, uint64_t>;  // parent, members, nth
-
-struct ThreadsState {
-  ThreadsState(int n, ThreadsOptions opt, sched::ProgressEngine::Options engine_opt)
-      : options(opt), exited(size_t(n), false), watchdog(engine_opt) {}
-  ThreadsOptions options;
-  std::mutex mutex;     // guards everything below but the watchdog
-  std::string failure;  // the first failure; empty while healthy
-  std::vector<bool> exited;
-  std::map<GroupKey, std::shared_ptr<Group>> groups;
-  std::map<MailKey, std::shared_ptr<Envelope>> mail;
-  uint64_t next_group_id = 1;
-  sched::ProgressEngine watchdog;  // last: its thread stops before the rest goes
-};
-
 namespace {
-
-void fail_slot(Slot& s, const std::string& why, Waiters& wake) {
-  if (!s.error.empty()) return;
-  s.error = why;
-  wake.insert(wake.end(), s.waiting.begin(), s.waiting.end());
-  s.waiting.clear();
-}
-
-void fail_envelope(Envelope& e, const std::string& why, Waiters& wake) {
-  if (e.sent || !e.waiting || !e.error.empty()) return;
-  e.error = why;
-  e.waiting = false;
-  wake.push_back(e.receiver);
-}
-
-// Under the lock. Records the first failure and ends everything in flight.
-void fail_world(ThreadsState& st, const std::string& why, Waiters& wake) {
-  if (st.failure.empty()) st.failure = why;
-  for (auto& [key, g] : st.groups)
-    for (auto& [seq, s] : g->slots) fail_slot(*s, st.failure, wake);
-  for (auto& [key, e] : st.mail) fail_envelope(*e, st.failure, wake);
-}
-
-std::vector<int> missing(const Group& g, const Slot& s) {
-  std::vector<int> out;
-  for (size_t r = 0; r < g.members.size(); ++r)
-    if (s.reached[r] <= s.phase) out.push_back(g.members[r]);
-  return out;
-}
-
-// Under the lock: the collectives and receives that `rank` will now never join.
-void rank_exited(ThreadsState& st, int rank, Waiters& wake) {
-  st.exited[size_t(rank)] = true;
-  for (auto& [key, g] : st.groups)
-    for (auto& [seq, s] : g->slots) {
-      const std::vector<int> m = missing(*g, *s);
-      if (std::find(m.begin(), m.end(), rank) != m.end())
-        fail_slot(*s, fmt::format("rank {} exited before joining it", rank), wake);
-    }
-  for (auto& [key, e] : st.mail)
-    if (e->src == rank)
-      fail_envelope(*e, fmt::format("rank {} exited without sending it", rank), wake);
-}
-
-void check_timeouts(ThreadsState& st) {
-  Waiters wake;
-  {
-    std::lock_guard lock(st.mutex);
-    const Clock::time_point now = Clock::now();
-    const double secs = std::chrono::duration<double>(st.options.timeout).count();
-    for (auto& [key, g] : st.groups)
-      for (auto& [seq, s] : g->slots)
-        if (s->error.empty() && now - s->since > st.options.timeout)
-          fail_slot(*s,
-                    fmt::format("timed out after {:g} s: rank(s) {} never arrived", secs,
-                                fmt::join(missing(*g, *s), ", ")),
-                    wake);
-    for (auto& [key, e] : st.mail)
-      if (e->waiting && now - e->since > st.options.timeout)
-        fail_envelope(
-            *e, fmt::format("timed out after {:g} s: rank {} never sent it", secs, e->src), wake);
-  }
-  for (const sched::Waiter& w : wake) w.resume();
-}
 
 // The bytes of a tensor this backend reads and writes itself: CPU memory, or
 // the test device's. The test device's memory is host memory behind a
@@ -526,80 +408,11 @@ std::unique_ptr<Comm> ThreadsComm::subgroup(std::span<const int> ranks) {
   return std::make_unique<ThreadsComm>(st_, g, me);
 }
 
+std::unique_ptr<Comm> make_threads_comm(std::shared_ptr<ThreadsState> st, std::shared_ptr<Group> g,
+                                        int rank) {
+  return std::make_unique<ThreadsComm>(std::move(st), std::move(g), rank);
+}
+
 }  // namespace detail
-
-namespace {
-
-sched::ProgressEngine::Options watchdog_options(std::chrono::milliseconds timeout) {
-  // Timeouts are checked every 1/20 of the timeout, within [1 ms, 100 ms].
-  const auto every = std::clamp<std::chrono::microseconds>(
-      timeout / 20, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
-  return {.idle_spins = 0, .max_sleep = every};
-}
-
-}  // namespace
-
-ThreadsWorld::ThreadsWorld(int n, ThreadsOptions options) {
-  REDCO_CHECK(n >= 1, "ThreadsWorld needs at least one rank, got {}", n);
-  REDCO_CHECK(options.timeout.count() > 0, "ThreadsWorld: the timeout must be positive");
-  state_ = std::make_shared<detail::ThreadsState>(n, options, watchdog_options(options.timeout));
-  auto world = std::make_shared<detail::Group>();
-  for (int r = 0; r < n; ++r) world->members.push_back(r);
-  // The world is nobody's subgroup: a parent id no group has.
-  state_->groups[{~uint64_t(0), world->members, 0}] = world;
-  for (int r = 0; r < n; ++r)
-    comms_.push_back(std::make_unique<detail::ThreadsComm>(state_, world, r));
-  state_->watchdog.add([st = state_.get()] {
-    detail::check_timeouts(*st);
-    return false;  // never "busy": the engine sleeps its full interval between checks
-  });
-}
-
-ThreadsWorld::~ThreadsWorld() = default;
-
-Comm& ThreadsWorld::comm(int rank) {
-  REDCO_CHECK(rank >= 0 && rank < size(), "ThreadsWorld of {} ranks has no rank {}", size(), rank);
-  return *comms_[size_t(rank)];
-}
-
-void ThreadsWorld::fail(int rank, const std::string& why) {
-  detail::Waiters wake;
-  {
-    std::lock_guard lock(state_->mutex);
-    detail::fail_world(*state_, fmt::format("rank {} failed: {}", rank, why), wake);
-  }
-  for (const sched::Waiter& w : wake) w.resume();
-}
-
-void ThreadsWorld::exited(int rank) {
-  detail::Waiters wake;
-  {
-    std::lock_guard lock(state_->mutex);
-    detail::rank_exited(*state_, rank, wake);
-  }
-  for (const sched::Waiter& w : wake) w.resume();
-}
-
-void ThreadsWorld::run(const std::function<void(Comm&)>& fn) {
-  {
-    std::lock_guard lock(state_->mutex);
-    state_->exited.assign(size_t(size()), false);
-  }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size(); ++r)
-    threads.emplace_back([this, &fn, r] {
-      try {
-        fn(*comms_[size_t(r)]);
-        exited(r);
-      } catch (const std::exception& e) {
-        fail(r, e.what());
-      } catch (...) {
-        fail(r, "an exception that is not a std::exception");
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  std::lock_guard lock(state_->mutex);
-  if (!state_->failure.empty()) throw Error(state_->failure);
-}
 
 }  // namespace redco::comm

@@ -13,12 +13,11 @@
 #include <cereal/types/utility.hpp>
 #include <cereal/types/vector.hpp>
 #include <cstdint>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "redco/comm/comm.hpp"
+#include "redco/comm/bytes.hpp"
 #include "redco/core/error.hpp"
 #include "redco/sched/task.hpp"
 #include "redco/train/pipeline.hpp"
@@ -29,26 +28,6 @@ template <typename T>
 inline constexpr bool serializable_v =
     cereal::traits::is_output_serializable<T, cereal::BinaryOutputArchive>::value&&
         cereal::traits::is_input_serializable<T, cereal::BinaryInputArchive>::value;
-
-// Every replica's bytes, indexed by its rank in `dp`. Collective over `dp`.
-inline std::vector<std::string> all_gather_bytes(const std::string& mine, comm::Comm& dp) {
-  const int n = dp.size();
-  Tensor size = Tensor::empty(Shape{1}, DType::i64);  // [1] this replica's byte count
-  size.data<int64_t>()[0] = int64_t(mine.size());
-  Tensor sizes = Tensor::empty(Shape{n}, DType::i64);  // [dp] every replica's
-  sched::sync_wait(dp.all_gather(size, sizes));
-  int64_t longest = 1;  // at least one byte, so every buffer is non-empty
-  for (int r = 0; r < n; ++r) longest = std::max(longest, sizes.data<int64_t>()[r]);
-  Tensor bytes = Tensor::zeros(Shape{1, longest}, DType::u8);  // [1, longest] padded
-  std::memcpy(bytes.raw(), mine.data(), mine.size());
-  Tensor all = Tensor::empty(Shape{n, longest}, DType::u8);  // [dp, longest]
-  sched::sync_wait(dp.all_gather(bytes, all));
-  std::vector<std::string> out;
-  const auto* base = static_cast<const char*>(all.raw());
-  for (int r = 0; r < n; ++r)
-    out.emplace_back(base + int64_t(r) * longest, size_t(sizes.data<int64_t>()[r]));
-  return out;
-}
 
 // All outputs in input order, from this replica's (in the order of its
 // slices). Collective over `dp`.
@@ -66,7 +45,7 @@ std::vector<Value> gather_outputs(std::vector<Value> mine, const Slices& slices,
       cereal::BinaryOutputArchive ar(os);
       ar(mine);
     }
-    const std::vector<std::string> parts = all_gather_bytes(os.str(), dp);
+    const std::vector<std::string> parts = comm::all_gather_bytes(os.str(), dp);
     std::vector<std::vector<Value>> from(parts.size());
     for (size_t r = 0; r < parts.size(); ++r) {
       if (int(r) == dp.rank()) {

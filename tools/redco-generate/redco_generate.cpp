@@ -33,6 +33,9 @@
 // processes. --bench times prefill and decode on random prompts and prints
 // one JSON line (every replica runs the whole batch).
 #include <CLI/CLI.hpp>
+#include <cereal/archives/binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +46,7 @@
 #include <type_traits>
 
 #include "cli11_conventions.hpp"
+#include "redco/comm/bytes.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/core/philox.hpp"
 #include "redco/core/profile.hpp"
@@ -53,7 +57,6 @@
 #include "redco/nn/shard_plan.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/train/deployer.hpp"
-#include "redco/train/gather_outputs.hpp"
 
 using namespace redco;
 using Prompts = std::vector<std::vector<int64_t>>;
@@ -244,7 +247,7 @@ void print_other_replicas(const std::vector<std::string>& mine, train::Deployer&
     ar(mine);
   }
   const std::vector<std::string> parts =
-      train::detail::all_gather_bytes(os.str(), deployer.mesh().dp_comm());
+      comm::all_gather_bytes(os.str(), deployer.mesh().dp_comm());
   if (!deployer.is_main()) return;
   for (size_t r = 1; r < parts.size(); ++r) {
     std::vector<std::string> lines;

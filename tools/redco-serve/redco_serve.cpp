@@ -21,20 +21,19 @@
 // a free port).
 #include <CLI/CLI.hpp>
 #include <csignal>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "cli11_conventions.hpp"
+#include "redco/comm/bytes.hpp"
 #include "redco/comm/mesh.hpp"
 #include "redco/core/threads.hpp"
 #include "redco/models/causal_lm.hpp"
 #include "redco/models/hf_generation.hpp"
 #include "redco/models/pretrained.hpp"
 #include "redco/ops/cpu/skinny_panels.hpp"
-#include "redco/sched/task.hpp"
 #include "redco/train/deployer.hpp"
 #include "server.hpp"
 
@@ -122,18 +121,6 @@ std::thread stop_on_signal(serve::Server& server) {
   });
 }
 
-// The main rank's bytes to every rank of `mp` (Batcher::lockstep's exchange).
-void broadcast_bytes(std::string& bytes, comm::Comm& mp) {
-  Tensor size = Tensor::empty(Shape{1}, DType::i64);  // [1]
-  size.data<int64_t>()[0] = int64_t(bytes.size());
-  sched::sync_wait(mp.broadcast(size, 0));
-  Tensor data = Tensor::empty(Shape{std::max<int64_t>(size.data<int64_t>()[0], 1)}, DType::u8);
-  if (mp.rank() == 0) std::memcpy(data.raw(), bytes.data(), bytes.size());
-  sched::sync_wait(mp.broadcast(data, 0));
-  if (mp.rank() != 0)
-    bytes.assign(static_cast<const char*>(data.raw()), size_t(size.data<int64_t>()[0]));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -199,7 +186,7 @@ int main(int argc, char** argv) try {
                               tok ? &*tok : nullptr, ctx);
   if (o.shards > 1) {
     comm::Comm& mp = deployer.mesh().mp_comm();
-    batcher.lockstep([&mp](std::string& bytes) { broadcast_bytes(bytes, mp); }, leader);
+    batcher.lockstep([&mp](std::string& bytes) { comm::broadcast_bytes(bytes, mp); }, leader);
   }
   if (!leader) {  // a follower: the leader's steps, until it stops
     while (!batcher.stopped()) batcher.step();

@@ -4,26 +4,34 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
 
+namespace {
+using C = BartConfig;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"d_model", &C::dim},
+    {"encoder_layers", &C::encoder_layers},
+    {"decoder_layers", &C::decoder_layers},
+    {"encoder_attention_heads", &C::encoder_heads},
+    {"decoder_attention_heads", &C::decoder_heads},
+    {"encoder_ffn_dim", &C::encoder_ffn},
+    {"decoder_ffn_dim", &C::decoder_ffn},
+    {"max_position_embeddings", &C::context},
+    {"dropout", &C::dropout, 0.1},
+    {"activation_function", &C::act, {}, "gelu"},
+    {"scale_embedding", &C::scale_embedding, 0},
+    {"tie_word_embeddings", &C::tie_embeddings, 1},
+};
+}  // namespace
+
 BartConfig bart_config(const hf::Config& f) {
   f.expect_model_type({"bart"}, "models::Bart");
   BartConfig c;
-  c.vocab = f.size("vocab_size");
-  c.dim = f.size("d_model");
-  c.encoder_layers = f.size("encoder_layers");
-  c.decoder_layers = f.size("decoder_layers");
-  c.encoder_heads = f.size("encoder_attention_heads");
-  c.decoder_heads = f.size("decoder_attention_heads");
-  c.encoder_ffn = f.size("encoder_ffn_dim");
-  c.decoder_ffn = f.size("decoder_ffn_dim");
-  c.context = f.size("max_position_embeddings");
-  c.dropout = float(f.number("dropout", 0.1));
-  c.act = hf::activation(f, "activation_function", "gelu");
-  c.scale_embedding = f.boolean("scale_embedding", false);
-  c.tie_embeddings = f.boolean("tie_word_embeddings", true);
+  hf::read_fields<C>(f, c, kFields);
   c.decoder_start = f.integer("decoder_start_token_id", 2);
   for (auto [key, heads] : {std::pair{"encoder_attention_heads", c.encoder_heads},
                             std::pair{"decoder_attention_heads", c.decoder_heads}})
@@ -36,19 +44,7 @@ io::Json bart_hf_config(const BartConfig& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("BartForConditionalGeneration");
   j["model_type"] = "bart";
-  j["vocab_size"] = c.vocab;
-  j["d_model"] = c.dim;
-  j["encoder_layers"] = c.encoder_layers;
-  j["decoder_layers"] = c.decoder_layers;
-  j["encoder_attention_heads"] = c.encoder_heads;
-  j["decoder_attention_heads"] = c.decoder_heads;
-  j["encoder_ffn_dim"] = c.encoder_ffn;
-  j["decoder_ffn_dim"] = c.decoder_ffn;
-  j["max_position_embeddings"] = c.context;
-  j["dropout"] = double(c.dropout);
-  j["activation_function"] = hf::activation_name(c.act);
-  j["scale_embedding"] = c.scale_embedding;
-  j["tie_word_embeddings"] = c.tie_embeddings;
+  hf::write_fields<C>(c, j, kFields);
   j["decoder_start_token_id"] = c.decoder_start;
   j["is_encoder_decoder"] = true;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";

@@ -4,23 +4,31 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
 
+namespace {
+using C = BertConfig;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"hidden_size", &C::dim},
+    {"num_hidden_layers", &C::layers},
+    {"num_attention_heads", &C::heads},
+    {"intermediate_size", &C::hidden},
+    {"max_position_embeddings", &C::context},
+    {"type_vocab_size", &C::types, 2},
+    {"layer_norm_eps", &C::norm_eps, 1e-12},
+    {"hidden_dropout_prob", &C::dropout, 0.1},
+    {"hidden_act", &C::act, {}, "gelu"},
+};
+}  // namespace
+
 BertConfig bert_config(const hf::Config& f) {
   f.expect_model_type({"bert", "roberta"}, "models::Bert or models::Roberta");
   BertConfig c;
-  c.vocab = f.size("vocab_size");
-  c.dim = f.size("hidden_size");
-  c.layers = f.size("num_hidden_layers");
-  c.heads = f.size("num_attention_heads");
-  c.hidden = f.size("intermediate_size");
-  c.context = f.size("max_position_embeddings");
-  c.types = f.size("type_vocab_size", 2);
-  c.norm_eps = float(f.number("layer_norm_eps", 1e-12));
-  c.dropout = float(f.number("hidden_dropout_prob", 0.1));
-  c.act = hf::activation(f, "hidden_act", "gelu");
+  hf::read_fields<C>(f, c, kFields);
   c.pad = f.integer("pad_token_id", 0);
   // num_labels is not saved: transformers counts id2label.
   c.labels = f.has("id2label") ? int64_t(f.object("id2label").size()) : 2;
@@ -36,16 +44,7 @@ io::Json bert_hf_config(const BertConfig& c, bool roberta, bool encoder_only, io
   j["architectures"].push_back(fmt::format("{}{}", roberta ? "Roberta" : "Bert",
                                            encoder_only ? "Model" : "ForSequenceClassification"));
   j["model_type"] = roberta ? "roberta" : "bert";
-  j["vocab_size"] = c.vocab;
-  j["hidden_size"] = c.dim;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["intermediate_size"] = c.hidden;
-  j["max_position_embeddings"] = c.context;
-  j["type_vocab_size"] = c.types;
-  j["layer_norm_eps"] = double(c.norm_eps);
-  j["hidden_dropout_prob"] = double(c.dropout);
-  j["hidden_act"] = hf::activation_name(c.act);
+  hf::write_fields<C>(c, j, kFields);
   j["pad_token_id"] = c.pad;
   j["position_embedding_type"] = "absolute";
   if (!j.contains("id2label") || int64_t(j.at("id2label").size()) != c.labels) {

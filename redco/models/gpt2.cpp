@@ -4,22 +4,30 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
 
+namespace {
+using C = Gpt2Config;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"n_positions", &C::context},
+    {"n_embd", &C::dim},
+    {"n_layer", &C::layers},
+    {"n_head", &C::heads},
+    {"layer_norm_epsilon", &C::norm_eps, 1e-5},
+    {"activation_function", &C::act, {}, "gelu_new"},
+    {"scale_attn_by_inverse_layer_idx", &C::scale_attn_by_inverse_layer_idx, 0},
+};
+}  // namespace
+
 Gpt2Config gpt2_config(const hf::Config& f) {
   f.expect_model_type({"gpt2"}, "models::Gpt2");
   Gpt2Config c;
-  c.vocab = f.size("vocab_size");
-  c.context = f.size("n_positions");
-  c.dim = f.size("n_embd");
-  c.layers = f.size("n_layer");
-  c.heads = f.size("n_head");
-  c.inner = f.size("n_inner", 0);
-  c.norm_eps = float(f.number("layer_norm_epsilon", 1e-5));
-  c.act = hf::activation(f, "activation_function", "gelu_new");
-  c.scale_attn_by_inverse_layer_idx = f.boolean("scale_attn_by_inverse_layer_idx", false);
+  hf::read_fields<C>(f, c, kFields);
+  c.inner = f.size("n_inner", 0);  // null: 4 * n_embd
   if (c.heads <= 0 || c.dim % c.heads != 0)
     f.fail("n_head", fmt::format("= {} must divide n_embd = {}", c.heads, c.dim));
   if (!f.boolean("tie_word_embeddings", true))
@@ -32,16 +40,9 @@ io::Json gpt2_hf_config(const Gpt2Config& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("GPT2LMHeadModel");
   j["model_type"] = "gpt2";
-  j["vocab_size"] = c.vocab;
-  j["n_positions"] = c.context;
+  hf::write_fields<C>(c, j, kFields);
   j["n_ctx"] = c.context;
-  j["n_embd"] = c.dim;
-  j["n_layer"] = c.layers;
-  j["n_head"] = c.heads;
   j["n_inner"] = c.inner ? io::Json(c.inner) : io::Json(nullptr);
-  j["layer_norm_epsilon"] = double(c.norm_eps);
-  j["activation_function"] = hf::activation_name(c.act);
-  j["scale_attn_by_inverse_layer_idx"] = c.scale_attn_by_inverse_layer_idx;
   j["tie_word_embeddings"] = true;
   for (const char* k : {"embd_pdrop", "resid_pdrop"}) j[k] = double(c.dropout);
   if (!j.contains("attn_pdrop")) j["attn_pdrop"] = 0.0;

@@ -7,19 +7,34 @@
 
 #include <cmath>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
 
+namespace {
+using C = GptNeoxConfig;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"hidden_size", &C::dim},
+    {"num_hidden_layers", &C::layers},
+    {"num_attention_heads", &C::heads},
+    {"intermediate_size", &C::hidden},
+    {"rotary_emb_base", &C::rotary_base, 10000.0},
+    {"layer_norm_eps", &C::norm_eps, 1e-5},
+    {"hidden_act", &C::act, {}, "gelu"},
+    {"use_parallel_residual", &C::parallel_residual, 1},
+    {"attention_bias", &C::attention_bias, 1},
+    {"tie_word_embeddings", &C::tie_embeddings, 0},
+    {"hidden_dropout", &C::dropout, 0.0},
+};
+}  // namespace
+
 GptNeoxConfig gpt_neox_config(const hf::Config& f) {
   f.expect_model_type({"gpt_neox"}, "models::GptNeox");
   GptNeoxConfig c;
-  c.vocab = f.size("vocab_size");
-  c.dim = f.size("hidden_size");
-  c.layers = f.size("num_hidden_layers");
-  c.heads = f.size("num_attention_heads");
-  c.hidden = f.size("intermediate_size");
-  c.context = f.size("max_position_embeddings", 0);
+  hf::read_fields<C>(f, c, kFields);
+  c.context = f.size("max_position_embeddings", 0);  // written only when known
   if (c.heads <= 0 || c.dim % c.heads != 0)
     f.fail("num_attention_heads", fmt::format("= {} must divide hidden_size = {}", c.heads, c.dim));
   const int64_t hd = c.dim / c.heads;
@@ -30,15 +45,8 @@ GptNeoxConfig gpt_neox_config(const hf::Config& f) {
     f.fail("rotary_pct", fmt::format("gives {} rotary dimensions of a {}-wide head; rotary pairs "
                                      "need an even number",
                                      c.rotary_dim, hd));
-  c.rotary_base = float(f.number("rotary_emb_base", 10000.0));
   if (f.has("rope_scaling"))
     f.fail("rope_scaling", "is set; redco's GPT-NeoX implements unscaled rotary positions");
-  c.norm_eps = float(f.number("layer_norm_eps", 1e-5));
-  c.act = hf::activation(f, "hidden_act", "gelu");
-  c.parallel_residual = f.boolean("use_parallel_residual", true);
-  c.attention_bias = f.boolean("attention_bias", true);
-  c.tie_embeddings = f.boolean("tie_word_embeddings", false);
-  c.dropout = float(f.number("hidden_dropout", 0.0));
   return c;
 }
 
@@ -46,11 +54,7 @@ io::Json gpt_neox_hf_config(const GptNeoxConfig& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("GPTNeoXForCausalLM");
   j["model_type"] = "gpt_neox";
-  j["vocab_size"] = c.vocab;
-  j["hidden_size"] = c.dim;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["intermediate_size"] = c.hidden;
+  hf::write_fields<C>(c, j, kFields);
   // Keep the file's rotary_pct when it gives the same dimensions (0.25 stays
   // 0.25); transformers reads partial_rotary_factor from it.
   const int64_t hd = c.dim / c.heads;
@@ -59,15 +63,8 @@ io::Json gpt_neox_hf_config(const GptNeoxConfig& c, io::Json j) {
   const double pct = same ? j.at("rotary_pct").as_double() : double(c.rotary_dim) / double(hd);
   j["rotary_pct"] = pct;
   j["partial_rotary_factor"] = pct;
-  j["rotary_emb_base"] = double(c.rotary_base);
   j["rope_theta"] = double(c.rotary_base);
   j["rope_scaling"] = nullptr;
-  j["layer_norm_eps"] = double(c.norm_eps);
-  j["hidden_act"] = hf::activation_name(c.act);
-  j["use_parallel_residual"] = c.parallel_residual;
-  j["attention_bias"] = c.attention_bias;
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  j["hidden_dropout"] = double(c.dropout);
   if (c.context) j["max_position_embeddings"] = c.context;
   if (!j.contains("attention_dropout")) j["attention_dropout"] = 0.0;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";

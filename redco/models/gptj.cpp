@@ -5,24 +5,32 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
 
+namespace {
+using C = GptjConfig;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"n_positions", &C::context},
+    {"n_embd", &C::dim},
+    {"n_layer", &C::layers},
+    {"n_head", &C::heads},
+    {"layer_norm_epsilon", &C::norm_eps, 1e-5},
+    {"resid_pdrop", &C::dropout, 0.0},
+    {"embd_pdrop", &C::embed_dropout, 0.0},
+    {"activation_function", &C::act, {}, "gelu_new"},
+    {"tie_word_embeddings", &C::tie_embeddings, 0},
+};
+}  // namespace
+
 GptjConfig gptj_config(const hf::Config& f) {
   f.expect_model_type({"gptj"}, "models::Gptj");
   GptjConfig c;
-  c.vocab = f.size("vocab_size");
-  c.context = f.size("n_positions");
-  c.dim = f.size("n_embd");
-  c.layers = f.size("n_layer");
-  c.heads = f.size("n_head");
-  c.inner = f.size("n_inner", 0);
-  c.norm_eps = float(f.number("layer_norm_epsilon", 1e-5));
-  c.dropout = float(f.number("resid_pdrop", 0.0));
-  c.embed_dropout = float(f.number("embd_pdrop", 0.0));
-  c.act = hf::activation(f, "activation_function", "gelu_new");
-  c.tie_embeddings = f.boolean("tie_word_embeddings", false);
+  hf::read_fields<C>(f, c, kFields);
+  c.inner = f.size("n_inner", 0);  // null: 4 * n_embd
   if (c.heads <= 0 || c.dim % c.heads != 0)
     f.fail("n_head", fmt::format("= {} must divide n_embd = {}", c.heads, c.dim));
   const int64_t hd = c.dim / c.heads;
@@ -39,18 +47,9 @@ io::Json gptj_hf_config(const GptjConfig& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("GPTJForCausalLM");
   j["model_type"] = "gptj";
-  j["vocab_size"] = c.vocab;
-  j["n_positions"] = c.context;
-  j["n_embd"] = c.dim;
-  j["n_layer"] = c.layers;
-  j["n_head"] = c.heads;
+  hf::write_fields<C>(c, j, kFields);
   j["rotary_dim"] = c.rotary_dim;
   j["n_inner"] = c.inner ? io::Json(c.inner) : io::Json(nullptr);
-  j["layer_norm_epsilon"] = double(c.norm_eps);
-  j["activation_function"] = hf::activation_name(c.act);
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  j["resid_pdrop"] = double(c.dropout);
-  j["embd_pdrop"] = double(c.embed_dropout);
   if (!j.contains("attn_pdrop")) j["attn_pdrop"] = 0.0;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
   return j;

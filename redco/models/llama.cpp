@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
@@ -50,24 +51,31 @@ io::Json rope_json(const nn::RopeOptions& r) {
 
 }  // namespace
 
+namespace {
+using C = LlamaConfig;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"hidden_size", &C::dim},
+    {"num_hidden_layers", &C::layers},
+    {"num_attention_heads", &C::heads},
+    {"intermediate_size", &C::hidden},
+    {"rms_norm_eps", &C::norm_eps, 1e-6},
+    {"tie_word_embeddings", &C::tie_embeddings, 0},
+};
+}  // namespace
+
 LlamaConfig llama_config(const hf::Config& f) {
   f.expect_model_type({"llama", "mistral", "qwen2"}, "models::Llama");
   const std::string type = f.model_type();
   LlamaConfig c;
-  c.vocab = f.size("vocab_size");
-  c.dim = f.size("hidden_size");
-  c.layers = f.size("num_hidden_layers");
-  c.heads = f.size("num_attention_heads");
+  hf::read_fields<C>(f, c, kFields);
   c.kv_heads = f.size("num_key_value_heads", c.heads);
-  c.hidden = f.size("intermediate_size");
-  c.norm_eps = float(f.number("rms_norm_eps", 1e-6));
   c.rope = rope_options(f);
   c.head_dim = f.size("head_dim", 0);
   if (c.head_dim == c.dim / c.heads && c.dim % c.heads == 0) c.head_dim = 0;
   const bool bias = f.boolean("attention_bias", false);
   c.qkv_bias = type == "qwen2" || bias;
   c.o_bias = type != "qwen2" && bias;
-  c.tie_embeddings = f.boolean("tie_word_embeddings", false);
   c.context = f.size("max_position_embeddings", 0);
   if (c.heads <= 0 || (c.head_dim == 0 && c.dim % c.heads != 0))
     f.fail("num_attention_heads",
@@ -94,18 +102,12 @@ io::Json llama_hf_config(const LlamaConfig& c, io::Json j) {
                                : mistral ? "MistralForCausalLM"
                                          : "LlamaForCausalLM");
   j["model_type"] = qwen ? "qwen2" : mistral ? "mistral" : "llama";
-  j["vocab_size"] = c.vocab;
-  j["hidden_size"] = c.dim;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
+  hf::write_fields<C>(c, j, kFields);
   j["num_key_value_heads"] = c.kv_heads ? c.kv_heads : c.heads;
-  j["intermediate_size"] = c.hidden;
-  j["rms_norm_eps"] = double(c.norm_eps);
   j["rope_theta"] = double(c.rope.base);
   j["rope_scaling"] = rope_json(c.rope);
   j["head_dim"] = c.head_dim ? c.head_dim : c.dim / c.heads;
   if (!qwen) j["attention_bias"] = c.qkv_bias;
-  j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
   if (c.context) j["max_position_embeddings"] = c.context;
   if (mistral) j["sliding_window"] = c.window ? io::Json(c.window) : io::Json(nullptr);

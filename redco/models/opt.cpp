@@ -4,25 +4,33 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
 
+namespace {
+using C = OptConfig;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"max_position_embeddings", &C::context},
+    {"hidden_size", &C::dim},
+    {"num_hidden_layers", &C::layers},
+    {"num_attention_heads", &C::heads},
+    {"ffn_dim", &C::ffn},
+    {"do_layer_norm_before", &C::pre_norm, 1},
+    {"dropout", &C::dropout, 0.1},
+    {"activation_function", &C::act, {}, "relu"},
+};
+}  // namespace
+
 OptConfig opt_config(const hf::Config& f) {
   f.expect_model_type({"opt"}, "models::Opt");
   OptConfig c;
-  c.vocab = f.size("vocab_size");
-  c.context = f.size("max_position_embeddings");
-  c.dim = f.size("hidden_size");
-  c.layers = f.size("num_hidden_layers");
-  c.heads = f.size("num_attention_heads");
-  c.ffn = f.size("ffn_dim");
+  hf::read_fields<C>(f, c, kFields);
   c.embed_dim = f.size("word_embed_proj_dim", c.dim);
   if (c.embed_dim == c.dim) c.embed_dim = 0;
-  c.pre_norm = f.boolean("do_layer_norm_before", true);
   c.final_norm = c.pre_norm && !f.boolean("_remove_final_layer_norm", false);
-  c.dropout = float(f.number("dropout", 0.1));
-  c.act = hf::activation(f, "activation_function", "relu");
   if (c.heads <= 0 || c.dim % c.heads != 0)
     f.fail("num_attention_heads", fmt::format("= {} must divide hidden_size = {}", c.heads, c.dim));
   if (!f.boolean("enable_bias", true))
@@ -38,17 +46,9 @@ io::Json opt_hf_config(const OptConfig& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("OPTForCausalLM");
   j["model_type"] = "opt";
-  j["vocab_size"] = c.vocab;
-  j["max_position_embeddings"] = c.context;
-  j["hidden_size"] = c.dim;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["ffn_dim"] = c.ffn;
+  hf::write_fields<C>(c, j, kFields);
   j["word_embed_proj_dim"] = c.embed_width();
-  j["do_layer_norm_before"] = c.pre_norm;
   j["_remove_final_layer_norm"] = c.pre_norm && !c.final_norm;
-  j["dropout"] = double(c.dropout);
-  j["activation_function"] = hf::activation_name(c.act);
   j["enable_bias"] = true;
   j["layer_norm_elementwise_affine"] = true;
   j["tie_word_embeddings"] = true;

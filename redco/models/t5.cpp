@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
@@ -34,21 +35,28 @@ Tensor t5_shift_right(const Tensor& labels, int64_t decoder_start, int64_t pad) 
   return out.to(labels.device());
 }
 
+namespace {
+using C = T5Config;
+const hf::Field<C> kFields[] = {
+    {"vocab_size", &C::vocab},
+    {"d_model", &C::dim},
+    {"num_heads", &C::heads},
+    {"d_ff", &C::hidden},
+    {"num_layers", &C::encoder_layers},
+    {"relative_attention_num_buckets", &C::buckets, 32},
+    {"relative_attention_max_distance", &C::max_distance, 128},
+    {"dropout_rate", &C::dropout, 0.1},
+    {"layer_norm_epsilon", &C::norm_eps, 1e-6},
+    {"tie_word_embeddings", &C::tie_embeddings, 1},
+};
+}  // namespace
+
 T5Config t5_config(const hf::Config& f) {
   f.expect_model_type({"t5"}, "models::T5");
   T5Config c;
-  c.vocab = f.size("vocab_size");
-  c.dim = f.size("d_model");
-  c.heads = f.size("num_heads");
-  c.hidden = f.size("d_ff");
-  c.encoder_layers = f.size("num_layers");
+  hf::read_fields<C>(f, c, kFields);
   c.decoder_layers = f.size("num_decoder_layers", c.encoder_layers);
-  c.head_dim = f.size("d_kv");
-  c.buckets = f.size("relative_attention_num_buckets", 32);
-  c.max_distance = f.size("relative_attention_max_distance", 128);
-  c.dropout = float(f.number("dropout_rate", 0.1));
-  c.norm_eps = float(f.number("layer_norm_epsilon", 1e-6));
-  c.tie_embeddings = f.boolean("tie_word_embeddings", true);
+  c.head_dim = f.size("d_kv");  // written back as kv_dim()
   c.decoder_start = f.integer("decoder_start_token_id", f.integer("pad_token_id", 0));
   // feed_forward_proj: "ACT" or "gated-ACT"; "gated-gelu" means the tanh GELU.
   const std::string proj = f.string("feed_forward_proj", "relu");
@@ -75,22 +83,13 @@ io::Json t5_hf_config(const T5Config& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("T5ForConditionalGeneration");
   j["model_type"] = "t5";
-  j["vocab_size"] = c.vocab;
-  j["d_model"] = c.dim;
+  hf::write_fields<C>(c, j, kFields);
   j["d_kv"] = c.kv_dim();
-  j["num_heads"] = c.heads;
-  j["d_ff"] = c.hidden;
-  j["num_layers"] = c.encoder_layers;
   j["num_decoder_layers"] = c.decoder_layers;
-  j["relative_attention_num_buckets"] = c.buckets;
-  j["relative_attention_max_distance"] = c.max_distance;
-  j["dropout_rate"] = double(c.dropout);
-  j["layer_norm_epsilon"] = double(c.norm_eps);
   const std::string act = c.gated && c.act == nn::Act::gelu ? "gelu" : hf::activation_name(c.act);
   j["feed_forward_proj"] = (c.gated ? "gated-" : "") + act;
   j["is_gated_act"] = c.gated;
   j["dense_act_fn"] = hf::activation_name(c.act);
-  j["tie_word_embeddings"] = c.tie_embeddings;
   j["decoder_start_token_id"] = c.decoder_start;
   j["is_encoder_decoder"] = true;
   if (!j.contains("pad_token_id")) j["pad_token_id"] = c.decoder_start;

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "redco/models/hf_fields.hpp"
 #include "redco/models/hf_util.hpp"
 
 namespace redco::models {
@@ -26,22 +27,25 @@ std::pair<int64_t, int64_t> size_pair(const hf::Config& f, const char* key, int6
 
 }  // namespace
 
+namespace {
+using C = VitConfig;
+const hf::Field<C> kFields[] = {
+    {"num_channels", &C::channels, 3},         {"hidden_size", &C::dim},
+    {"num_hidden_layers", &C::layers},         {"num_attention_heads", &C::heads},
+    {"intermediate_size", &C::inner},          {"layer_norm_eps", &C::norm_eps, 1e-12},
+    {"hidden_act", &C::act, {}, "gelu"},       {"qkv_bias", &C::qkv_bias, 1},
+    {"hidden_dropout_prob", &C::dropout, 0.0},
+};
+}  // namespace
+
 VitConfig vit_config(const hf::Config& f) {
   f.expect_model_type({"vit"}, "models::Vit");
   VitConfig c;
-  c.channels = f.size("num_channels", 3);
   std::tie(c.height, c.width) = size_pair(f, "image_size", 224);
   const auto [ph, pw] = size_pair(f, "patch_size", 16);
   if (ph != pw) f.fail("patch_size", "must be square: redco's ViT cuts square patches");
   c.patch = ph;
-  c.dim = f.size("hidden_size");
-  c.layers = f.size("num_hidden_layers");
-  c.heads = f.size("num_attention_heads");
-  c.inner = f.size("intermediate_size");
-  c.norm_eps = float(f.number("layer_norm_eps", 1e-12));
-  c.act = hf::activation(f, "hidden_act", "gelu");
-  c.qkv_bias = f.boolean("qkv_bias", true);
-  c.dropout = float(f.number("hidden_dropout_prob", 0.0));
+  hf::read_fields<C>(f, c, kFields);
   if (c.heads <= 0 || c.dim % c.heads != 0)
     f.fail("num_attention_heads", fmt::format("= {} must divide hidden_size = {}", c.heads, c.dim));
   if (c.height % c.patch != 0 || c.width % c.patch != 0)
@@ -54,7 +58,7 @@ io::Json vit_hf_config(const VitConfig& c, io::Json j) {
   j["architectures"] = io::Json::array();
   j["architectures"].push_back("ViTModel");
   j["model_type"] = "vit";
-  j["num_channels"] = c.channels;
+  hf::write_fields<C>(c, j, kFields);
   if (c.height == c.width) {
     j["image_size"] = c.height;
   } else {
@@ -63,14 +67,6 @@ io::Json vit_hf_config(const VitConfig& c, io::Json j) {
     j["image_size"].push_back(c.width);
   }
   j["patch_size"] = c.patch;
-  j["hidden_size"] = c.dim;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["intermediate_size"] = c.inner;
-  j["layer_norm_eps"] = double(c.norm_eps);
-  j["hidden_act"] = hf::activation_name(c.act);
-  j["qkv_bias"] = c.qkv_bias;
-  j["hidden_dropout_prob"] = double(c.dropout);
   if (!j.contains("attention_probs_dropout_prob")) j["attention_probs_dropout_prob"] = 0.0;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
   return j;

@@ -32,6 +32,15 @@ eos() { sed -i -E "s/\"eos_token_id\": *[0-9]+/\"eos_token_id\": $2/" "$work/gpt
 ids() { "$gen" "$work/gptj" --ids --prompt 5,17,33 --max-new-tokens 8 "$@" 2>&1; }
 want=$'390 1899 472 472 472 472 1285 534'
 [[ $(ids) == "$want" ]] || { echo "FAIL: GPT-J fixture greedy: $(ids)"; bad=1; }
+# Reduced weights, row-major and packed in decode panels (int8 and bf16
+# panels are what --weight-layout auto picks on AVX-512): this fixture's
+# greedy tokens hold at every precision and layout.
+for dtype in int8 bf16; do
+  for layout in rows panels; do
+    got=$(ids --dtype $dtype --weight-layout $layout)
+    [[ "$got" == "$want" ]] || { echo "FAIL: --dtype $dtype --weight-layout $layout: $got"; bad=1; }
+  done
+done
 eos generation_config.json 1899
 [[ $(ids) == "390 1899" ]] || { echo "FAIL: generation_config.json's eos ignored: $(ids)"; bad=1; }
 [[ $(ids --eos 472) == "390 1899 472" ]] || { echo "FAIL: --eos 472: $(ids --eos 472)"; bad=1; }

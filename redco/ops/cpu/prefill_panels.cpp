@@ -328,7 +328,7 @@ void prefill_matmul_panels(const float* x, int64_t ldx, const uint16_t* packed, 
 #if REDCO_PREFILL_DPBF16
         repack(packed + b * K * kRows, K, Kp, lo, hi);
 #else
-        (void)b, (void)Kp, (void)lo, (void)hi;
+        (void)packed, (void)b, (void)Kp, (void)lo, (void)hi;
 #endif
       },
       nullptr, y, ldy);
@@ -344,7 +344,7 @@ void prefill_matmul_i8_panels(const float* x, int64_t ldx, const int8_t* packed,
 #if REDCO_PREFILL_DPBF16
         repack_i8(packed + b / 2 * K * panels::i8::kRows, b % 2, K, Kp, lo, hi);
 #else
-        (void)b, (void)Kp, (void)lo, (void)hi;
+        (void)packed, (void)b, (void)Kp, (void)lo, (void)hi;
 #endif
       },
       scale, y, ldy);

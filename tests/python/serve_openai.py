@@ -27,6 +27,7 @@ import transformers
 
 serve_bin, fixture, scratch = sys.argv[1:4]
 run_bin = sys.argv[4] if len(sys.argv) > 4 else None  # redco-run: the tensor-parallel server
+generate_bin = os.environ.get("REDCO_GENERATE")  # redco-generate: the int8 server's reference
 
 # A short template: the fixture's tokenizer spends a token per character.
 CHAT_TEMPLATE = (
@@ -319,6 +320,21 @@ def test_tensor_parallel(single, url, ref):
     print("tensor parallel: 2 shards serve what 1 process serves")
 
 
+def test_int8(url, folder):
+    """--dtype int8 (int8 matrices, in decode panels where they pay): the
+    server's greedy completions equal redco-generate's on the same weights."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    for p in ["And the earth was", "In the beginning", "Then said"]:
+        got = client.completions.create(model="tiny", prompt=p, max_tokens=8,
+                                        temperature=0).choices[0].text
+        out = subprocess.run([generate_bin, folder, "--prompt", p, "--max-new-tokens", "8",
+                              "--dtype", "int8"], capture_output=True, text=True, check=True).stdout
+        want = out[:-1] if out.endswith("\n") else out  # one line per prompt
+        check(got == want, f"int8 server {got!r} != redco-generate --dtype int8 {want!r} for {p!r}")
+    idle(url, 4, "the int8 completions")
+    print("int8: the server's greedy completions equal redco-generate's")
+
+
 def main():
     ref = Reference(chat_folder())
     slow = slow_folder()
@@ -358,6 +374,13 @@ def main():
                   f"2 replicas: {r.returncode} {r.stderr[-500:]}")
     finally:
         stop(server)
+    if generate_bin:
+        server, url = start(os.path.join(scratch, "chat"), "--slots", "4", "--dtype", "int8",
+                            "--served-model-name", "tiny")
+        try:
+            test_int8(url, os.path.join(scratch, "chat"))
+        finally:
+            stop(server)
     server, url = start(slow, "--slots", "1", "--max-queue", "0", "--served-model-name", "slow")
     try:
         test_backpressure_and_disconnect(url)

@@ -99,9 +99,10 @@ struct LoadOptions {
   DType dtype = DType::f32;
   int n_shards = 1;  // model shards: this rank reads only its slice of each tensor
   int rank = 0;      // which shard
-  // bf16 only, for decoding on the CPU: matrices packed in decode panels
-  // (pack_panels), which a decode step at a batch of several
-  // sequences reads at up to 1.7x the rate of row-major bf16 (AVX-512; ask
+  // bf16 or i8, for decoding on the CPU: matrices packed in decode panels
+  // (pack_panels, pack_panels_i8), which a decode step at a batch of several
+  // sequences reads at up to 1.7x the rate of row-major bf16, and int8 at
+  // batch 1 at 1.3x the rate of row-major int8 (AVX-512; ask
   // cpu::panels_pay()). Inference only: the weights are not trainable then.
   bool decode_panels = false;
 };

@@ -47,36 +47,39 @@ void unpack(const Tensor& w, Out* out) {
   });
 }
 
-struct DecodePanels final : Encoding {
+// What a format packed in decode panels allows: the matrix itself, on the
+// CPU. Any other view or a slice would read the panels as rows; `values` is
+// the dtype a message tells the user to convert to first.
+struct PackedFormat : Encoding {
+  bool row_major() const override { return false; }
+  std::shared_ptr<const Encoding> view(const Tensor& t, const Shape& shape) const override {
+    REDCO_CHECK(shape == t.shape(), "cannot view {} {} as {}; convert it first (.to(DType::{}))",
+                describe(), t.shape(), shape, values());
+    return same();
+  }
+  std::shared_ptr<const Encoding> rows(const Tensor& t, int64_t, int64_t) const override {
+    fail("cannot slice {} {}; convert it first (.to(DType::{})) or pack the slice", describe(),
+         t.shape(), values());
+  }
+  std::shared_ptr<const Encoding> copy_to(const Tensor&, Device d) const override {
+    REDCO_CHECK(d.is_cpu(), "{} is a CPU format; move its values with .to(DType::{}).to({})",
+                describe(), values(), d.str());
+    return same();
+  }
+
+ protected:
+  virtual std::shared_ptr<const Encoding> same() const = 0;  // this format, for one more tensor
+  virtual const char* values() const = 0;
+};
+
+struct DecodePanels final : PackedFormat {
   std::string describe() const override { return "a bf16 weight packed in decode panels"; }
   std::string maker() const override { return "pack_panels"; }
-  bool row_major() const override { return false; }
   void decode(const Tensor& t, DType dtype, void* out) const override {
     if (dtype == DType::bf16) return unpack(t, static_cast<uint16_t*>(out));
     REDCO_CHECK(dtype == DType::f32, "decode panels: decodes to f32 or bf16, not {}",
                 dtype_name(dtype));
     unpack(t, static_cast<float*>(out));
-  }
-  // Only the matrix itself: any other view would read the panels as rows.
-  std::shared_ptr<const Encoding> view(const Tensor& t, const Shape& shape) const override {
-    REDCO_CHECK(shape == t.shape(),
-                "cannot view the bf16 weight {} packed in decode panels as {}; convert it first "
-                "(.to(DType::bf16))",
-                t.shape(), shape);
-    return shared();
-  }
-  std::shared_ptr<const Encoding> rows(const Tensor& t, int64_t, int64_t) const override {
-    fail(
-        "cannot slice the bf16 weight {} packed in decode panels; convert it first "
-        "(.to(DType::bf16)) or pack the slice",
-        t.shape());
-  }
-  std::shared_ptr<const Encoding> copy_to(const Tensor&, Device d) const override {
-    REDCO_CHECK(d.is_cpu(),
-                "a bf16 weight packed in decode panels is a CPU format; move its values with "
-                ".to(DType::bf16).to({})",
-                d.str());
-    return shared();
   }
   Tensor clone(const Tensor& t) const override { return pack_panels(t.to(DType::bf16)); }
   // The format holds no state: one instance serves every packed tensor.
@@ -84,6 +87,10 @@ struct DecodePanels final : Encoding {
     static const auto one = std::make_shared<const DecodePanels>();
     return one;
   }
+
+ protected:
+  std::shared_ptr<const Encoding> same() const override { return shared(); }
+  const char* values() const override { return "bf16"; }
 };
 
 // The storage of an int8 packed [N, K]: [i8::padded_rows(N), K] int8 in panel order.
@@ -105,38 +112,17 @@ void unpack_i8(const Tensor& w, const float* scale, float* out) {
                     });
 }
 
-struct I8Panels final : Encoding {
+struct I8Panels final : PackedFormat {
   Tensor scales;  // f32 [N]
   explicit I8Panels(Tensor s) : scales(std::move(s)) {}
 
   std::string describe() const override { return "an int8 weight packed in decode panels"; }
   std::string maker() const override { return "pack_panels_i8"; }
-  bool row_major() const override { return false; }
   void decode(const Tensor& t, DType dtype, void* out) const override {
     if (dtype == DType::f32) return unpack_i8(t, scales.data<float>(), static_cast<float*>(out));
     Tensor wide = Tensor::empty(t.shape());
     unpack_i8(t, scales.data<float>(), wide.data<float>());
     Tensor::borrow(out, t.shape(), dtype, nullptr).copy_from(wide);
-  }
-  std::shared_ptr<const Encoding> view(const Tensor& t, const Shape& shape) const override {
-    REDCO_CHECK(shape == t.shape(),
-                "cannot view the int8 weight {} packed in decode panels as {}; convert it first "
-                "(.to(DType::f32))",
-                t.shape(), shape);
-    return std::make_shared<I8Panels>(scales);
-  }
-  std::shared_ptr<const Encoding> rows(const Tensor& t, int64_t, int64_t) const override {
-    fail(
-        "cannot slice the int8 weight {} packed in decode panels; convert it first "
-        "(.to(DType::f32)) or pack the slice",
-        t.shape());
-  }
-  std::shared_ptr<const Encoding> copy_to(const Tensor&, Device d) const override {
-    REDCO_CHECK(d.is_cpu(),
-                "an int8 weight packed in decode panels is a CPU format; move its values with "
-                ".to(DType::f32).to({})",
-                d.str());
-    return std::make_shared<I8Panels>(scales);
   }
   // The bytes and scales as they are (re-quantizing the scaled values could move a rounding).
   Tensor clone(const Tensor& t) const override {
@@ -147,6 +133,12 @@ struct I8Panels final : Encoding {
     out.set_name(t.name());
     return Tensor::encoded(out, t.shape(), std::make_shared<I8Panels>(scales.clone()));
   }
+
+ protected:
+  std::shared_ptr<const Encoding> same() const override {
+    return std::make_shared<I8Panels>(scales);
+  }
+  const char* values() const override { return "f32"; }
 };
 
 const I8Panels* i8_panels_of(const Tensor& t) {

@@ -5,6 +5,18 @@
 
 namespace redco::models {
 
+void CausalLM::check_fits(int64_t context, int64_t tokenizer_ids) const {
+  const int64_t positions = max_positions();
+  REDCO_CHECK(positions == 0 || context <= positions,
+              "a context of {} tokens is longer than the {} model's {} positions: ask for at "
+              "most {}",
+              context, family(), positions, positions);
+  REDCO_CHECK(tokenizer_ids <= vocab_size(),
+              "the tokenizer has {} ids but the model's vocabulary has {}: use the tokenizer.json "
+              "saved with the model",
+              tokenizer_ids, vocab_size());
+}
+
 // Each family's forward pass behind models::CausalLM, compiled here once (and
 // kept out of the families' .cpp files, which hold config and checkpoint code).
 CausalLM causal_lm(const Gpt2Config& c) {

@@ -56,6 +56,9 @@ class CausalLM {
   int64_t vocab_size() const { return impl_->vocab_size(); }
   int64_t max_positions() const { return impl_->max_positions(); }
   hf::Layout layout() const { return impl_->layout(); }
+  // Refuses, naming the fix, windows of `context` tokens longer than the
+  // model's positions, or a tokenizer with ids past its vocabulary.
+  void check_fits(int64_t context, int64_t tokenizer_ids) const;
   io::Json hf_config(io::Json base = io::Json::object()) const {
     return impl_->hf_config(std::move(base));
   }

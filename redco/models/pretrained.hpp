@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <optional>
 #include <variant>
 
 #include "redco/models/bart.hpp"
@@ -40,6 +41,13 @@ struct Pretrained {
   M model;
   nn::ParamTree params;  // whole, or this rank's shards (LoadOptions::n_shards)
   io::Json hf_config;    // config.json as read: saved back with the model's keys updated
+
+  // What a Trainer starts from: the loaded parameters (moved out), or none for
+  // an untrained model (the Trainer initialises them).
+  std::optional<nn::ParamTree> take_params() {
+    if (params.empty()) return std::nullopt;
+    return std::move(params);
+  }
 };
 
 // A model of `config` with no parameters yet (a Trainer given none

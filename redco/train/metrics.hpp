@@ -63,6 +63,14 @@ inline double mean_squared_error(std::span<const float> targets,
   return s / double(targets.size());
 }
 
+// classification_metrics of class ids a predictor returns as floats (one
+// output type for a sample's classification and regression alike).
+inline io::Metrics classification_metrics(std::span<const int64_t> labels,
+                                          std::span<const float> predictions, int64_t n_classes) {
+  const std::vector<int64_t> ids(predictions.begin(), predictions.end());
+  return classification_metrics(labels, ids, n_classes);
+}
+
 // What a model that ignores its input scores, to judge whether one learned
 // anything: the accuracy of always predicting the most frequent training
 // label (the lowest of tied ones) ...

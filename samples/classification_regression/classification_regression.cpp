@@ -75,8 +75,7 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
   };
   auto metric = [&](std::span<const Example> ex, std::span<const float> pred) {
     if (regression) return io::Metrics{{"mse", train::mean_squared_error(targets_of(ex), pred)}};
-    const std::vector<int64_t> classes(pred.begin(), pred.end());
-    return train::classification_metrics(labels_of(ex), classes, task.labels);
+    return train::classification_metrics(labels_of(ex), pred, task.labels);
   };
   // The learning rate decays to 0 over the steps that will run.
   const auto schedule = deployer.cosine_schedule(
@@ -89,15 +88,14 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
                          optim::adamw(schedule, {.weight_decay = 0.01f, .max_grad_norm = 1.f}),
                          std::move(init));
   train::Predictor predictor(deployer, model, collate, predict);
-  const char* key = regression ? "mse" : "accuracy";
-  trainer.fit(task.train,
-              {.global_batch_size = o.batch,
-               .n_epochs = o.epochs,
-               .eval_examples = task.valid,
-               .evaluate = {predictor, metric},
-               .save_best_by = {{key, regression ? train::Mode::min : train::Mode::max}},
-               .log_every = 50,
-               .max_steps = o.max_steps});
+  trainer.fit(task.train, {.global_batch_size = o.batch,
+                           .n_epochs = o.epochs,
+                           .eval_examples = task.valid,
+                           .evaluate = {predictor, metric},
+                           .save_best_by = {{regression ? "mse" : "accuracy",
+                                             regression ? train::Mode::min : train::Mode::max}},
+                           .log_every = 50,
+                           .max_steps = o.max_steps});
   const std::vector<float> pred = predictor.predict(task.valid, o.batch, trainer.params());
   const io::Metrics final = metric(task.valid, pred);
   // What predicting without reading the text scores.
@@ -105,9 +103,8 @@ int run(const Options& o, train::Deployer& deployer, const Task& task, const Mod
       regression
           ? train::mean_target_mse(targets_of(task.train), targets_of(task.valid))
           : train::majority_accuracy(labels_of(task.train), labels_of(task.valid), task.labels);
-  const double score = final[0].second;
   // Clearly better than ignoring the text: 10 points of accuracy, or 20% less squared error.
-  const bool learned = regression ? score < 0.8 * base : score > base + 0.10;
+  const bool learned = regression ? final[0].second < 0.8 * base : final[0].second > base + 0.10;
   std::string line;
   for (const auto& [name, v] : final) line += fmt::format("{} {:.4f}, ", name, v);
   deployer.console() << fmt::format(
@@ -133,9 +130,7 @@ int main(int argc, char** argv) try {
       ->check(cli::between(2, 4096));
   app.add_option("--vocab", o.vocab, "BPE vocabulary (from scratch)")
       ->check(cli::between(258, 65536));
-  app.add_option("--dim", o.cfg.dim)->check(cli::at_least(1));
-  app.add_option("--layers", o.cfg.layers)->check(cli::at_least(1));
-  app.add_option("--heads", o.cfg.heads)->check(cli::at_least(1));
+  cli::add_size_options(app, o.cfg);  // --dim, --layers, --heads
   app.add_option("--fortunes", o.fortunes, "folder of fortune files");
   app.add_option("--min-per-category", o.min_per_category, "leave out smaller categories")
       ->check(cli::at_least(2));
@@ -144,15 +139,10 @@ int main(int argc, char** argv) try {
   app.add_option("--workdir", o.workdir, "tokenizer, checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
 
-  shards.plan(  // auto: the planner cuts the run for the folder's model, or the one built here
-      [&] {
-        models::BertConfig planned = o.cfg;
-        planned.vocab = o.vocab, planned.context = o.max_length;
-        return o.init_from.empty()
-                   ? models::hf::Config(models::bert_hf_config(planned, false), "--dim ...")
-                   : models::hf::Config(o.init_from);
-      },
-      {.seq_len = o.max_length, .global_batch = o.batch});
+  models::BertConfig planned = o.cfg;  // auto: the planner cuts the run for this model
+  planned.vocab = o.vocab, planned.context = o.max_length;
+  shards.plan(o.init_from, [&] { return models::bert_hf_config(planned, false); },
+              {.seq_len = o.max_length, .global_batch = o.batch});
   train::Deployer deployer({.n_model_shards = shards.count(),
                             .seed = o.seed,
                             .workdir = o.workdir,

@@ -62,6 +62,18 @@ class ModelShards {
     run.n_model_shards = given;
     mesh_ = train::AutoMesh{plan::model_shape(config()), run};
   }
+  // The same for a sample that fine-tunes the folder `init_from` when one is
+  // given and else builds its model from flags: `built()` is the config.json
+  // of the model it would build (called only when there is one to plan).
+  template <typename BuiltFn>
+  void plan(const std::string& init_from, BuiltFn&& built, train::AutoMeshOptions run) {
+    plan(
+        [&] {
+          return init_from.empty() ? models::hf::Config(built(), "the model flags (--dim ...)")
+                                   : models::hf::Config(init_from);
+        },
+        run);
+  }
   // DeployerConfig's n_model_shards (under auto: replaced by the planner's) and auto_mesh.
   int count() const { return model_shards(text_).value_or(1); }
   const train::AutoMesh* auto_mesh() const { return mesh_ ? &*mesh_ : nullptr; }

@@ -84,6 +84,14 @@ class App {
   std::unique_ptr<Impl> impl_;
 };
 
+// --dim, --layers and --heads of a transformer built from flags (a config with those fields).
+template <typename Config>
+void add_size_options(App& app, Config& c) {
+  app.add_option("--dim", c.dim, "model width")->check(at_least(1));
+  app.add_option("--layers", c.layers, "blocks")->check(at_least(1));
+  app.add_option("--heads", c.heads, "attention heads")->check(at_least(1));
+}
+
 }  // namespace redco::cli
 
 // Parses, returning from main when --help (0) or a command-line error (2) was

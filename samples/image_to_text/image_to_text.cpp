@@ -136,14 +136,13 @@ int main(int argc, char** argv) try {
                                   : models::from_pretrained<models::VisionGpt2>(o.init_from);
   REDCO_CHECK(base.config.decoder.vocab == dec.vocab, "--init-from {}: not from --export",
               o.init_from);
-  auto given = base.params.empty() ? std::nullopt : std::optional(std::move(base.params));
   const auto schedule = deployer.cosine_schedule({.learning_rate = o.lr,
                                                   .n_examples = o.steps * o.batch,
                                                   .global_batch_size = o.batch,
                                                   .warmup_fraction = 0.05});
   train::Trainer trainer(deployer, base.model, collate, loss,
                          optim::adamw(schedule, {.weight_decay = 0.01f, .max_grad_norm = 1.f}),
-                         std::move(given));
+                         base.take_params());
   train::Predictor reader(deployer, base.model, collate, predict);
   const io::Metrics before = metric(valid, reader.predict(valid, o.batch, trainer.params()));
   trainer.fit(train, {.global_batch_size = o.batch,

@@ -1,18 +1,14 @@
-// A GPT on the King James Bible, from scratch with a byte-level BPE learned from the
-// training text (or --tokenizer FILE), or fine-tuned from a Hugging Face causal LM folder
-// with its tokenizer (--init-from DIR: GPT-2, LLaMA, Mistral, Qwen2, OPT, GPT-J, GPT-NeoX). It
-// reports the validation loss against the unigram entropy of the validation tokens (the best loss
-// that ignores context), exports a folder transformers loads (--export DIR) and continues a prompt
-// with a KV cache.
+// A GPT on the KJV, from scratch with a BPE learned from the training text (or --tokenizer),
+// or fine-tuned from a Hugging Face causal LM folder (--init-from: GPT-2, LLaMA, Mistral, Qwen2,
+// OPT, GPT-J, GPT-NeoX); the validation loss against the validation tokens' unigram entropy, a
+// folder transformers loads (--export DIR), and a prompt continued with a KV cache.
 //   build/samples/language_modeling/language_modeling --steps 800 --workdir lm_workdir
 #include <fmt/core.h>
 
 #include "model_shards.hpp"
 #include "redco/data/lm_data.hpp"
-#include "redco/generation/generate.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/export_pretrained.hpp"
-#include "redco/train/trainer.hpp"
 #include "redco_cli.hpp"
 
 using namespace redco;
@@ -28,23 +24,15 @@ struct Options {
 
 // The KJV as token ids, with the tokenizer and its file (an exported folder copies it).
 struct Corpus : data::TokenizerFile {
-  std::vector<int64_t> train{}, valid{};
+  Ids train{}, valid{};
 };
 
-// Trains `init` (its parameters, or fresh ones when it has none) and generates. Every
-// family is one type, models::CausalLM, so this compiles once.
+// Trains `init` and generates; every family is one type, models::CausalLM: this compiles once.
 bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv,
                       models::Pretrained<models::CausalLM> init, Options o) {
-  const int64_t positions = init.model.max_positions(), vocab = init.model.vocab_size();
-  REDCO_CHECK(positions == 0 || o.context <= positions,
-              "--context {} is longer than the model's {} positions: give --context {}", o.context,
-              positions, positions);
-  REDCO_CHECK(kjv.tok.vocab_size() <= vocab,
-              "the tokenizer has {} ids but the model's vocabulary has {}: give --tokenizer the "
-              "checkpoint's tokenizer.json",
-              kjv.tok.vocab_size(), vocab);
-  const std::vector<data::TokenWindow> train = data::token_windows(kjv.train, o.context);
-  const std::vector<data::TokenWindow> valid = data::token_windows(kjv.valid, o.context);
+  init.model.check_fits(o.context, kjv.tok.vocab_size());  // --context, --tokenizer
+  const auto train = data::token_windows(kjv.train, o.context),
+             valid = data::token_windows(kjv.valid, o.context);
   // The KV cache holds as many positions as the model learned: prompt and new tokens must fit.
   const Prompts prompts{data::token_ids(kjv.tok, o.prompt)};
   const int64_t room = o.context - int64_t(prompts[0].size());
@@ -56,10 +44,9 @@ bool fit_and_generate(train::Deployer& deployer, const Corpus& kjv,
   auto loss = [](auto& model, const data::LmBatch& b, train::Rng) {
     return cross_entropy(model(b.inputs), b.targets);
   };
-  auto given = init.params.empty() ? std::nullopt : std::optional(std::move(init.params));
   train::Trainer trainer(deployer, init.model, data::shifted_batch, loss,
                          optim::adamw(schedule, {.weight_decay = 0.1f, .max_grad_norm = 1.f}),
-                         std::move(given));
+                         init.take_params());
   const int64_t per_epoch = int64_t(train.size()) / o.batch;
   trainer.fit(train,
               {.global_batch_size = o.batch,
@@ -104,9 +91,7 @@ int main(int argc, char** argv) try {
   app.add_option("--tokenizer", tokenizer, "a tokenizer.json instead of the learned one");
   app.add_option("--vocab", cfg.vocab, "BPE vocabulary size")->check(cli::between(256, 65536));
   app.add_option("--context", o.context, "tokens per window")->check(cli::at_least(1));
-  app.add_option("--dim", cfg.dim, "model width")->check(cli::at_least(1));
-  app.add_option("--layers", cfg.layers)->check(cli::at_least(1));
-  app.add_option("--heads", cfg.heads)->check(cli::at_least(1));
+  cli::add_size_options(app, cfg);  // --dim, --layers, --heads
   app.add_option("--steps", o.steps)->check(cli::at_least(1));
   app.add_option("--batch-size", o.batch)->check(cli::at_least(1));
   app.add_option("--lr", o.lr, "peak AdamW learning rate (cosine decay)")->check(cli::positive());
@@ -117,13 +102,9 @@ int main(int argc, char** argv) try {
   app.add_option("--max-new", o.max_new, "tokens to generate")->check(cli::at_least(0));
   REDCO_CLI_PARSE(app, argc, argv);
 
-  shards.plan(  // auto: the planner cuts the run for the folder's model, or the one built here
-      [&] {
-        cfg.context = o.context;
-        return init_from.empty() ? models::hf::Config(models::gpt2_hf_config(cfg), "--dim ...")
-                                 : models::hf::Config(init_from);
-      },
-      {.seq_len = o.context, .global_batch = o.batch});
+  cfg.context = o.context;  // auto: the planner cuts the run for the folder's model or this one
+  shards.plan(init_from, [&] { return models::gpt2_hf_config(cfg); },
+              {.seq_len = o.context, .global_batch = o.batch});
   train::Deployer deployer({.n_model_shards = shards.count(),
                             .seed = o.seed,
                             .workdir = workdir,

@@ -127,13 +127,9 @@ int main(int argc, char** argv) try {
   app.add_option("--workdir", workdir, "tokenizer, base, adapter checkpoints and metrics");
   REDCO_CLI_PARSE(app, argc, argv);
 
-  shards.plan(
-      [&] {
-        cfg.context = o.context;
-        return init_from.empty() ? models::hf::Config(models::gpt2_hf_config(cfg), "--dim ...")
-                                 : models::hf::Config(init_from);
-      },
-      {.seq_len = o.context, .global_batch = o.batch});
+  cfg.context = o.context;
+  shards.plan(init_from, [&] { return models::gpt2_hf_config(cfg); },
+              {.seq_len = o.context, .global_batch = o.batch});
   Deployer d({.n_model_shards = shards.count(),
               .seed = seed,
               .workdir = workdir,

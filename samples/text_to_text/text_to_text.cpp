@@ -58,7 +58,7 @@ int run(train::Deployer& deployer, const data::PairSplit& data, models::Pretrain
                         {.weight_decay = 0.01f, .max_grad_norm = 1.f});
   };
   const int64_t per_epoch = std::max<int64_t>(1, int64_t(data.train.size()) / o.batch);
-  auto given = init.params.empty() ? std::nullopt : std::optional(std::move(init.params));
+  auto given = init.take_params();
   if (o.copy_steps > 0) {  // stage 1: copy the KJV verse, which finds the alignment sooner
     std::vector<data::TextPair> copies;
     for (const data::TextPair& p : data.train) copies.push_back({p.source, p.source});
@@ -147,14 +147,10 @@ int main(int argc, char** argv) try {
 
   // auto: the planner cuts the run for this model (the folder's, or the one built
   // here with --vocab rows) at --max-length tokens a row.
-  shards.plan(
-      [&] {
-        models::T5Config planned = cfg;
-        planned.decoder_layers = planned.encoder_layers, planned.vocab = o.vocab;
-        return o.init_from.empty() ? models::hf::Config(models::t5_hf_config(planned), "--dim ...")
-                                   : models::hf::Config(o.init_from);
-      },
-      {.seq_len = o.max_length, .global_batch = o.batch});
+  models::T5Config planned = cfg;
+  planned.decoder_layers = planned.encoder_layers, planned.vocab = o.vocab;
+  shards.plan(o.init_from, [&] { return models::t5_hf_config(planned); },
+              {.seq_len = o.max_length, .global_batch = o.batch});
   train::Deployer deployer({.n_model_shards = shards.count(),
                             .seed = o.seed,
                             .workdir = workdir,

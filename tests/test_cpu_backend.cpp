@@ -12,6 +12,7 @@
 
 #include "redco/ops/cpu/gemm.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
+#include "redco/ops/meta.hpp"
 
 namespace redco {
 namespace {
@@ -212,8 +213,8 @@ TEST_CASE("cpu binary comparisons give 1/0 and see exact ties", "[cpu][elementwi
 
 TEST_CASE("cpu binary rejects incompatible shapes naming both", "[cpu][elementwise]") {
   const Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4});
-  require_error([&] { cpu::binary(BinaryOp::add, a, b); }, {"add", "[2, 3]", "[4]"});
-  require_error([&] { cpu::binary(BinaryOp::mul, b, a); }, {"mul", "[2, 3]", "[4]"});
+  require_error([&] { meta::binary(BinaryOp::add, a, b); }, {"add", "[2, 3]", "[4]"});
+  require_error([&] { meta::binary(BinaryOp::mul, b, a); }, {"mul", "[2, 3]", "[4]"});
 }
 
 TEST_CASE("cpu binary_scalar and add_inplace", "[cpu][elementwise]") {
@@ -243,7 +244,7 @@ TEST_CASE("cpu binary_scalar and add_inplace", "[cpu][elementwise]") {
   Tensor small = Tensor::zeros({2, 3});
   require_error(
       [&] {
-        cpu::add_inplace(small, Tensor::zeros({3, 2}));
+        meta::add_inplace(small, Tensor::zeros({3, 2}));
       },
       {"add_inplace", "[2, 3]", "[3, 2]"});
 }
@@ -391,7 +392,7 @@ TEST_CASE("cpu permute: tiled transposes with ragged edges", "[cpu][layout]") {
   }
   require_error(
       [] {
-        cpu::permute(Tensor::zeros({2, 3}), std::vector<int>{0, 0});
+        meta::permute(Tensor::zeros({2, 3}), std::vector<int>{0, 0});
       },
       {"permute", "[2, 3]"});
 }
@@ -415,7 +416,7 @@ TEST_CASE("cpu broadcast_to copies along broadcast axes", "[cpu][layout]") {
   }
   require_error(
       [] {
-        cpu::broadcast_to(Tensor::zeros({3, 2}), {3, 4});
+        meta::broadcast_to(Tensor::zeros({3, 2}), {3, 4});
       },
       {"broadcast_to", "[3, 2]", "[3, 4]"});
 }
@@ -448,15 +449,15 @@ TEST_CASE("cpu slice and slice_assign round trip along every axis", "[cpu][layou
   Tensor dst = Tensor::zeros({3, 4});
   require_error(
       [&] {
-        cpu::slice_assign(dst, Tensor::zeros({2, 4}), 1, 0);
+        meta::slice_assign(dst, Tensor::zeros({2, 4}), 1, 0);
       },
       {"slice_assign", "[2, 4]", "[3, 4]"});
   require_error(
       [&] {
-        cpu::slice_assign(dst, Tensor::zeros({3, 2}), 1, 3);
+        meta::slice_assign(dst, Tensor::zeros({3, 2}), 1, 3);
       },
       {"slice_assign", "[3, 2]", "[3, 4]"});
-  require_error([&] { cpu::slice(dst, 0, 2, 2); }, {"slice", "[3, 4]"});
+  require_error([&] { meta::slice(dst, 0, 2, 2); }, {"slice", "[3, 4]"});
 }
 
 // Naive batched matmul with numpy batch broadcasting, in double.
@@ -546,20 +547,20 @@ TEST_CASE("matmul_into writes or accumulates into a row range of a larger buffer
   Tensor wrong = Tensor::zeros({5, 4});
   require_error(
       [&] {
-        cpu::matmul_into(rnd({5, 7}, 1), rnd({7, 3}, 2), false, false, wrong, false);
+        meta::matmul_into(rnd({5, 7}, 1), rnd({7, 3}, 2), false, false, wrong, false);
       },
       {"matmul_into", "[5, 4]"});
 }
 
 TEST_CASE("cpu matmul errors name both shapes", "[cpu][matmul]") {
   const Tensor a = Tensor::zeros({2, 5, 7}), b = Tensor::zeros({6, 3});
-  require_error([&] { cpu::matmul(a, b, false, false); }, {"matmul", "[2, 5, 7]", "[6, 3]"});
+  require_error([&] { meta::matmul(a, b, false, false); }, {"matmul", "[2, 5, 7]", "[6, 3]"});
   require_error(
       [&] {
-        cpu::matmul(a, Tensor::zeros({3, 7, 2}), false, false);
+        meta::matmul(a, Tensor::zeros({3, 7, 2}), false, false);
       },
       {"matmul", "[2, 5, 7]", "[3, 7, 2]"});
-  require_error([&] { cpu::matmul(Tensor::zeros({7}), b, false, false); },
+  require_error([&] { meta::matmul(Tensor::zeros({7}), b, false, false); },
                 {"matmul", "[7]", "[6, 3]"});
 }
 

@@ -32,6 +32,10 @@ void detail::mixed_devices(const char* op, Device first, const Tensor& other) {
       other.name().empty() ? "" : " '" + other.name() + "'");
 }
 
+void detail::no_tensor(const char* op) {
+  fail("{}: an input tensor is undefined (no defined tensor names a device to run on)", op);
+}
+
 void register_backend(DeviceKind kind, Backend* b) { registry()[size_t(kind)] = b; }
 
 }  // namespace redco

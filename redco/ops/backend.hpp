@@ -13,50 +13,11 @@
 
 #include "redco/core/profile.hpp"
 #include "redco/core/tensor.hpp"
+#include "redco/ops/meta.hpp"
 #include "redco/ops/op_list.hpp"
-#include "redco/ops/optim_update.hpp"
+#include "redco/ops/op_types.hpp"
 
 namespace redco {
-
-enum class UnaryOp {
-  neg,
-  exp,
-  log,
-  tanh,
-  sqrt,
-  rsqrt,
-  sigmoid,
-  relu,
-  erf,
-  abs,
-  square,
-  reciprocal,
-  step,  // 1 where x > 0 else 0 (the derivative of relu)
-};
-// Comparisons (eq, gt) yield 1.f / 0.f in the output dtype (f32).
-enum class BinaryOp { add, sub, mul, div, max, min, pow, eq, gt };
-enum class ReduceOp { sum, max };
-
-// What attention may take beyond q, k, v: per-batch-row key ranges (padded
-// batches, left or right: row b sees keys [key_begin[b], key_end[b]) only;
-// a query that sees no key gets a zero output) and an additive bias on the
-// scaled scores (T5's relative position bias), differentiable.
-struct AttentionExtras {
-  Tensor key_begin, key_end;  // i64 [B] on q's device, or undefined (all keys)
-  // i64 [B] on q's device, or undefined (Tk - Tq): with causal, query i of row b
-  // sees keys j <= i + causal_offset[b] (a KV cache's rows of other lengths).
-  Tensor causal_offset;
-  Tensor bias;  // f32 [Hq, Tq, Tk], [B, Hq, Tq, Tk] (per row), or undefined
-  // i64 [B, blocks a row] on the CPU, or undefined: k and v are then the
-  // pools of a paged KV cache [N, Hkv, block, D] and row b's keys are the
-  // blocks it names (ops/paged_kv.hpp; Tk = blocks a row x block). Forward
-  // only, without a bias.
-  Tensor block_table;
-};
-
-struct LayerNormSaved {
-  Tensor mean, rstd;  // [rows] each; mean undefined for RMS norm
-};
 
 class Backend {
  public:
@@ -87,18 +48,22 @@ inline void same_device(const char* op, Device d, const LayerNormSaved& s) {
 }
 template <typename T>
 void same_device(const char*, Device, const T&) {}  // not a tensor
-inline const Tensor* as_tensor(const Tensor& t) { return &t; }
+inline const Tensor* as_tensor(const Tensor& t) { return t.defined() ? &t : nullptr; }
 template <typename T>
 const Tensor* as_tensor(const T&) {
   return nullptr;
 }
-// The device of an op's first tensor argument, every other tensor checked against it.
+[[noreturn]] void no_tensor(const char* op);
+// The device of an op's first defined tensor argument, every other tensor
+// checked against it.
 struct DeviceOf {
   const char* op;
   template <typename... A>
   Device operator()(const A&... args) const {
     const Tensor* first = nullptr;
     ((first = first ? first : as_tensor(args)), ...);
+    if (!first) [[unlikely]]
+      no_tensor(op);
     const Device d = first->device();
     (same_device(op, d, args), ...);
     return d;
@@ -107,16 +72,21 @@ struct DeviceOf {
 }  // namespace detail
 
 // Kernel entry points, one per op of the list: check that every tensor
-// argument is on one device and dispatch to that device's backend.
+// argument is on one device, run the op's meta function (ops/meta.hpp: the
+// shape and dtype checks every backend shares) and dispatch to that device's
+// backend.
 namespace kernels {
-#define REDCO_KERNEL_ENTRY(ret, name, params, args)         \
-  inline ret name params {                                  \
-    profile::Scope scope(#name);                            \
-    return backend(detail::DeviceOf{#name} args).name args; \
+#define REDCO_KERNEL_ENTRY(ret, name, params, args)     \
+  inline ret name params {                              \
+    profile::Scope scope(#name);                        \
+    const Device device = detail::DeviceOf{#name} args; \
+    meta::name args;                                    \
+    return backend(device).name args;                   \
   }
 REDCO_DISPATCHED_OPS(REDCO_KERNEL_ENTRY)
 #undef REDCO_KERNEL_ENTRY
 inline Tensor dropout_mask(const Shape& s, float p, uint64_t seed, uint64_t stream, Device d) {
+  meta::dropout_mask(s, p, seed, stream);
   return backend(d).dropout_mask(s, p, seed, stream);
 }
 }  // namespace kernels

@@ -35,30 +35,6 @@ using Arr = Eigen::Map<Eigen::ArrayXf>;
 
 Tensor as_f32(const Tensor& x) { return x.dtype() == DType::f32 ? x : x.to(DType::f32); }
 
-const char* binary_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::add:
-      return "add";
-    case BinaryOp::sub:
-      return "sub";
-    case BinaryOp::mul:
-      return "mul";
-    case BinaryOp::div:
-      return "div";
-    case BinaryOp::max:
-      return "max";
-    case BinaryOp::min:
-      return "min";
-    case BinaryOp::pow:
-      return "pow";
-    case BinaryOp::eq:
-      return "eq";
-    case BinaryOp::gt:
-      return "gt";
-  }
-  return "binary";
-}
-
 // y[0, n) = op(x[0, n)). Eigen supplies vectorised exp/log/tanh/logistic;
 // erf has no vectorised float version in Eigen core, so it is a scalar loop.
 void unary_block(UnaryOp op, const float* x, float* y, int64_t n) {

@@ -181,12 +181,6 @@ void split_at(const Shape& s, int axis, size_t elem, int64_t* outer, int64_t* in
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   const Shape& xs = x.shape();
-  bool ok = xs.rank() <= shape.rank();
-  for (int i = 0; ok && i < xs.rank(); ++i) {
-    const int64_t d = xs[i], t = shape[shape.rank() - xs.rank() + i];
-    ok = d == t || d == 1;
-  }
-  REDCO_CHECK(ok, "broadcast_to: shape {} cannot be broadcast to {}", xs, shape);
   Dims src{};
   const Dims xst = contiguous_strides(xs);
   for (int i = 0; i < xs.rank(); ++i) {
@@ -200,14 +194,6 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
 
 Tensor permute(const Tensor& x, std::span<const int> perm) {
   const Shape& xs = x.shape();
-  bool ok = int(perm.size()) == xs.rank();
-  std::array<bool, Shape::kMaxRank> seen{};
-  for (size_t i = 0; ok && i < perm.size(); ++i) {
-    ok = perm[i] >= 0 && perm[i] < xs.rank() && !seen[size_t(perm[i])];
-    if (ok) seen[size_t(perm[i])] = true;
-  }
-  REDCO_CHECK(ok, "permute: ({}) is not a permutation of the axes of shape {}",
-              fmt::join(perm, ", "), xs);
   const Dims xst = contiguous_strides(xs);
   Dims src{};
   Shape out_shape = xs;
@@ -223,9 +209,6 @@ Tensor permute(const Tensor& x, std::span<const int> perm) {
 Tensor slice(const Tensor& x, int axis_in, int64_t start, int64_t len) {
   const int axis = x.shape().axis(axis_in);
   const int64_t n = x.dim(axis);
-  REDCO_CHECK(start >= 0 && len >= 0 && start + len <= n,
-              "slice: [{}, {}) is out of range for axis {} of shape {}", start, start + len, axis,
-              x.shape());
   Tensor out = Tensor::empty(x.shape().with(axis, len), x.dtype(), x.device());
   int64_t outer, inner;
   split_at(x.shape(), axis, dtype_size(x.dtype()), &outer, &inner);
@@ -237,14 +220,7 @@ Tensor slice(const Tensor& x, int axis_in, int64_t start, int64_t len) {
 void slice_assign(Tensor& dst, const Tensor& src_in, int axis_in, int64_t start) {
   const int axis = dst.shape().axis(axis_in);
   const int64_t n = dst.dim(axis);
-  const bool same_rank = src_in.rank() == dst.rank();
-  REDCO_CHECK(same_rank && src_in.shape().with(axis, 0) == dst.shape().with(axis, 0),
-              "slice_assign: source {} does not fit destination {} outside axis {}", src_in.shape(),
-              dst.shape(), axis);
   const int64_t len = src_in.dim(axis);
-  REDCO_CHECK(start >= 0 && start + len <= n,
-              "slice_assign: source {} placed at {} along axis {} overruns destination {}",
-              src_in.shape(), start, axis, dst.shape());
   const Tensor src = src_in.dtype() == dst.dtype() ? src_in : src_in.to(dst.dtype());
   int64_t outer, inner;
   split_at(dst.shape(), axis, dtype_size(dst.dtype()), &outer, &inner);

@@ -46,6 +46,7 @@
 #include "redco/ops/cpu/skinny_panels.hpp"
 #include "redco/ops/cpu/tensor_ops.hpp"
 #include "redco/ops/matmul_batch.hpp"
+#include "redco/ops/meta.hpp"
 
 namespace redco::cpu {
 namespace {
@@ -166,36 +167,10 @@ void set_bf16_gemm_path(Bf16GemmPath path) { g_bf16_path.store(path); }
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
   const Shape& as = a_in.shape();
   const Shape& bs = b_in.shape();
-  REDCO_CHECK(as.rank() >= 2 && bs.rank() >= 2,
-              "matmul: both operands need at least 2 dims, got shapes {} and {}", as, bs);
-  // An int8 weight (quantize_rows, pack_panels_i8) counts as floating: it converts to its
-  // scaled values.
-  const auto numeric = [](const Tensor& t) {
-    return is_floating(t.dtype()) || row_scales(t) || in_i8_panels(t);
-  };
-  REDCO_CHECK(numeric(a_in) && numeric(b_in),
-              "matmul: needs floating-point operands, got {} {} and {} {}",
-              dtype_name(a_in.dtype()), as, dtype_name(b_in.dtype()), bs);
   const int64_t ar = as[-2], ac = as[-1], br = bs[-2], bc = bs[-1];
   const Gemm g{trans_a, trans_b, trans_a ? ac : ar, trans_b ? br : bc, trans_a ? ar : ac, ac, bc};
-  const int64_t kb = trans_b ? bc : br;
-  REDCO_CHECK(g.K == kb,
-              "matmul: shapes {} and {} do not match: op(a) has K = {} but op(b) has K = {} "
-              "(trans_a={}, trans_b={})",
-              as, bs, g.K, kb, trans_a, trans_b);
   const Batch bt = broadcast_batch(as, bs, ar * ac, br * bc);
-  Shape out_shape;
-  {
-    Dims dims{};
-    const int r = std::max(as.rank(), bs.rank()) - 2;
-    for (int i = 0; i < r; ++i) {
-      const int ia = as.rank() - 2 - r + i, ib = bs.rank() - 2 - r + i;
-      dims[size_t(i)] = std::max(ia >= 0 ? as[ia] : 1, ib >= 0 ? bs[ib] : 1);
-    }
-    dims[size_t(r)] = g.M;
-    dims[size_t(r + 1)] = g.N;
-    out_shape = Shape(std::span<const int64_t>(dims.data(), size_t(r + 2)));
-  }
+  const Shape out_shape = meta::matmul_shape(as, bs, trans_a, trans_b);
   Tensor c = Tensor::empty(out_shape, DType::f32, a_in.device());
   if (c.numel() == 0) return c;
   if (g.K == 0) {  // an empty sum: zeros, without asking the GEMM about K = 0

@@ -37,21 +37,14 @@ double sum_squares_serial(const float* x, int64_t begin, int64_t end) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-float* f32(const Tensor& t, const char* op, const char* what) {
-  REDCO_CHECK(t.defined() && t.dtype() == DType::f32, "{}: the {} must be an f32 tensor, got {}",
-              op, what, t.defined() ? dtype_name(t.dtype()) : "an undefined one");
-  return const_cast<float*>(t.data<float>());
-}
-
-void check_numel(const Tensor& p, const Tensor& t, const char* op, const char* what) {
-  REDCO_CHECK(t.numel() == p.numel(), "{}: the {} has shape {} but the parameter has {}", op, what,
-              t.shape(), p.shape());
-}
+// The arguments arrive checked by the op's meta function (ops/meta.hpp): f32,
+// the parameter's size.
+float* f32(const Tensor& t) { return const_cast<float*>(t.data<float>()); }
 
 }  // namespace
 
 double CpuBackend::sum_of_squares(const Tensor& t) {
-  const float* x = f32(t, "sum_of_squares", "input");
+  const float* x = f32(t);
   const int64_t n = t.numel();
   if (n <= 2 * kGrain) return sum_squares_serial(x, 0, n);
   return tbb::parallel_deterministic_reduce(
@@ -63,14 +56,9 @@ double CpuBackend::sum_of_squares(const Tensor& t) {
 }
 
 void CpuBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdCoeffs& c) {
-  float* p = f32(param, "sgd_update", "parameter");
-  const float* g = f32(grad, "sgd_update", "gradient");
-  check_numel(param, grad, "sgd_update", "gradient");
-  float* b = nullptr;
-  if (buf.defined()) {
-    b = f32(buf, "sgd_update", "momentum buffer");
-    check_numel(param, buf, "sgd_update", "momentum buffer");
-  }
+  float* p = f32(param);
+  const float* g = f32(grad);
+  float* b = buf.defined() ? f32(buf) : nullptr;
   for_range(param.numel(), [=](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float gi = g[i] * c.gscale + c.wd * p[i];
@@ -89,13 +77,10 @@ void CpuBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, cons
 // vectorise it), and ran the AdamW step of GPT-2 small ~3x slower.
 void CpuBackend::adam_update(Tensor& param, const Tensor& grad, Tensor& m_t, Tensor& v_t,
                              const AdamCoeffs& c) {
-  float* p = f32(param, "adam_update", "parameter");
-  const float* g = f32(grad, "adam_update", "gradient");
-  float* m = f32(m_t, "adam_update", "first moment");
-  float* v = f32(v_t, "adam_update", "second moment");
-  check_numel(param, grad, "adam_update", "gradient");
-  check_numel(param, m_t, "adam_update", "first moment");
-  check_numel(param, v_t, "adam_update", "second moment");
+  float* p = f32(param);
+  const float* g = f32(grad);
+  float* m = f32(m_t);
+  float* v = f32(v_t);
   using Block = Eigen::Map<Eigen::ArrayXf>;
   using CBlock = Eigen::Map<const Eigen::ArrayXf>;
   constexpr int64_t kBlock = 1024;  // 4 streams x 4 KiB stay in L1 between the passes

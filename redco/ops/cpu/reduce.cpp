@@ -124,34 +124,14 @@ void reduce_pass(ReduceOp op, const float* x, float* y, int64_t O, int64_t R, in
 
 Tensor reduce(ReduceOp op, const Tensor& x_in, std::span<const int> axes) {
   const Shape& xs = x_in.shape();
-  std::vector<bool> reduced(size_t(xs.rank()), false);
-  for (size_t k = 0; k < axes.size(); ++k) {
-    const int a = axes[k];
-    REDCO_CHECK(a >= 0 && a < xs.rank() && (k == 0 || axes[k - 1] < a),
-                "reduce: axes must be sorted, distinct and in [0, {}) for shape {}", xs.rank(), xs);
-    reduced[size_t(a)] = true;
-  }
   Tensor cur = as_f32(x_in);
   if (axes.empty()) return cur.same(x_in) ? cur.clone() : cur;
-  Shape shape = xs;
-  // Innermost run of reduced axes first; each pass writes a fresh tensor with
-  // that run collapsed to 1s.
-  for (int hi = xs.rank() - 1; hi >= 0;) {
-    if (!reduced[size_t(hi)]) {
-      --hi;
-      continue;
-    }
-    int lo = hi;
-    while (lo > 0 && reduced[size_t(lo - 1)]) --lo;
-    int64_t O = 1, R = 1, I = 1;
-    for (int d = 0; d < lo; ++d) O *= shape[d];
-    for (int d = lo; d <= hi; ++d) R *= shape[d];
-    for (int d = hi + 1; d < xs.rank(); ++d) I *= shape[d];
-    for (int d = lo; d <= hi; ++d) shape[d] = 1;
-    Tensor next = Tensor::empty(shape, DType::f32, cur.device());
-    reduce_pass(op, cur.data<float>(), next.data<float>(), O, R, I);
+  const meta::ReducePasses passes = meta::reduce_passes(xs, axes);
+  for (int i = 0; i < passes.count; ++i) {  // each pass writes a fresh tensor
+    const meta::ReducePass& p = passes.pass[size_t(i)];
+    Tensor next = Tensor::empty(p.out, DType::f32, cur.device());
+    reduce_pass(op, cur.data<float>(), next.data<float>(), p.outer, p.reduced, p.inner);
     cur = next;
-    hi = lo - 1;
   }
   return cur;
 }
@@ -163,7 +143,6 @@ Tensor argmax(const Tensor& x_in, int axis_in) {
   const int64_t R = xs[axis];
   Tensor y = Tensor::empty(xs.drop(axis), DType::i64, x.device());
   if (y.numel() == 0) return y;
-  REDCO_CHECK(R > 0, "argmax: axis {} of shape {} is empty", axis, xs);
   int64_t O = 1, I = 1;
   for (int d = 0; d < axis; ++d) O *= xs[d];
   for (int d = axis + 1; d < xs.rank(); ++d) I *= xs[d];

@@ -114,9 +114,7 @@ Tensor CudaBackend::unary(UnaryOp op, const Tensor& x_in) {
 }
 
 Tensor CudaBackend::binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
-  static constexpr const char* kNames[] = {"add", "sub", "mul", "div", "max",
-                                           "min", "pow", "eq",  "gt"};
-  const char* name = kNames[int(op)];
+  const char* name = binary_name(op);
   const Device dev = a_in.device();
   Scope scope(dev);
   const Shape out = broadcast_shapes(a_in.shape(), b_in.shape(), name);
@@ -155,35 +153,15 @@ void CudaBackend::add_inplace(Tensor& a, const Tensor& b_in) {
 
 Tensor CudaBackend::reduce(ReduceOp op, const Tensor& x_in, std::span<const int> axes) {
   Scope scope(x_in.device());
-  const Shape& xs = x_in.shape();
-  std::vector<bool> reduced(size_t(xs.rank()), false);
-  for (size_t k = 0; k < axes.size(); ++k) {
-    const int a = axes[k];
-    REDCO_CHECK(a >= 0 && a < xs.rank() && (k == 0 || axes[k - 1] < a),
-                "reduce: axes must be sorted, distinct and in [0, {}) for shape {}", xs.rank(), xs);
-    reduced[size_t(a)] = true;
-  }
   Tensor cur = f32(x_in, x_in.device(), "reduce");
   if (axes.empty()) return cur.same(x_in) ? cur.clone() : cur;
-  Shape shape = xs;
-  // Innermost run of reduced axes first, one pass per run (as on the CPU).
-  for (int hi = xs.rank() - 1; hi >= 0;) {
-    if (!reduced[size_t(hi)]) {
-      --hi;
-      continue;
-    }
-    int lo = hi;
-    while (lo > 0 && reduced[size_t(lo - 1)]) --lo;
-    int64_t O = 1, R = 1, I = 1;
-    for (int d = 0; d < lo; ++d) O *= shape[d];
-    for (int d = lo; d <= hi; ++d) R *= shape[d];
-    for (int d = hi + 1; d < xs.rank(); ++d) I *= shape[d];
-    for (int d = lo; d <= hi; ++d) shape[d] = 1;
-    Tensor next = Tensor::empty(shape, DType::f32, cur.device());
+  const meta::ReducePasses passes = meta::reduce_passes(x_in.shape(), axes);
+  for (int i = 0; i < passes.count; ++i) {  // the CPU's passes, in its order
+    const meta::ReducePass& p = passes.pass[size_t(i)];
+    Tensor next = Tensor::empty(p.out, DType::f32, cur.device());
     cuda::k::reduce_pass(op == ReduceOp::max, cur.device_data<float>(), next.device_data<float>(),
-                         O, R, I);
+                         p.outer, p.reduced, p.inner);
     cur = next;
-    hi = lo - 1;
   }
   return cur;
 }
@@ -195,7 +173,6 @@ Tensor CudaBackend::argmax(const Tensor& x_in, int axis_in) {
   const Shape& xs = x.shape();
   Tensor y = Tensor::empty(xs.drop(axis), DType::i64, x.device());
   if (y.numel() == 0) return y;
-  REDCO_CHECK(xs[axis] > 0, "argmax: axis {} of shape {} is empty", axis, xs);
   int64_t O = 1, I = 1;
   for (int d = 0; d < axis; ++d) O *= xs[d];
   for (int d = axis + 1; d < xs.rank(); ++d) I *= xs[d];
@@ -206,12 +183,6 @@ Tensor CudaBackend::argmax(const Tensor& x_in, int axis_in) {
 Tensor CudaBackend::broadcast_to(const Tensor& x, const Shape& shape) {
   Scope scope(x.device());
   const Shape& xs = x.shape();
-  bool ok = xs.rank() <= shape.rank();
-  for (int i = 0; ok && i < xs.rank(); ++i) {
-    const int64_t d = xs[i], t = shape[shape.rank() - xs.rank() + i];
-    ok = d == t || d == 1;
-  }
-  REDCO_CHECK(ok, "broadcast_to: shape {} cannot be broadcast to {}", xs, shape);
   int64_t src[cuda::kMaxRank] = {};
   broadcast_strides(xs, shape, src);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
@@ -223,14 +194,6 @@ Tensor CudaBackend::broadcast_to(const Tensor& x, const Shape& shape) {
 Tensor CudaBackend::permute(const Tensor& x, std::span<const int> perm) {
   Scope scope(x.device());
   const Shape& xs = x.shape();
-  bool ok = int(perm.size()) == xs.rank();
-  std::array<bool, Shape::kMaxRank> seen{};
-  for (size_t i = 0; ok && i < perm.size(); ++i) {
-    ok = perm[i] >= 0 && perm[i] < xs.rank() && !seen[size_t(perm[i])];
-    if (ok) seen[size_t(perm[i])] = true;
-  }
-  REDCO_CHECK(ok, "permute: ({}) is not a permutation of the axes of shape {}",
-              fmt::join(perm, ", "), xs);
   int64_t xst[cuda::kMaxRank] = {}, src[cuda::kMaxRank] = {};
   contiguous_strides(xs, xst);
   Shape out_shape = xs;
@@ -248,9 +211,6 @@ Tensor CudaBackend::slice(const Tensor& x, int axis_in, int64_t start, int64_t l
   Scope scope(x.device());
   const int axis = x.shape().axis(axis_in);
   const int64_t n = x.dim(axis);
-  REDCO_CHECK(start >= 0 && len >= 0 && start + len <= n,
-              "slice: [{}, {}) is out of range for axis {} of shape {}", start, start + len, axis,
-              x.shape());
   Tensor out = Tensor::empty(x.shape().with(axis, len), x.dtype(), x.device());
   int64_t outer, inner;
   split_at(x.shape(), axis, dtype_size(x.dtype()), &outer, &inner);
@@ -264,14 +224,7 @@ void CudaBackend::slice_assign(Tensor& dst, const Tensor& src_in, int axis_in, i
   cuda::expect_on(src_in, dst.device(), "slice_assign");
   const int axis = dst.shape().axis(axis_in);
   const int64_t n = dst.dim(axis);
-  REDCO_CHECK(
-      src_in.rank() == dst.rank() && src_in.shape().with(axis, 0) == dst.shape().with(axis, 0),
-      "slice_assign: source {} does not fit destination {} outside axis {}", src_in.shape(),
-      dst.shape(), axis);
   const int64_t len = src_in.dim(axis);
-  REDCO_CHECK(start >= 0 && start + len <= n,
-              "slice_assign: source {} placed at {} along axis {} overruns destination {}",
-              src_in.shape(), start, axis, dst.shape());
   const Tensor src = src_in.dtype() == dst.dtype() ? src_in : src_in.to(dst.dtype());
   int64_t outer, inner;
   split_at(dst.shape(), axis, dtype_size(dst.dtype()), &outer, &inner);

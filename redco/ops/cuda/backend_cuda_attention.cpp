@@ -1,9 +1,9 @@
-// CudaBackend::attention and its backward: the checks and messages of the
-// CPU backend; cuBLAS GEMMs around the row kernels of attention.cu (which
+// CudaBackend::attention and its backward (shapes and extras checked by
+// meta::attention): cuBLAS GEMMs around the row kernels of attention.cu (which
 // says why). The per-row extras (key ranges, causal offsets) arrive as i64
 // [B] tensors; the CPU backend reads them on the host, so callers make them
-// there. They are validated on the host and copied to the device (B values:
-// one small copy per call).
+// there; meta::attention validates them there, and they are copied to the
+// device (B values: one small copy per call).
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -19,18 +19,8 @@
 namespace redco {
 namespace {
 
-cuda::k::AttentionArgs attention_args(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      bool causal, float scale) {
-  REDCO_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape() == v.shape() && q.dim(0) == k.dim(0) &&
-                  q.dim(3) == k.dim(3) && k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0,
-              "attention: expected q [B, Hq, Tq, D] and k, v [B, Hkv, Tk, D] with Hq a multiple "
-              "of Hkv; got q {}, k {}, v {}",
-              q.shape(), k.shape(), v.shape());
-  REDCO_CHECK(!causal || q.dim(2) <= k.dim(2),
-              "attention: causal attention needs Tq <= Tk (queries are the last Tq positions); "
-              "got q {}, k {}",
-              q.shape(), k.shape());
-  // cuBLAS takes int dims and leading dimensions.
+cuda::k::AttentionArgs attention_args(const Tensor& q, const Tensor& k, bool causal, float scale) {
+  // Shapes are checked by meta::attention; cuBLAS takes int dims and leading dimensions.
   REDCO_CHECK(q.dim(1) / k.dim(1) * q.dim(2) <= INT32_MAX && k.dim(2) <= INT32_MAX,
               "attention: {} query rows per kv head and {} keys exceed the CUDA GEMMs' int "
               "dimensions; split the batch or the sequence",
@@ -43,41 +33,24 @@ struct DeviceExtras {
   Tensor begin, end, offset, bias;
 };
 
-// An i64 [B] extra, checked on the host, as a device tensor.
-Tensor row_values(const Tensor& t, int64_t B, Device dev, const char* what) {
-  REDCO_CHECK(t.dtype() == DType::i64 && t.shape() == Shape{B},
-              "attention: {} must be an i64 [B = {}] tensor, got {} {}", what, B,
-              dtype_name(t.dtype()), t.shape());
-  return t.device() == dev ? t : t.to(dev);
-}
+// An i64 [B] extra (checked by meta::attention) as a device tensor.
+Tensor row_values(const Tensor& t, Device dev) { return t.device() == dev ? t : t.to(dev); }
 
 DeviceExtras attach(cuda::k::AttentionArgs& a, const AttentionExtras& x, Device dev) {
   DeviceExtras d;
-  REDCO_CHECK(x.key_begin.defined() == x.key_end.defined(),
-              "attention: key ranges need both key_begin and key_end");
   if (x.key_begin.defined()) {
-    const Tensor hb = x.key_begin.to(Device::cpu()), he = x.key_end.to(Device::cpu());
-    for (int64_t b = 0; b < a.B && hb.shape() == Shape{a.B} && he.shape() == Shape{a.B}; ++b) {
-      const int64_t lo = hb.data<int64_t>()[b], hi = he.data<int64_t>()[b];
-      REDCO_CHECK(0 <= lo && lo <= hi && hi <= a.Tk,
-                  "attention: batch row {} sees keys [{}, {}), outside [0, {})", b, lo, hi, a.Tk);
-    }
-    d.begin = row_values(x.key_begin, a.B, dev, "key_begin");
-    d.end = row_values(x.key_end, a.B, dev, "key_end");
+    d.begin = row_values(x.key_begin, dev);
+    d.end = row_values(x.key_end, dev);
     a.key_begin = d.begin.device_data<int64_t>();
     a.key_end = d.end.device_data<int64_t>();
   }
   if (x.causal_offset.defined()) {
-    d.offset = row_values(x.causal_offset, a.B, dev, "causal_offset");
+    d.offset = row_values(x.causal_offset, dev);
     a.causal_offset = d.offset.device_data<int64_t>();
   }
   if (x.bias.defined()) {
     d.bias = cuda::f32(x.bias, dev, "attention bias");
     a.bias_per_row = d.bias.shape() == (Shape{a.B, a.Hq, a.Tq, a.Tk});
-    REDCO_CHECK(a.bias_per_row || d.bias.shape() == (Shape{a.Hq, a.Tq, a.Tk}),
-                "attention: the bias must be [Hq, Tq, Tk] = [{}, {}, {}] or one per batch row "
-                "[{}, {}, {}, {}], got {}",
-                a.Hq, a.Tq, a.Tk, a.B, a.Hq, a.Tq, a.Tk, d.bias.shape());
     a.bias = d.bias.device_data<float>();
   }
   return d;
@@ -160,12 +133,9 @@ TensorList flash_backward(const cuda::k::AttentionArgs& a, const Tensor& q, cons
   const char* op = "attention backward";
   cuda::expect_on(o, dev, op);
   cuda::expect_on(lse, dev, op);
-  REDCO_CHECK(o.dtype() == DType::f32 && o.shape() == q.shape() && dout.shape() == q.shape() &&
-                  lse.dtype() == DType::f32 && lse.shape() == (Shape{a.B, a.Hq, a.Tq}),
-              "attention backward: the output {} {}, its gradient {} and lse {} {} must be f32 "
-              "shaped like q {} and [B, Hq, Tq]",
-              dtype_name(o.dtype()), o.shape(), dout.shape(), dtype_name(lse.dtype()), lse.shape(),
-              q.shape());
+  REDCO_CHECK(o.dtype() == DType::f32,
+              "attention backward: the flash kernel reads the output as f32, got {}",
+              dtype_name(o.dtype()));
   Tensor dq = Tensor::empty(q.shape(), DType::f32, dev),
          dk = Tensor::empty(k.shape(), DType::f32, dev),
          dv = Tensor::empty(v.shape(), DType::f32, dev);
@@ -184,7 +154,6 @@ TensorList flash_backward(const cuda::k::AttentionArgs& a, const Tensor& q, cons
 Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                               bool causal, float scale, Tensor& lse, const AttentionExtras& x) {
   if (x.block_table.defined()) {  // a paged KV cache: its blocks gathered into rows
-    check_paged_kv("attention", q_in, k_in, v_in, x.block_table);
     AttentionExtras rows = x;
     rows.block_table = Tensor();
     return attention(q_in, gather_paged_kv(k_in, x.block_table),
@@ -195,7 +164,7 @@ Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tens
   cuda::expect_on(k_in, dev, "attention");
   cuda::expect_on(v_in, dev, "attention");
   if (flash_requested(q_in, k_in, v_in)) {
-    auto fa = attention_args(q_in, k_in, v_in, causal, scale);
+    auto fa = attention_args(q_in, k_in, causal, scale);
     const DeviceExtras keep = attach(fa, x, dev);
     if (flash_fits(q_in, k_in, v_in, fa)) {
       Tensor o = Tensor::empty(q_in.shape(), DType::f32, dev);
@@ -207,7 +176,7 @@ Tensor CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tens
   }
   Tensor q = cuda::f32(q_in, dev, "attention"), k = cuda::f32(k_in, dev, "attention"),
          v = cuda::f32(v_in, dev, "attention");
-  auto a = attention_args(q, k, v, causal, scale);
+  auto a = attention_args(q, k, causal, scale);
   const DeviceExtras keep = attach(a, x, dev);
   Tensor o = like(q);
   lse = Tensor::empty({a.B, a.Hq, a.Tq}, DType::f32, dev);
@@ -224,13 +193,11 @@ TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_i
                                            const Tensor& v_in, const Tensor& o, const Tensor& lse,
                                            const Tensor& dout_in, bool causal, float scale,
                                            const AttentionExtras& x) {
-  REDCO_CHECK(!x.block_table.defined(),
-              "attention backward: a paged KV cache serves inference only (no gradients)");
   const Device dev = q_in.device();
   cuda::Scope scope(dev);
   const char* op = "attention backward";
   if (flash_requested(q_in, k_in, v_in)) {
-    auto fa = attention_args(q_in, k_in, v_in, causal, scale);
+    auto fa = attention_args(q_in, k_in, causal, scale);
     const DeviceExtras keep = attach(fa, x, dev);
     if (cuda::k::flash_attention_backward_supported(fa) && flash_fits(q_in, k_in, v_in, fa))
       return flash_backward(fa, q_in, k_in, v_in, o, lse, cuda::f32(dout_in, dev, op));
@@ -239,10 +206,7 @@ TensorList CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_i
   Tensor dout = cuda::f32(dout_in, dev, op);
   cuda::expect_on(o, dev, op);
   cuda::expect_on(lse, dev, op);
-  REDCO_CHECK(o.shape() == dout.shape() && o.shape() == q.shape(),
-              "attention backward: the output {} and its gradient {} must be shaped like q {}",
-              o.shape(), dout.shape(), q.shape());
-  auto a = attention_args(q, k, v, causal, scale);
+  auto a = attention_args(q, k, causal, scale);
   const DeviceExtras keep = attach(a, x, dev);
   Tensor dq = like(q), dk = like(k), dv = like(v);
   const Shape rows{a.B, a.Hq, a.Tq, a.Tk};

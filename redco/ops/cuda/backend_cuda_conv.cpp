@@ -1,5 +1,5 @@
-// CudaBackend, convolution and pooling: the checks and messages of the CPU
-// backend; conv2d as im2col + one batched cuBLAS product (the weight
+// CudaBackend, convolution and pooling (shapes checked by the ops' meta
+// functions): conv2d as im2col + one batched cuBLAS product (the weight
 // broadcast over the images), its backward as two products and col2im.
 #include "redco/core/error.hpp"
 #include "redco/ops/cuda/backend_cuda.hpp"
@@ -12,16 +12,7 @@ namespace {
 using cuda::f32;
 
 cuda::k::ConvDims conv_dims(const Tensor& x, const Tensor& w, int64_t stride, int64_t pad) {
-  REDCO_CHECK(x.rank() == 4 && w.rank() == 4 && x.dim(1) == w.dim(1),
-              "conv2d: expected x [N, C, H, W] and w [O, C, KH, KW] with matching C; got x {}, "
-              "w {}",
-              x.shape(), w.shape());
-  const cuda::k::ConvDims g{x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0),
-                            w.dim(2), w.dim(3), stride,   pad};
-  REDCO_CHECK(stride > 0 && pad >= 0 && g.out_h() > 0 && g.out_w() > 0,
-              "conv2d: kernel {}x{} (stride {}, pad {}) does not fit the input {}", g.KH, g.KW,
-              stride, pad, x.shape());
-  return g;
+  return {x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2), w.dim(3), stride, pad};
 }
 Tensor cols_of(const Tensor& x, const cuda::k::ConvDims& g) {  // [N, C*KH*KW, OH*OW]
   Tensor cols =
@@ -29,10 +20,7 @@ Tensor cols_of(const Tensor& x, const cuda::k::ConvDims& g) {  // [N, C*KH*KW, O
   cuda::k::im2col(x.device_data<float>(), cols.device_data<float>(), g);
   return cols;
 }
-cuda::k::PoolDims pool_dims(const Shape& x, int64_t k, int64_t stride, const char* op) {
-  REDCO_CHECK(x.rank() == 4 && k > 0 && stride > 0 && x[2] >= k && x[3] >= k,
-              "{}: expected x [N, C, H, W] at least {}x{} (stride {}), got {}", op, k, k, stride,
-              x);
+cuda::k::PoolDims pool_dims(const Shape& x, int64_t k, int64_t stride) {
   return {x[0], x[1], x[2], x[3], k, stride};
 }
 }  // namespace
@@ -47,8 +35,6 @@ Tensor CudaBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor&
   Tensor y = matmul(w.view({g.O, g.C * g.KH * g.KW}), cols_of(x, g), false, false);
   if (bias_in.defined()) {
     Tensor bias = f32(bias_in, dev, "conv2d");
-    REDCO_CHECK(bias.shape() == Shape{g.O}, "conv2d: bias {} must be [{}] for weight {}",
-                bias.shape(), g.O, w.shape());
     y = binary(BinaryOp::add, y, bias.view({g.O, 1}));
   }
   return y.view({g.N, g.O, g.out_h(), g.out_w()});
@@ -61,8 +47,6 @@ TensorList CudaBackend::conv2d_backward(const Tensor& dy_in, const Tensor& x_in,
   Tensor x = f32(x_in, dev, "conv2d"), w = f32(w_in, dev, "conv2d");
   Tensor dy = f32(dy_in, dev, "conv2d backward");
   const auto g = conv_dims(x, w, stride, pad);
-  REDCO_CHECK(dy.shape() == (Shape{g.N, g.O, g.out_h(), g.out_w()}),
-              "conv2d backward: gradient {} does not match the output shape", dy.shape());
   const int64_t ckk = g.C * g.KH * g.KW, ohw = g.out_h() * g.out_w();
   const Tensor d = dy.view({g.N, g.O, ohw});
   // dw = sum_n dy[n] cols[n]^T: [N, O, CKK] summed over the images in order.
@@ -85,7 +69,7 @@ Tensor CudaBackend::max_pool2d(const Tensor& x_in, int64_t k, int64_t stride, Te
   const Device dev = x_in.device();
   cuda::Scope scope(dev);
   Tensor x = f32(x_in, dev, "max_pool2d");
-  const auto g = pool_dims(x.shape(), k, stride, "max_pool2d");
+  const auto g = pool_dims(x.shape(), k, stride);
   Tensor y = Tensor::empty({g.N, g.C, g.out_h(), g.out_w()}, DType::f32, dev);
   argmax = Tensor::empty(y.shape(), DType::i32, dev);
   cuda::k::max_pool2d_forward(x.device_data<float>(), y.device_data<float>(),
@@ -98,8 +82,7 @@ Tensor CudaBackend::max_pool2d_backward(const Tensor& dy_in, const Tensor& argma
   cuda::Scope scope(dev);
   Tensor dy = f32(dy_in, dev, "max_pool2d backward"), dx = Tensor::empty(x, DType::f32, dev);
   cuda::expect_on(argmax, dev, "max_pool2d backward");
-  check_same_shape(dy, argmax, "max_pool2d backward");
-  const auto g = pool_dims(x, k, stride, "max_pool2d backward");
+  const auto g = pool_dims(x, k, stride);
   cuda::k::max_pool2d_backward(dy.device_data<float>(), argmax.device_data<int32_t>(),
                                dx.device_data<float>(), g);
   return dx;
@@ -109,10 +92,6 @@ Tensor CudaBackend::max_pool2d_gather(const Tensor& dx_in, const Tensor& argmax)
   cuda::Scope scope(dev);
   Tensor dx = f32(dx_in, dev, "max_pool2d gather");
   cuda::expect_on(argmax, dev, "max_pool2d gather");
-  REDCO_CHECK(dx.rank() == 4 && argmax.rank() == 4 && dx.dim(0) == argmax.dim(0) &&
-                  dx.dim(1) == argmax.dim(1),
-              "max_pool2d gather: input {} does not match the pooled indices {}", dx.shape(),
-              argmax.shape());
   Tensor out = Tensor::empty(argmax.shape(), DType::f32, dev);
   cuda::k::max_pool2d_gather(dx.device_data<float>(), argmax.device_data<int32_t>(),
                              out.device_data<float>(), dx.dim(0) * dx.dim(1), dx.dim(2) * dx.dim(3),
@@ -123,7 +102,7 @@ Tensor CudaBackend::avg_pool2d(const Tensor& x_in, int64_t k, int64_t stride) {
   const Device dev = x_in.device();
   cuda::Scope scope(dev);
   Tensor x = f32(x_in, dev, "avg_pool2d");
-  const auto g = pool_dims(x.shape(), k, stride, "avg_pool2d");
+  const auto g = pool_dims(x.shape(), k, stride);
   Tensor y = Tensor::empty({g.N, g.C, g.out_h(), g.out_w()}, DType::f32, dev);
   cuda::k::avg_pool2d_forward(x.device_data<float>(), y.device_data<float>(), g);
   return y;
@@ -133,10 +112,7 @@ Tensor CudaBackend::avg_pool2d_backward(const Tensor& dy_in, const Shape& x, int
   const Device dev = dy_in.device();
   cuda::Scope scope(dev);
   Tensor dy = f32(dy_in, dev, "avg_pool2d backward"), dx = Tensor::empty(x, DType::f32, dev);
-  const auto g = pool_dims(x, k, stride, "avg_pool2d backward");
-  REDCO_CHECK(dy.shape() == (Shape{g.N, g.C, g.out_h(), g.out_w()}),
-              "avg_pool2d backward: gradient {} does not match the pooled shape of {}", dy.shape(),
-              x);
+  const auto g = pool_dims(x, k, stride);
   cuda::k::avg_pool2d_backward(dy.device_data<float>(), dx.device_data<float>(), g);
   return dx;
 }

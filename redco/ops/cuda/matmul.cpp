@@ -111,18 +111,6 @@ void run_batched(cublasHandle_t h, const Gemm& g, const Batch& bt, const char* A
   }
 }
 
-Shape output_shape(const Shape& as, const Shape& bs, int64_t M, int64_t N) {
-  Dims dims{};
-  const int r = std::max(as.rank(), bs.rank()) - 2;
-  for (int i = 0; i < r; ++i) {
-    const int ia = as.rank() - 2 - r + i, ib = bs.rank() - 2 - r + i;
-    dims[size_t(i)] = std::max(ia >= 0 ? as[ia] : 1, ib >= 0 ? bs[ib] : 1);
-  }
-  dims[size_t(r)] = M;
-  dims[size_t(r + 1)] = N;
-  return Shape(std::span<const int64_t>(dims.data(), size_t(r + 2)));
-}
-
 // The operands a GEMM reads, and its input type in g. Two bf16 (or two f16)
 // operands go as they are: their products are exact in fp32 and accumulate in
 // fp32. Under Precision::bf16, f32 operands are rounded to bf16 first (nearest
@@ -166,21 +154,17 @@ Tensor CudaBackend::matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a,
   cuda::expect_on(b_in, dev, "matmul");
   const Shape& as = a_in.shape();
   const Shape& bs = b_in.shape();
-  REDCO_CHECK(as.rank() >= 2 && bs.rank() >= 2,
-              "matmul: both operands need at least 2 dims, got shapes {} and {}", as, bs);
+  // Shapes are checked by meta::matmul; encoded weights (int8 rows, decode
+  // panels) are CPU formats the GEMMs here cannot read.
   REDCO_CHECK(is_floating(a_in.dtype()) && is_floating(b_in.dtype()),
-              "matmul: needs floating-point operands, got {} {} and {} {}",
+              "matmul: the CUDA backend takes floating-point operands, got {} {} and {} {} "
+              "(int8 weights are CPU formats: dequantize them first)",
               dtype_name(a_in.dtype()), as, dtype_name(b_in.dtype()), bs);
   const int64_t ar = as[-2], ac = as[-1], br = bs[-2], bc = bs[-1];
   Gemm g{trans_a,    trans_b, trans_a ? ac : ar, trans_b ? br : bc, trans_a ? ar : ac, ac, bc,
          CUDA_R_32F, 4};
-  const int64_t kb = trans_b ? bc : br;
-  REDCO_CHECK(g.K == kb,
-              "matmul: shapes {} and {} do not match: op(a) has K = {} but op(b) has K = {} "
-              "(trans_a={}, trans_b={})",
-              as, bs, g.K, kb, trans_a, trans_b);
   const Batch bt = broadcast_batch(as, bs, ar * ac, br * bc);
-  Tensor c = Tensor::empty(output_shape(as, bs, g.M, g.N), DType::f32, dev);
+  Tensor c = Tensor::empty(meta::matmul_shape(as, bs, trans_a, trans_b), DType::f32, dev);
   if (c.numel() == 0) return c;
   if (g.K == 0) {  // an empty sum
     c.fill(0.f);

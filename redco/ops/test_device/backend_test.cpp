@@ -1,5 +1,7 @@
 #include "redco/ops/test_device/backend_test.hpp"
 
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -80,242 +82,106 @@ class Call {
   std::vector<std::pair<const Storage*, std::shared_ptr<Storage>>> aliases_;
 };
 
+// One argument of an op as the CPU kernel takes it. Read-only tensors (and
+// the structs holding them) become host aliases; a tensor the kernel writes
+// (an output such as attention's lse, an in-place operand, a norm's saved
+// state) is handed over as a host alias too, and put back after the kernel
+// only where the kernel replaced it: an in-place update keeps the caller's
+// tensor, name and gradient state included. Anything else passes as is.
+template <typename T>
+struct Arg {
+  const T& x;
+  Arg(Call&, const T& v) : x(v) {}
+  const T& get() const { return x; }
+  void finish(Call&) {}
+};
+template <>
+struct Arg<const Tensor> {
+  Tensor h;
+  Arg(Call& c, const Tensor& t) : h(c.in(t)) {}
+  const Tensor& get() const { return h; }
+  void finish(Call&) {}
+};
+template <>
+struct Arg<const LayerNormSaved> {
+  LayerNormSaved h;
+  Arg(Call& c, const LayerNormSaved& s) : h(c.in(s)) {}
+  const LayerNormSaved& get() const { return h; }
+  void finish(Call&) {}
+};
+template <>
+struct Arg<const AttentionExtras> {
+  AttentionExtras h;
+  Arg(Call& c, const AttentionExtras& x) : h(c.in(x)) {}
+  const AttentionExtras& get() const { return h; }
+  void finish(Call&) {}
+};
+template <>
+struct Arg<Tensor> {
+  Tensor& dst;
+  Tensor h;
+  const TensorImpl* made;  // the alias handed to the kernel (null: none)
+  Arg(Call& c, Tensor& t) : dst(t), h(c.in(t)), made(h.defined() ? &h.impl() : nullptr) {}
+  Tensor& get() { return h; }
+  void finish(Call& c) {
+    if ((h.defined() ? &h.impl() : nullptr) != made) dst = c.out(h);
+  }
+};
+template <>
+struct Arg<LayerNormSaved> {
+  LayerNormSaved& dst;
+  LayerNormSaved h;
+  Arg(Call&, LayerNormSaved& s) : dst(s) {}
+  LayerNormSaved& get() { return h; }
+  void finish(Call& c) { c.out(dst, h); }
+};
+
+// Runs one CPU kernel on host aliases of a test-device op's arguments and
+// moves its results onto the device (a host scalar stays one, as a device
+// would return it).
+template <typename R, typename Method>
+struct OnHost {
+  const char* op;
+  Method method;
+  CpuBackend& cpu;
+  template <typename... A>
+  R operator()(A&... a) const {
+    Call c(op, detail::DeviceOf{op}(a...));
+    std::tuple<Arg<A>...> args{Arg<A>(c, a)...};
+    auto kernel = [&](auto&... x) -> R { return (cpu.*method)(x.get()...); };
+    if constexpr (std::is_void_v<R>) {
+      std::apply(kernel, args);
+      std::apply([&](auto&... x) { (x.finish(c), ...); }, args);
+    } else {
+      R r = std::apply(kernel, args);
+      std::apply([&](auto&... x) { (x.finish(c), ...); }, args);
+      if constexpr (std::is_arithmetic_v<R>)
+        return r;
+      else
+        return c.out(r);
+    }
+  }
+};
+template <typename R, typename Method>
+OnHost<R, Method> on_host(const char* op, Method m, CpuBackend& cpu) {
+  return {op, m, cpu};
+}
+
 }  // namespace
 
-Tensor TestBackend::unary(UnaryOp op, const Tensor& x) {
-  Call c("unary", x);
-  return c.out(cpu_.unary(op, c.in(x)));
-}
-Tensor TestBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  Call c("binary", a);
-  return c.out(cpu_.binary(op, c.in(a), c.in(b)));
-}
-Tensor TestBackend::binary_scalar(BinaryOp op, const Tensor& a, float s) {
-  Call c("binary_scalar", a);
-  return c.out(cpu_.binary_scalar(op, c.in(a), s));
-}
-void TestBackend::add_inplace(Tensor& a, const Tensor& b) {
-  Call c("add_inplace", a);
-  Tensor h = c.in(a);
-  cpu_.add_inplace(h, c.in(b));
-  a = c.out(h);
-}
-Tensor TestBackend::reduce(ReduceOp op, const Tensor& x, std::span<const int> axes) {
-  Call c("reduce", x);
-  return c.out(cpu_.reduce(op, c.in(x), axes));
-}
-Tensor TestBackend::argmax(const Tensor& x, int axis) {
-  Call c("argmax", x);
-  return c.out(cpu_.argmax(c.in(x), axis));
-}
-Tensor TestBackend::broadcast_to(const Tensor& x, const Shape& shape) {
-  Call c("broadcast_to", x);
-  return c.out(cpu_.broadcast_to(c.in(x), shape));
-}
-Tensor TestBackend::permute(const Tensor& x, std::span<const int> perm) {
-  Call c("permute", x);
-  return c.out(cpu_.permute(c.in(x), perm));
-}
-Tensor TestBackend::slice(const Tensor& x, int axis, int64_t start, int64_t len) {
-  Call c("slice", x);
-  return c.out(cpu_.slice(c.in(x), axis, start, len));
-}
-void TestBackend::slice_assign(Tensor& dst, const Tensor& src, int axis, int64_t start) {
-  Call c("slice_assign", dst);
-  Tensor h = c.in(dst);
-  cpu_.slice_assign(h, c.in(src), axis, start);
-  dst = c.out(h);
-}
-Tensor TestBackend::matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
-  Call c("matmul", a);
-  return c.out(cpu_.matmul(c.in(a), c.in(b), trans_a, trans_b));
-}
-void TestBackend::matmul_into(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
-                              Tensor& out, bool accumulate) {
-  Call c("matmul_into", a);
-  Tensor h = c.in(out);
-  cpu_.matmul_into(c.in(a), c.in(b), trans_a, trans_b, h, accumulate);
-  out = c.out(h);
-}
-Tensor TestBackend::softmax(const Tensor& x) {
-  Call c("softmax", x);
-  return c.out(cpu_.softmax(c.in(x)));
-}
-Tensor TestBackend::softmax_backward(const Tensor& y, const Tensor& dy) {
-  Call c("softmax_backward", y);
-  return c.out(cpu_.softmax_backward(c.in(y), c.in(dy)));
-}
-Tensor TestBackend::log_softmax(const Tensor& x) {
-  Call c("log_softmax", x);
-  return c.out(cpu_.log_softmax(c.in(x)));
-}
-Tensor TestBackend::log_softmax_backward(const Tensor& y, const Tensor& dy) {
-  Call c("log_softmax_backward", y);
-  return c.out(cpu_.log_softmax_backward(c.in(y), c.in(dy)));
-}
-Tensor TestBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                               LayerNormSaved& saved) {
-  Call c("layer_norm", x);
-  LayerNormSaved h;
-  Tensor y = cpu_.layer_norm(c.in(x), c.in(gamma), c.in(beta), eps, h);
-  c.out(saved, h);
-  return c.out(y);
-}
-TensorList TestBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                            bool has_beta, const LayerNormSaved& saved) {
-  Call c("layer_norm_backward", dy);
-  return c.out(cpu_.layer_norm_backward(c.in(dy), c.in(x), c.in(gamma), has_beta, c.in(saved)));
-}
-Tensor TestBackend::rms_norm(const Tensor& x, const Tensor& gamma, float eps,
-                             LayerNormSaved& saved) {
-  Call c("rms_norm", x);
-  LayerNormSaved h;
-  Tensor y = cpu_.rms_norm(c.in(x), c.in(gamma), eps, h);
-  c.out(saved, h);
-  return c.out(y);
-}
-TensorList TestBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                          const LayerNormSaved& saved) {
-  Call c("rms_norm_backward", dy);
-  return c.out(cpu_.rms_norm_backward(c.in(dy), c.in(x), c.in(gamma), c.in(saved)));
-}
-Tensor TestBackend::gelu(const Tensor& x, bool tanh_approx) {
-  Call c("gelu", x);
-  return c.out(cpu_.gelu(c.in(x), tanh_approx));
-}
-Tensor TestBackend::gelu_backward(const Tensor& x, const Tensor& dy, bool tanh_approx) {
-  Call c("gelu_backward", x);
-  return c.out(cpu_.gelu_backward(c.in(x), c.in(dy), tanh_approx));
-}
-Tensor TestBackend::silu(const Tensor& x) {
-  Call c("silu", x);
-  return c.out(cpu_.silu(c.in(x)));
-}
-Tensor TestBackend::silu_backward(const Tensor& x, const Tensor& dy) {
-  Call c("silu_backward", x);
-  return c.out(cpu_.silu_backward(c.in(x), c.in(dy)));
-}
-Tensor TestBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                  Tensor& lse) {
-  Call c("cross_entropy", logits);
-  Tensor h_lse;
-  Tensor y = cpu_.cross_entropy(c.in(logits), c.in(labels), ignore_index, h_lse);
-  lse = c.out(h_lse);
-  return c.out(y);
-}
-Tensor TestBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labels,
-                                           const Tensor& lse, const Tensor& dloss,
-                                           int64_t ignore_index, bool overwrite_logits) {
-  Call c("cross_entropy_backward", logits);
-  return c.out(cpu_.cross_entropy_backward(c.in(logits), c.in(labels), c.in(lse), c.in(dloss),
-                                           ignore_index, overwrite_logits));
-}
-Tensor TestBackend::embedding(const Tensor& table, const Tensor& ids) {
-  Call c("embedding", table);
-  return c.out(cpu_.embedding(c.in(table), c.in(ids)));
-}
-Tensor TestBackend::embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab,
-                                       const Tensor& into) {
-  Call c("embedding_backward", dout);
-  return c.out(cpu_.embedding_backward(c.in(dout), c.in(ids), vocab, c.in(into)));
-}
-Tensor TestBackend::rotary(const Tensor& x, int64_t pos_offset, float base, bool inverse) {
-  Call c("rotary", x);
-  return c.out(cpu_.rotary(c.in(x), pos_offset, base, inverse));
-}
-Tensor TestBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                              float scale, Tensor& lse, const AttentionExtras& extras) {
-  Call c("attention", q);
-  Tensor h_lse;
-  Tensor o = cpu_.attention(c.in(q), c.in(k), c.in(v), causal, scale, h_lse, c.in(extras));
-  lse = c.out(h_lse);
-  return c.out(o);
-}
-TensorList TestBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& o, const Tensor& lse, const Tensor& dout,
-                                           bool causal, float scale,
-                                           const AttentionExtras& extras) {
-  Call c("attention_backward", q);
-  return c.out(cpu_.attention_backward(c.in(q), c.in(k), c.in(v), c.in(o), c.in(lse), c.in(dout),
-                                       causal, scale, c.in(extras)));
-}
-Tensor TestBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride,
-                           int64_t pad) {
-  Call c("conv2d", x);
-  return c.out(cpu_.conv2d(c.in(x), c.in(w), c.in(bias), stride, pad));
-}
-TensorList TestBackend::conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                        bool has_bias, int64_t stride, int64_t pad) {
-  Call c("conv2d_backward", dy);
-  return c.out(cpu_.conv2d_backward(c.in(dy), c.in(x), c.in(w), has_bias, stride, pad));
-}
-Tensor TestBackend::max_pool2d(const Tensor& x, int64_t k, int64_t stride, Tensor& argmax) {
-  Call c("max_pool2d", x);
-  Tensor h_arg;
-  Tensor y = cpu_.max_pool2d(c.in(x), k, stride, h_arg);
-  argmax = c.out(h_arg);
-  return c.out(y);
-}
-Tensor TestBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x,
-                                        int64_t k, int64_t stride) {
-  Call c("max_pool2d_backward", dy);
-  return c.out(cpu_.max_pool2d_backward(c.in(dy), c.in(argmax), x, k, stride));
-}
-Tensor TestBackend::max_pool2d_gather(const Tensor& dx, const Tensor& argmax) {
-  Call c("max_pool2d_gather", dx);
-  return c.out(cpu_.max_pool2d_gather(c.in(dx), c.in(argmax)));
-}
-Tensor TestBackend::avg_pool2d(const Tensor& x, int64_t k, int64_t stride) {
-  Call c("avg_pool2d", x);
-  return c.out(cpu_.avg_pool2d(c.in(x), k, stride));
-}
-Tensor TestBackend::avg_pool2d_backward(const Tensor& dy, const Shape& x, int64_t k,
-                                        int64_t stride) {
-  Call c("avg_pool2d_backward", dy);
-  return c.out(cpu_.avg_pool2d_backward(c.in(dy), x, k, stride));
-}
-Tensor TestBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               int64_t groups, float eps, LayerNormSaved& saved) {
-  Call c("group_norm", x);
-  LayerNormSaved h;
-  Tensor y = cpu_.group_norm(c.in(x), c.in(gamma), c.in(beta), groups, eps, h);
-  c.out(saved, h);
-  return c.out(y);
-}
-TensorList TestBackend::group_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                            int64_t groups, bool has_beta,
-                                            const LayerNormSaved& saved) {
-  Call c("group_norm_backward", dy);
-  return c.out(
-      cpu_.group_norm_backward(c.in(dy), c.in(x), c.in(gamma), groups, has_beta, c.in(saved)));
-}
-Tensor TestBackend::upsample_nearest2d(const Tensor& x, int64_t f) {
-  Call c("upsample_nearest2d", x);
-  return c.out(cpu_.upsample_nearest2d(c.in(x), f));
-}
-Tensor TestBackend::upsample_nearest2d_backward(const Tensor& dy, int64_t f) {
-  Call c("upsample_nearest2d_backward", dy);
-  return c.out(cpu_.upsample_nearest2d_backward(c.in(dy), f));
-}
+// Every op of the list but dropout_mask, generated: the CPU kernel on host aliases.
+#define REDCO_TEST_OP(ret, name, params, args)                                                  \
+  ret TestBackend::name params {                                                                \
+    return on_host<ret>(#name, static_cast<ret(CpuBackend::*) params>(&CpuBackend::name), cpu_) \
+        args;                                                                                   \
+  }
+REDCO_DISPATCHED_OPS(REDCO_TEST_OP)
+#undef REDCO_TEST_OP
+
+// No tensor names the device: the mask is made on the test device.
 Tensor TestBackend::dropout_mask(const Shape& shape, float p, uint64_t seed, uint64_t stream) {
   Call c("dropout_mask", Device::test());
   return c.out(cpu_.dropout_mask(shape, p, seed, stream));
-}
-
-void TestBackend::sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdCoeffs& co) {
-  Call c("sgd_update", param);
-  Tensor p = c.in(param), b = c.in(buf);
-  cpu_.sgd_update(p, c.in(grad), b, co);
-}
-void TestBackend::adam_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
-                              const AdamCoeffs& co) {
-  Call c("adam_update", param);
-  Tensor p = c.in(param), hm = c.in(m), hv = c.in(v);
-  cpu_.adam_update(p, c.in(grad), hm, hv, co);
-}
-double TestBackend::sum_of_squares(const Tensor& x) {
-  Call c("sum_of_squares", x);
-  return cpu_.sum_of_squares(c.in(x));  // a host scalar, as a device would return it
 }
 
 }  // namespace redco

@@ -133,6 +133,9 @@ int main(int argc, char** argv) try {
   app.add_option("--batch", r.batch, "rows per replica")->check(redco::cli11::at_least(1));
   app.add_option("--steps", r.steps, "timed steps")->check(redco::cli11::at_least(1));
   app.add_option("--warmup", r.warmup)->check(redco::cli11::at_least(0));
+  bool where_peak = false;
+  app.add_flag("--where-peak", where_peak,
+               "profile the run and name the op in which the allocator's high-water mark rose last");
   app.add_option("--dtype", dtype)->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--recompute", recompute, "every block as nn::checkpoint");
   app.add_option("--zero", zero)->check(CLI::Range(0, 3));
@@ -140,6 +143,7 @@ int main(int argc, char** argv) try {
   app.add_option("--memory-per-device", memory, "each rank's budget (16GB)");
   app.add_option("--workdir", workdir, "metrics.jsonl with each rank's first-step memory");
   REDCO_CLI11_PARSE(app, argc, argv);
+  if (where_peak) profile::enable(true);
   if (r.source == 0) r.source = r.seq;
   r.precision = dtype == "bf16" ? Precision::bf16 : Precision::f32;
 
@@ -205,6 +209,9 @@ int main(int argc, char** argv) try {
       double(CachingAllocator::cpu().stats().peak_bytes_in_use) / 1048576.0,
       double(want.peak()) / 1048576.0, double(ru.ru_maxrss) / 1024.0);
   if (d.is_main()) fmt::print("modelled: {}\n", plan::describe(want));
+  if (where_peak)
+    fmt::print("rank {}: peak {:.1f} MiB reached in {}\n", d.rank(),
+               double(profile::memory_peak().bytes) / 1048576.0, profile::memory_peak().path);
   std::fflush(stdout);
   d.barrier();
   std::vector<double> timed(t.ms.begin() + std::min<int64_t>(r.warmup, int64_t(t.ms.size())),

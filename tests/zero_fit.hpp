@@ -11,6 +11,7 @@
 
 #include "lm_windows.hpp"
 #include "redco/comm/threads_comm.hpp"
+#include "redco/core/allocator.hpp"
 #include "redco/io/json.hpp"
 #include "redco/models/gpt2.hpp"
 #include "redco/nn/param_read_hook.hpp"
@@ -61,6 +62,7 @@ struct Run {
   bool overlap = true;               // DeployerConfig::zero_overlap
   bool recompute = false;            // FitOptions::recompute
   bool eval = false;                 // Result::eval_loss after training
+  bool save_at_end = false;          // FitOptions::save_at_end
 };
 
 struct Result {
@@ -71,6 +73,9 @@ struct Result {
   // next forward would wait for them as it reads them).
   std::vector<bool> in_flight;
   double eval_loss = 0;  // over the training windows, after training (Run::eval)
+  // The process's bytes in use (all thread ranks) once every rank has
+  // returned from fit().
+  size_t bytes_after_fit = 0;
 };
 
 inline Result fit(const Run& run) {
@@ -96,7 +101,7 @@ inline Result fit(const Run& run) {
     trainer.fit(data, {.global_batch_size = run.batch,
                        .n_epochs = 100,
                        .save_every_steps = run.save_every,
-                       .save_at_end = false,
+                       .save_at_end = run.save_at_end,
                        .resume = run.resume,
                        .max_steps = run.max_steps,
                        .on_step =
@@ -105,6 +110,9 @@ inline Result fit(const Run& run) {
                              r.in_flight.push_back(nn::param_read_hook() != nullptr);
                            },
                        .recompute = run.recompute});
+    d.barrier();
+    if (!c || c->rank() == 0) r.bytes_after_fit = CachingAllocator::cpu().stats().bytes_in_use;
+    d.barrier();
     if (run.eval) r.eval_loss = trainer.eval_loss(data, 4);
     r.params = trainer.whole_params();
     r.state_bytes.push_back(train::tree_bytes(trainer.optimizer().state()));
@@ -115,7 +123,7 @@ inline Result fit(const Run& run) {
   }
   comm::ThreadsWorld w(run.world);
   w.run([&](comm::Comm& c) { rank(&c); });
-  Result all = out[0];
+  Result all = out[0];  // bytes_after_fit: rank 0 measured for all
   all.state_bytes.clear();
   for (const Result& r : out) {
     CHECK(r.losses == out[0].losses);

@@ -140,13 +140,17 @@ class FitDriver {
   bool epoch_ended() const { return epoch_ended_; }
   // Evaluation is due at the end of an epoch and every eval_every_steps.
   bool eval_due() const;
+  // What a checkpoint holds, asked for only when one is written: under
+  // ZeRO-3 it gathers the whole model (collective over the replicas), so
+  // every rank asks at the same points (a configuration they share decides).
+  using SavedParams = std::function<const ParamTree&()>;
   // Logs and prints the metrics and saves best/<metric> for each improved best-by metric.
-  void eval_done(const Metrics& metrics, const ParamTree& params, const ParamGroups& opt);
+  void eval_done(const Metrics& metrics, const SavedParams& params, const ParamGroups& opt);
   bool save_due() const;
   // ckpt/step-NNNNNN, then keeps the newest keep_last.
-  void save(const ParamTree& params, const ParamGroups& opt);
+  void save(const SavedParams& params, const ParamGroups& opt);
   // The end-of-fit checkpoint (save_at_end) and the progress bar's last line.
-  void finish(const ParamTree& params, const ParamGroups& opt);
+  void finish(const SavedParams& params, const ParamGroups& opt);
 
   // state.json for the current position (public for tests and tools).
   std::string state_json(const ParamGroups& opt) const;

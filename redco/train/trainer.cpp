@@ -181,7 +181,8 @@ bool FitDriver::eval_due() const {
          (config_.eval_every_steps > 0 && pos_.step % config_.eval_every_steps == 0);
 }
 
-void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params, const ParamGroups& opt) {
+void FitDriver::eval_done(const Metrics& metrics, const SavedParams& params,
+                          const ParamGroups& opt) {
   deployer_.log(pos_.step, "eval", metrics);
   std::string line = fmt::format("eval  step {}", pos_.step);
   for (const auto& [name, value] : metrics)
@@ -202,8 +203,9 @@ void FitDriver::eval_done(const Metrics& metrics, const ParamTree& params, const
   }
   // The state is written after every improvement is recorded, so each best
   // checkpoint's state.json lists the bests as of its own step.
+  const ParamTree* saved = improved.empty() ? nullptr : &params();
   for (const std::string& name : improved) {
-    deployer_.save_checkpoint(deployer_.best_dir(name), params, {}, state_json(opt), plan());
+    deployer_.save_checkpoint(deployer_.best_dir(name), *saved, {}, state_json(opt), plan());
     say(fmt::format("best {} so far: saved {}", name, deployer_.best_dir(name).string()));
   }
 }
@@ -216,16 +218,17 @@ bool FitDriver::save_due() const {
   return by_steps || by_epochs;
 }
 
-void FitDriver::save(const ParamTree& params, const ParamGroups& opt) {
+void FitDriver::save(const SavedParams& params, const ParamGroups& opt) {
   if (!can_save() || last_saved_ == pos_.step) return;
   ParamTree state = config_.opt_state ? config_.opt_state(opt) : opt.state();
   if (config_.extra_state) config_.extra_state(pos_, state);
-  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params, state, state_json(opt), plan());
+  deployer_.save_checkpoint(deployer_.step_dir(pos_.step), params(), state, state_json(opt),
+                            plan());
   last_saved_ = pos_.step;
   deployer_.keep_last(config_.keep_last);
 }
 
-void FitDriver::finish(const ParamTree& params, const ParamGroups& opt) {
+void FitDriver::finish(const SavedParams& params, const ParamGroups& opt) {
   if (config_.save_at_end && pos_.step > 0) save(params, opt);
   if (bar_) bar_->finish();
 }

@@ -292,7 +292,8 @@ class Trainer {
       };
       detail::pipelined<Batch>(n_micro, make, use);
     }
-    run.finish(saved_params(), groups_);
+    run.finish(saved_params_on_demand(), groups_);
+    saved_ = {};
   }
 
   struct StepOutcome {
@@ -432,8 +433,10 @@ class Trainer {
     // (an on_step callback reaches them through params(), which waits).
     if (run.eval_due() || run.save_due() || run.done() || run.epoch_ended()) update_->settle();
     if (o.on_step) o.on_step({run.position().step, run.position().epoch, s.loss, lr, s.skipped});
-    if (run.eval_due()) run.eval_done(evaluate(o, run.micro_batch()), saved_params(), groups_);
-    if (run.save_due()) run.save(saved_params(), groups_);
+    if (run.eval_due())
+      run.eval_done(evaluate(o, run.micro_batch()), saved_params_on_demand(), groups_);
+    if (run.save_due()) run.save(saved_params_on_demand(), groups_);
+    saved_ = {};  // under ZeRO-3 the whole model: not held between checkpoints
     return !run.done() && !run.epoch_ended();
   }
 
@@ -535,7 +538,11 @@ class Trainer {
   }
 
   // What checkpoints hold: every parameter but frozen ones saved with .checkpoint = false.
-  // Under ZeRO-3 gathered whole for the while (collective over the replicas).
+  // Under ZeRO-3 gathered whole for the while (collective over the replicas),
+  // asked for only as a checkpoint is written and let go after it.
+  FitDriver::SavedParams saved_params_on_demand() {
+    return [this]() -> const ParamTree& { return saved_params(); };
+  }
   const ParamTree& saved_params() {
     update_->settle();
     if (groups_.single() && !update_->zero3()) return params_;
@@ -554,7 +561,8 @@ class Trainer {
   ShardPlan saved_plan_;            // the parameters checkpoints hold
   std::vector<std::string> order_;  // trained parameters in execution order, for the buckets
   ParamTree params_;
-  ParamTree saved_;                     // saved_params() when some are left out
+  ParamTree
+      saved_;  // saved_params() when some are left out or gathered, while a checkpoint is written
   std::unique_ptr<DataParallel> dp_;    // with more than one replica
   EpochExamples<L> epochs_;             // which examples each epoch visits
   bool recompute_ = false;              // FitOptions::recompute of the running fit()

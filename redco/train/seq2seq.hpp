@@ -31,14 +31,38 @@ inline data::Seq2SeqIds seq2seq_ids(const generation::GenerationConfig& c) {
   return {.pad = c.pad_token_id, .eos = c.eos_token_ids, .decoder_start = c.decoder_start_token_id};
 }
 
+// An encoder-decoder's logits [B, Tt, V] for `decoder_in`, its encoder
+// reading `source` (token ids [B, Ts], or images [B, C, H, W] for a vision
+// encoder) with its padding mask (undefined: none). The model's context is
+// left as it was, whatever happens.
+template <nn::Layer L>
+Tensor seq2seq_logits(BoundModel<L>& model, const Tensor& source, const Tensor& decoder_in,
+                      const Tensor& source_mask = {}) {
+  nn::Ctx& ctx = model.ctx();
+  struct Restore {
+    nn::Ctx& ctx;
+    ~Restore() { ctx.source = Tensor(), ctx.source_mask = Tensor(); }
+  } restore{ctx};
+  ctx.source = source, ctx.source_mask = source_mask;
+  return model(decoder_in);
+}
 // The decoder's logits [B, Tt, V] for b.decoder_in, the encoder reading b.source.
 template <nn::Layer L>
 Tensor seq2seq_logits(BoundModel<L>& model, const data::Seq2SeqBatch& b) {
-  nn::Ctx& ctx = model.ctx();
-  ctx.source = b.source, ctx.source_mask = b.source_mask;
-  Tensor logits = model(b.decoder_in);
-  ctx.source = Tensor(), ctx.source_mask = Tensor();
-  return logits;
+  return seq2seq_logits(model, b.source, b.decoder_in, b.source_mask);
+}
+
+// Generation from each row of `source` (the encoder's input, as above),
+// continuing its prompt (KV cache; generation::generate with the encoder run
+// once): the ids of each row, on this rank's shards of the model.
+template <nn::Layer L>
+std::vector<std::vector<int64_t>> seq2seq_generate(BoundModel<L>& model, const Tensor& source,
+                                                   const std::vector<std::vector<int64_t>>& prompts,
+                                                   const generation::GenerationConfig& config) {
+  nn::Ctx ctx = model.ctx();
+  ctx.source = source;
+  return generation::generate(model.layer(), model.params(), prompts, config, std::move(ctx))
+      .sequences;
 }
 
 // The ids each source row generates (KV cache; greedy, sampling or beam

@@ -7,6 +7,7 @@
 #include "datasets/render.hpp"
 #include "redco/redco.hpp"
 #include "redco/train/export_pretrained.hpp"
+#include "redco/train/seq2seq.hpp"
 #include "redco/train/text_metrics.hpp"
 #include "redco_cli.hpp"
 
@@ -99,20 +100,17 @@ int main(int argc, char** argv) try {
     }
     return b;
   };
-  auto loss = [](auto& model, const Batch& b, train::Rng) {
-    model.ctx().source = b.pixels;  // the encoder's input
-    return cross_entropy(model(b.inputs), b.labels);
+  auto loss = [](auto& model, const Batch& b, train::Rng) {  // the images: the encoder's input
+    return cross_entropy(train::seq2seq_logits(model, b.pixels, b.inputs), b.labels);
   };
   const generation::GenerationConfig how{.max_new_tokens = o.max_chars + 1,
                                          .eos_token_ids = {end},
                                          .pad_token_id = end,
                                          .num_beams = o.beams};
   auto predict = [&](auto& model, const Batch& b, train::Rng) {  // beam search, KV cache
-    nn::Ctx ctx = model.ctx();
-    ctx.source = b.pixels;
     const std::vector<std::vector<int64_t>> prompts(size_t(b.pixels.dim(0)), {start});
     std::vector<std::string> texts;
-    for (auto s : generation::generate(model.layer(), model.params(), prompts, how, ctx).sequences)
+    for (auto s : train::seq2seq_generate(model, b.pixels, prompts, how))
       texts.push_back(chars.decode(std::vector<int64_t>(s.begin(), std::ranges::find(s, end))));
     return texts;
   };

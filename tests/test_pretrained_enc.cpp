@@ -18,6 +18,7 @@
 #include "redco/comm/threads_comm.hpp"
 #include "redco/io/safetensors.hpp"
 #include "redco/models/pretrained.hpp"
+#include "redco/train/bound_model.hpp"
 #include "redco/train/parallel.hpp"
 
 using namespace redco;
@@ -217,6 +218,21 @@ TEST_CASE("BERT and RoBERTa classifiers give transformers' logits and hidden sta
   const Tensor rh =
       classify(renc.model, renc.model, renc.params, r.padded_ids, Tensor(), r.mask).logits;
   CHECK(test::max_abs_diff(rh, r.padded_hidden) <= 1e-4f);
+  // As a loss or predict function runs them: token types and the mask as
+  // arguments of a bound model, its context as it was afterwards.
+  {
+    const auto bert = models::from_pretrained<models::Bert>(fixtures() / "bert");
+    NoGradGuard no_grad;
+    train::BoundModel bound(bert.model, bert.params, nn::Ctx{});
+    CHECK(test::max_abs_diff(models::bert_forward(bound, g.ids, g.types), g.logits) <= 1e-4f);
+    CHECK(test::max_abs_diff(models::bert_forward(bound, g.padded_ids, Tensor(), g.mask),
+                             g.padded_logits) <= 1e-4f);
+    CHECK_FALSE(bound.ctx().token_types.defined());
+    CHECK_FALSE(bound.ctx().mask.defined());
+    CHECK_THROWS_WITH(models::bert_forward(bound, g.ids, g.types.slice0(0, 1)),
+                      Contains("token_types"));
+    CHECK_FALSE(bound.ctx().token_types.defined());  // put back after the throw too
+  }
   const auto roberta = models::from_pretrained<models::Roberta>(fixtures() / "roberta");
   CHECK(roberta.config.pad == 1);
   CHECK(roberta.config.labels == 2);

@@ -6,10 +6,10 @@
 //  * BERT: the pooler (tanh(dense(h[:, 0]))) and a linear classifier;
 //  * RoBERTa: classifier.out_proj(tanh(classifier.dense(h[:, 0]))), with
 //    positions numbered from padding_idx + 1 over the non-pad tokens.
-// Token types come from ctx.token_types (all 0 when undefined); padded
-// batches from ctx.mask. The output is the logits [B, labels]; bert_encoder /
-// roberta_encoder build the encoder alone (its last hidden state [B, T, d])
-// over the same parameter names.
+// Token types and a padded batch's mask are arguments of bert_forward (below;
+// the layers read them from ctx.token_types and ctx.mask). The output is the logits [B, labels];
+// bert_encoder / roberta_encoder build the encoder alone (its last hidden state [B, T, d]) over the
+// same parameter names.
 //
 // Names (redco's; bert.cpp maps them to the checkpoint's):
 //   embeddings.{word_embeddings, position_embeddings, token_type_embeddings, LayerNorm},
@@ -90,6 +90,25 @@ using Roberta = decltype(roberta(BertConfig{}));
 // output is the last hidden state [B, T, d].
 using BertEncoder = decltype(bert_encoder(BertConfig{}));
 using RobertaEncoder = decltype(roberta_encoder(BertConfig{}));
+
+// A bound BERT / RoBERTa (or either encoder: train::BoundModel, as a loss or
+// predict function gets it) run on `ids` [B, T] with their token types (i64
+// [B, T]; undefined: all type 0) and padding mask ([B, T], 1 for a token;
+// undefined: none) as arguments: the logits [B, labels], or the encoder's
+// last hidden state. The model's context is left as it was, even when the
+// call throws.
+template <typename Bound>
+Tensor bert_forward(Bound& model, const Tensor& ids, const Tensor& token_types,
+                    const Tensor& mask = {}) {
+  nn::Ctx& ctx = model.ctx();
+  struct Restore {
+    nn::Ctx& ctx;
+    Tensor types, mask;
+    ~Restore() { ctx.token_types = std::move(types), ctx.mask = std::move(mask); }
+  } restore{ctx, ctx.token_types, ctx.mask};
+  ctx.token_types = token_types, ctx.mask = mask;
+  return model(ids);
+}
 
 // ---- Hugging Face checkpoints (model_type "bert", "roberta") -----------------------------
 BertConfig bert_config(const hf::Config& config);  // either model_type

@@ -208,11 +208,13 @@ UNet unet(const UNetConfig& c);
 template <typename Model>
 Tensor predict_noise(Model& model, const Tensor& x, const Tensor& t, const Tensor& text) {
   nn::Ctx& ctx = model.ctx();
-  const Tensor timesteps = ctx.timesteps, memory = ctx.memory;
+  struct Restore {  // what the context held, even when the call throws
+    nn::Ctx& ctx;
+    Tensor timesteps, memory;
+    ~Restore() { ctx.timesteps = std::move(timesteps), ctx.memory = std::move(memory); }
+  } restore{ctx, ctx.timesteps, ctx.memory};
   ctx.timesteps = t, ctx.memory = text;
-  Tensor eps = model(x);
-  ctx.timesteps = timesteps, ctx.memory = memory;
-  return eps;
+  return model(x);
 }
 
 }  // namespace redco::models

@@ -45,10 +45,12 @@ class BoundModel {
   // A padded batch: `mask` [B, T] is 1 for a token and 0 for padding (Hugging
   // Face's attention_mask; data::TextBatch::mask), for this call only.
   Tensor operator()(const Tensor& x, const Tensor& mask) {
+    struct Restore {  // even when the call throws
+      nn::Ctx& ctx;
+      ~Restore() { ctx.mask = Tensor(); }
+    } restore{ctx()};
     ctx().mask = mask;
-    Tensor y = (*this)(x);
-    ctx().mask = Tensor();
-    return y;
+    return (*this)(x);
   }
 
   // Part N of a collection (nn::parts), bound to the same parameters and

@@ -19,6 +19,7 @@
 // dense column-parallel, tanh on its split output, classifier row-parallel).
 #include "redco/models/hf_checkpoint.hpp"
 #include "redco/models/hf_family.hpp"
+#include "redco/nn/ctx_inputs.hpp"
 #include "redco/nn/encoder_layers.hpp"
 #include "redco/nn/model.hpp"
 
@@ -100,13 +101,8 @@ using RobertaEncoder = decltype(roberta_encoder(BertConfig{}));
 template <typename Bound>
 Tensor bert_forward(Bound& model, const Tensor& ids, const Tensor& token_types,
                     const Tensor& mask = {}) {
-  nn::Ctx& ctx = model.ctx();
-  struct Restore {
-    nn::Ctx& ctx;
-    Tensor types, mask;
-    ~Restore() { ctx.token_types = std::move(types), ctx.mask = std::move(mask); }
-  } restore{ctx, ctx.token_types, ctx.mask};
-  ctx.token_types = token_types, ctx.mask = mask;
+  const nn::CallInputs<2> in(model.ctx(),
+                             {{{&nn::Ctx::token_types, token_types}, {&nn::Ctx::mask, mask}}});
   return model(ids);
 }
 

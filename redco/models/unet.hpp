@@ -34,6 +34,7 @@
 // convolutions: they are replicated, as are group norms, text_proj and each
 // block's time_emb_proj (its output is added to a replicated feature map, so
 // a split would need a gather for a [C, 4C] matrix).
+#include "redco/nn/ctx_inputs.hpp"
 #include "redco/nn/model.hpp"
 
 namespace redco::models {
@@ -207,13 +208,7 @@ UNet unet(const UNetConfig& c);
 // text); }.
 template <typename Model>
 Tensor predict_noise(Model& model, const Tensor& x, const Tensor& t, const Tensor& text) {
-  nn::Ctx& ctx = model.ctx();
-  struct Restore {  // what the context held, even when the call throws
-    nn::Ctx& ctx;
-    Tensor timesteps, memory;
-    ~Restore() { ctx.timesteps = std::move(timesteps), ctx.memory = std::move(memory); }
-  } restore{ctx, ctx.timesteps, ctx.memory};
-  ctx.timesteps = t, ctx.memory = text;
+  const nn::CallInputs<2> in(model.ctx(), {{{&nn::Ctx::timesteps, t}, {&nn::Ctx::memory, text}}});
   return model(x);
 }
 

@@ -53,8 +53,7 @@ void saved_rows(const LayerNormSaved& s, const Tensor& x, bool layer, const char
                   (!layer || s.mean.numel() == s.rstd.numel()),
               "{}: the saved statistics ({}) are not a {}'s of the input {}; pass what the "
               "forward pass saved",
-              op, described(s.rstd), layer ? "layer norm" : "RMS norm",
-              x.shape());
+              op, described(s.rstd), layer ? "layer norm" : "RMS norm", x.shape());
 }
 
 }  // namespace
@@ -207,8 +206,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Te
   floating(dloss, "cross_entropy backward");
   check_same_shape(labels, dloss, "cross_entropy backward");
   REDCO_CHECK(lse.defined() && lse.dtype() == DType::f32 && lse.numel() == labels.numel(),
-              "cross_entropy backward: lse {} must be the forward pass's f32 [{}]",
-              described(lse), labels.numel());
+              "cross_entropy backward: lse {} must be the forward pass's f32 [{}]", described(lse),
+              labels.numel());
 }
 void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float, LayerNormSaved&) {
   rows_of(x, "layer_norm");

@@ -11,6 +11,7 @@
 // a tree with the same names, this rank's shards under model parallelism.
 #include <utility>
 
+#include "redco/nn/ctx_inputs.hpp"
 #include "redco/nn/model.hpp"
 #include "redco/nn/parts.hpp"
 
@@ -45,11 +46,7 @@ class BoundModel {
   // A padded batch: `mask` [B, T] is 1 for a token and 0 for padding (Hugging
   // Face's attention_mask; data::TextBatch::mask), for this call only.
   Tensor operator()(const Tensor& x, const Tensor& mask) {
-    struct Restore {  // even when the call throws
-      nn::Ctx& ctx;
-      ~Restore() { ctx.mask = Tensor(); }
-    } restore{ctx()};
-    ctx().mask = mask;
+    const nn::CallInputs<1> in(ctx(), {{{&nn::Ctx::mask, mask}}});
     return (*this)(x);
   }
 

@@ -12,6 +12,7 @@
 
 #include "redco/data/seq2seq_batch.hpp"
 #include "redco/generation/generate.hpp"
+#include "redco/nn/ctx_inputs.hpp"
 #include "redco/train/bound_model.hpp"
 
 namespace redco::train {
@@ -38,12 +39,8 @@ inline data::Seq2SeqIds seq2seq_ids(const generation::GenerationConfig& c) {
 template <nn::Layer L>
 Tensor seq2seq_logits(BoundModel<L>& model, const Tensor& source, const Tensor& decoder_in,
                       const Tensor& source_mask = {}) {
-  nn::Ctx& ctx = model.ctx();
-  struct Restore {
-    nn::Ctx& ctx;
-    ~Restore() { ctx.source = Tensor(), ctx.source_mask = Tensor(); }
-  } restore{ctx};
-  ctx.source = source, ctx.source_mask = source_mask;
+  const nn::CallInputs<2> in(model.ctx(),
+                             {{{&nn::Ctx::source, source}, {&nn::Ctx::source_mask, source_mask}}});
   return model(decoder_in);
 }
 // The decoder's logits [B, Tt, V] for b.decoder_in, the encoder reading b.source.

@@ -134,8 +134,9 @@ int main(int argc, char** argv) try {
   app.add_option("--steps", r.steps, "timed steps")->check(redco::cli11::at_least(1));
   app.add_option("--warmup", r.warmup)->check(redco::cli11::at_least(0));
   bool where_peak = false;
-  app.add_flag("--where-peak", where_peak,
-               "profile the run and name the op in which the allocator's high-water mark rose last");
+  app.add_flag(
+      "--where-peak", where_peak,
+      "profile the run and name the op in which the allocator's high-water mark rose last");
   app.add_option("--dtype", dtype)->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--recompute", recompute, "every block as nn::checkpoint");
   app.add_option("--zero", zero)->check(CLI::Range(0, 3));
